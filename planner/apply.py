@@ -1,0 +1,201 @@
+"""Apply a plan to a live model: wrap the chosen submodules in activation checkpointing.
+
+Design notes
+------------
+* **In place, same keys.** We do not insert wrapper modules (that would rename every
+  ``state_dict`` key, as ``checkpoint_wrapper`` does). Instead each chosen module gets an
+  instance-level ``forward`` that calls the class's forward through
+  ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``. Parameters, buffers,
+  hooks and ``state_dict`` keys are untouched; removing the instance attribute undoes it.
+* **All or nothing.** Every check (fingerprint, names, methods) runs before the first
+  module is touched; wrapping itself cannot fail half-way.
+* **Idempotent.** Applying a plan makes the model's wrapped set exactly the plan's:
+  modules already wrapped the same way are left alone, others are re-wrapped or unwrapped.
+* **No grad, no checkpoint.** Under ``torch.no_grad()`` (evaluation) the original forward
+  runs directly: there is nothing to save, so nothing to recompute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+from planner.errors import PlanMismatchError
+from planner.plan import CheckpointMethod, ModuleDecision, Plan, load_plan
+
+__all__ = ["apply_plan", "is_wrapped", "model_fingerprint", "remove_plan", "wrapped_modules"]
+
+_STATE_ATTRIBUTE = "_ckpt_plan_decision"
+_ORIGINAL_ATTRIBUTE = "_ckpt_plan_instance_forward"
+
+
+def model_fingerprint(model: torch.nn.Module) -> dict[str, Any]:
+    """Module names and parameter shapes/dtypes, and a digest of them.
+
+    Tied weights are listed once (under their first name), as ``named_parameters()`` does.
+    """
+    modules = [name for name, _ in model.named_modules() if name]
+    parameters = [
+        [name, list(parameter.shape), str(parameter.dtype).removeprefix("torch.")]
+        for name, parameter in model.named_parameters()
+    ]
+    canonical = json.dumps({"modules": modules, "parameters": parameters}, separators=(",", ":"))
+    return {
+        "digest": hashlib.sha256(canonical.encode()).hexdigest(),
+        "module_count": len(modules),
+        "parameter_count": sum(int(p.numel()) for p in model.parameters()),
+        "modules": modules,
+        "parameters": parameters,
+    }
+
+
+def _describe_mismatch(expected: dict[str, Any], actual: dict[str, Any]) -> str:
+    expected_parameters = {row[0]: row for row in expected.get("parameters", [])}
+    actual_parameters = {row[0]: row for row in actual["parameters"]}
+    differences = []
+    for name, row in expected_parameters.items():
+        other = actual_parameters.get(name)
+        if other is None:
+            differences.append(f"parameter {name} is not in the model")
+        elif other != row:
+            differences.append(
+                f"{name} is {other[1]} {other[2]} in the model but {row[1]} {row[2]} in the plan"
+            )
+    for name in actual_parameters.keys() - expected_parameters.keys():
+        differences.append(f"parameter {name} is not in the plan's model")
+    expected_modules = set(expected.get("modules", []))
+    for name in expected_modules ^ set(actual["modules"]):
+        where = "plan's model" if name in actual["modules"] else "model"
+        differences.append(f"module {name} is not in the {where}")
+    if not differences:
+        return "its fingerprint differs"
+    more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
+    return "; ".join(sorted(differences)[:3]) + more
+
+
+def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    decision: ModuleDecision = module.__dict__[_STATE_ATTRIBUTE]
+    original = type(module).forward.__get__(module)
+    if _ORIGINAL_ATTRIBUTE in module.__dict__:
+        original = module.__dict__[_ORIGINAL_ATTRIBUTE]
+    if not torch.is_grad_enabled():
+        return original(*args, **kwargs)
+    if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
+        assert not kwargs and len(args) == 1, "checkpoint_sequential takes one input"
+        return checkpoint_sequential(
+            module,
+            decision.segments or 1,
+            args[0],
+            use_reentrant=False,
+            preserve_rng_state=decision.preserve_rng_state,
+        )
+    return checkpoint(
+        original,
+        *args,
+        use_reentrant=False,
+        preserve_rng_state=decision.preserve_rng_state,
+        **kwargs,
+    )
+
+
+class _BoundCheckpointedForward:
+    """``module.forward`` replacement; a class (not a lambda) so models stay picklable."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _checkpointed_forward(self.module, *args, **kwargs)
+
+
+def _wrap(module: torch.nn.Module, decision: ModuleDecision) -> None:
+    existing = module.__dict__.get("forward")
+    if existing is not None and not isinstance(existing, _BoundCheckpointedForward):
+        module.__dict__[_ORIGINAL_ATTRIBUTE] = existing
+    module.__dict__[_STATE_ATTRIBUTE] = decision
+    module.__dict__["forward"] = _BoundCheckpointedForward(module)
+
+
+def _unwrap(module: torch.nn.Module) -> None:
+    module.__dict__.pop(_STATE_ATTRIBUTE, None)
+    original = module.__dict__.pop(_ORIGINAL_ATTRIBUTE, None)
+    if original is not None:
+        module.__dict__["forward"] = original
+    else:
+        module.__dict__.pop("forward", None)
+
+
+def is_wrapped(module: torch.nn.Module) -> bool:
+    return _STATE_ATTRIBUTE in module.__dict__
+
+
+def wrapped_modules(model: torch.nn.Module) -> dict[str, ModuleDecision]:
+    """The modules of ``model`` currently wrapped by ckpt-plan, by qualified name."""
+    return {
+        name: module.__dict__[_STATE_ATTRIBUTE]
+        for name, module in model.named_modules()
+        if is_wrapped(module)
+    }
+
+
+def remove_plan(model: torch.nn.Module) -> None:
+    """Undo :func:`apply_plan`: every wrapped module gets its own forward back."""
+    for module in model.modules():
+        if is_wrapped(module):
+            _unwrap(module)
+
+
+def apply_plan(model: torch.nn.Module, plan_or_path: Plan | str | Path) -> torch.nn.Module:
+    """Wrap the submodules a plan names in non-reentrant activation checkpointing, in place.
+
+    ``plan_or_path`` is a :class:`Plan` or the path of a plan JSON file. The model must be
+    the one the plan was made for: same module names and parameter shapes and dtypes (the
+    plan's ``fingerprint``); the device may differ. Apply the plan before ``torch.compile``
+    and before sharding (FSDP/DDP) so the wrappers are part of what gets compiled/sharded.
+
+    Guarantees: ``state_dict`` keys are unchanged; applying the same plan twice is the same as
+    once; on any error (:class:`PlanFileError`, :class:`PlanMismatchError`) the model is left
+    exactly as it was. Returns ``model`` for chaining.
+    """
+    plan = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
+    actual = model_fingerprint(model)
+    expected = plan.fingerprint
+    if expected.get("digest") != actual["digest"]:
+        raise PlanMismatchError(
+            f"this plan was made for another model ({plan.model_name}): "
+            f"{_describe_mismatch(expected, actual)}; re-run `ckpt-plan profile` for this model"
+        )
+    modules = dict(model.named_modules())
+    targets: dict[str, tuple[torch.nn.Module, ModuleDecision]] = {}
+    for decision in plan.modules:
+        module = modules.get(decision.module_name)
+        if module is None or not decision.module_name:
+            raise PlanMismatchError(
+                f"the plan wraps {decision.module_name!r}, which is not a submodule of this model"
+            )
+        if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
+            if not isinstance(module, torch.nn.Sequential):
+                raise PlanMismatchError(
+                    f"the plan uses checkpoint_sequential on {decision.module_name}, "
+                    f"a {type(module).__name__}, not an nn.Sequential"
+                )
+            if not decision.segments or decision.segments < 1:
+                raise PlanMismatchError(
+                    f"the plan's checkpoint_sequential on {decision.module_name} needs segments >= 1"
+                )
+        targets[decision.module_name] = (module, decision)
+
+    # Checks done: from here on nothing can fail.
+    for name, module in modules.items():
+        if is_wrapped(module) and name not in targets:
+            _unwrap(module)
+    for module, decision in targets.values():
+        if module.__dict__.get(_STATE_ATTRIBUTE) != decision:
+            _unwrap(module)
+            _wrap(module, decision)
+    return model

@@ -1,0 +1,61 @@
+"""Typed, actionable errors raised by the planner library.
+
+Every user-facing failure is a :class:`PlannerError` subclass whose message says what went
+wrong and what to do next. Internal invariants use ``assert``; they are bugs, not user errors.
+The CLI maps each class to an exit code (see ``cli.main.EXIT_CODES``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BudgetError",
+    "InfeasibleBudgetError",
+    "ModelFileError",
+    "PlanCheckError",
+    "PlanFileError",
+    "PlanMismatchError",
+    "PlannerError",
+    "ProfileFileError",
+    "ProfilingError",
+]
+
+
+class PlannerError(Exception):
+    """Base class of every error the planner reports to a user."""
+
+
+class ModelFileError(PlannerError):
+    """The model file is missing, does not import, or breaks the model-file contract."""
+
+
+class ProfilingError(PlannerError):
+    """The training step could not be run or measured."""
+
+
+class BudgetError(PlannerError):
+    """A memory budget that does not parse or is not positive."""
+
+
+class InfeasibleBudgetError(PlannerError):
+    """No plan fits the budget. ``min_budget_bytes`` is the smallest budget that would."""
+
+    def __init__(self, message: str, *, budget_bytes: int, min_budget_bytes: int) -> None:
+        super().__init__(message)
+        self.budget_bytes = budget_bytes
+        self.min_budget_bytes = min_budget_bytes
+
+
+class PlanFileError(PlannerError):
+    """A plan file that is missing, empty, corrupt, or from a newer schema."""
+
+
+class ProfileFileError(PlannerError):
+    """A saved profile that is missing, corrupt, or from a newer schema."""
+
+
+class PlanMismatchError(PlannerError):
+    """A plan that was made for another model (its fingerprint or module names differ)."""
+
+
+class PlanCheckError(PlannerError):
+    """A plan failed its measured check (over budget or a changed loss/gradient)."""

@@ -1,0 +1,85 @@
+"""Measure a real training step: its peak memory, time, loss, gradients and buffers.
+
+This is the independent check on every prediction: it knows nothing of the profile or the
+memory model; it runs the step with :class:`~planner.tracking.PeakMemoryTracker`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from planner.tracking import PeakMemoryTracker, workload_tensors
+from planner.workload import Workload, compute_loss, run_training_step
+
+__all__ = ["StepMeasurement", "measure_step"]
+
+
+@dataclass(frozen=True)
+class StepMeasurement:
+    """One measured step. ``gradients``/``buffers`` are CPU copies keyed by qualified name."""
+
+    peak_bytes: int
+    start_bytes: int
+    step_ms: float
+    loss: float
+    loss_tensor: torch.Tensor
+    gradients: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+
+
+def measure_step(
+    workload: Workload, *, seed: int = 0, warmup_steps: int = 1, timed_steps: int = 0
+) -> StepMeasurement:
+    """Warm up (optimizer state exists), then measure one steady-state step.
+
+    The measured step reseeds the RNG with ``seed`` so that two workloads built from the same
+    seed take identical steps. ``timed_steps`` extra untracked steps give a median time
+    (tracking itself slows a step down); with 0 the tracked step's own time is reported.
+    """
+    for step in range(warmup_steps):
+        run_training_step(workload, seed=seed + 1000 + step)
+    tracker = PeakMemoryTracker(
+        workload.device, workload_tensors(workload.model, workload.optimizer, workload.batch)
+    )
+    begin = time.perf_counter()
+    with tracker:
+        workload.optimizer.zero_grad(set_to_none=True)
+        torch.manual_seed(seed)
+        loss = compute_loss(workload.model_file, workload.model, workload.batch)
+        loss.backward()
+        workload.optimizer.step()
+        loss_value = loss.detach()
+        del loss
+    tracked_ms = (time.perf_counter() - begin) * 1000.0
+    # The optimizer step reads gradients but does not change them; copy them outside the
+    # tracked region so the copies do not count toward the peak.
+    gradients = {
+        name: p.grad.detach().to("cpu", copy=True)
+        for name, p in workload.model.named_parameters()
+        if p.grad is not None
+    }
+    buffers = {
+        name: buffer.detach().to("cpu", copy=True) for name, buffer in workload.model.named_buffers()
+    }
+    times = []
+    for step in range(timed_steps):
+        if workload.device.type == "cuda":
+            torch.cuda.synchronize(workload.device)
+        start = time.perf_counter()
+        run_training_step(workload, seed=seed + 2000 + step)
+        if workload.device.type == "cuda":
+            torch.cuda.synchronize(workload.device)
+        times.append((time.perf_counter() - start) * 1000.0)
+    return StepMeasurement(
+        peak_bytes=tracker.peak_bytes,
+        start_bytes=tracker.start_bytes,
+        step_ms=statistics.median(times) if times else tracked_ms,
+        loss=float(loss_value),
+        loss_tensor=loss_value.to("cpu"),
+        gradients=gradients,
+        buffers=buffers,
+    )

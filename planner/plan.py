@@ -1,0 +1,171 @@
+"""The plan: which modules to checkpoint and how, and its versioned JSON file.
+
+Pure Python (no torch). The JSON contract is fixed in DESIGN.md ("Plan JSON"): a new field
+is fine, a renamed one needs a ``schema_version`` bump. :func:`load_plan` rejects files it
+cannot trust (missing, empty, corrupt, written by a newer schema) with a
+:class:`PlanFileError` that says what to do.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlanFileError
+from planner.fileio import atomic_write_text
+
+__all__ = [
+    "PLAN_SCHEMA_VERSION",
+    "CheckpointMethod",
+    "ModuleDecision",
+    "Plan",
+    "load_plan",
+    "plan_from_dict",
+    "plan_to_dict",
+    "save_plan",
+]
+
+PLAN_SCHEMA_VERSION = 1
+
+
+class CheckpointMethod(str, enum.Enum):
+    """How a module is wrapped at training time."""
+
+    CHECKPOINT = "checkpoint"
+    """``torch.utils.checkpoint.checkpoint`` around the module's whole forward."""
+    CHECKPOINT_SEQUENTIAL = "checkpoint_sequential"
+    """``torch.utils.checkpoint.checkpoint_sequential`` over an ``nn.Sequential``'s children."""
+
+
+@dataclass(frozen=True)
+class ModuleDecision:
+    """One wrapped submodule, by qualified name (as in ``named_modules()``).
+
+    ``preserve_rng_state`` is True for modules that run random ops (dropout), so that
+    recomputation draws the same numbers; modules without random ops skip the RNG stash.
+    ``segments`` is set only for ``checkpoint_sequential``. ``policy`` names a selective
+    checkpointing policy, or None for full recomputation. ``saving_bytes`` and
+    ``recompute_ms`` are the profile's figures for this module (all its calls).
+    """
+
+    module_name: str
+    method: CheckpointMethod = CheckpointMethod.CHECKPOINT
+    preserve_rng_state: bool = True
+    segments: int | None = None
+    policy: str | None = None
+    saving_bytes: int = 0
+    recompute_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checkpointing decision for one model, batch and device, with its predictions.
+
+    ``predicted_overhead`` is the recompute time as a fraction of one unplanned step.
+    ``measured_peak_bytes`` is filled in once the plan has been run and measured.
+    """
+
+    budget_bytes: int
+    predicted_peak_bytes: int
+    baseline_peak_bytes: int
+    predicted_overhead: float
+    recompute_ms: float
+    step_ms: float
+    static_bytes: int
+    modules: tuple[ModuleDecision, ...]
+    fingerprint: dict[str, Any]
+    batch: dict[str, Any]
+    device: str
+    torch_version: str
+    model_name: str
+    strategy: str = "optimal"
+    measured_peak_bytes: int | None = None
+    schema_version: int = PLAN_SCHEMA_VERSION
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def module_names(self) -> tuple[str, ...]:
+        return tuple(decision.module_name for decision in self.modules)
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    data = asdict(plan)
+    data["modules"] = [
+        {**asdict(decision), "method": decision.method.value} for decision in plan.modules
+    ]
+    data["notes"] = list(plan.notes)
+    # Put the version first so a person opening the file sees it.
+    return {"schema_version": data.pop("schema_version"), **data}
+
+
+def plan_from_dict(data: Any, source: str = "plan") -> Plan:
+    """Validate a decoded plan JSON object and build the :class:`Plan`."""
+    if not isinstance(data, dict):
+        raise PlanFileError(f"{source} is not a ckpt-plan plan (expected a JSON object)")
+    version = data.get("schema_version")
+    if not isinstance(version, int):
+        raise PlanFileError(f"{source} has no schema_version; is it a ckpt-plan plan file?")
+    if version > PLAN_SCHEMA_VERSION:
+        raise PlanFileError(
+            f"{source} uses plan schema {version}, newer than this ckpt-plan reads "
+            f"({PLAN_SCHEMA_VERSION}); upgrade ckpt-plan or re-create the plan"
+        )
+    known = {f.name for f in fields(Plan)}
+    missing = sorted(name for name in _REQUIRED_PLAN_FIELDS if name not in data)
+    if missing:
+        raise PlanFileError(f"{source} is missing fields {', '.join(missing)}; re-create the plan")
+    try:
+        modules = tuple(
+            ModuleDecision(
+                module_name=str(item["module_name"]),
+                method=CheckpointMethod(item.get("method", "checkpoint")),
+                preserve_rng_state=bool(item.get("preserve_rng_state", True)),
+                segments=None if item.get("segments") is None else int(item["segments"]),
+                policy=item.get("policy"),
+                saving_bytes=int(item.get("saving_bytes", 0)),
+                recompute_ms=float(item.get("recompute_ms", 0.0)),
+            )
+            for item in data["modules"]
+        )
+        values = {name: data[name] for name in known if name in data}
+        values["modules"] = modules
+        values["notes"] = tuple(values.get("notes", ()))
+        plan = Plan(**values)
+    except (KeyError, TypeError, ValueError) as error:
+        raise PlanFileError(f"{source} has a malformed entry ({error}); re-create the plan") from error
+    return plan
+
+
+_REQUIRED_PLAN_FIELDS = frozenset(
+    f.name for f in fields(Plan) if f.default is MISSING and f.default_factory is MISSING
+)
+
+
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    """Write the plan as JSON, atomically. Returns the path written."""
+    target = Path(path)
+    atomic_write_text(target, json.dumps(plan_to_dict(plan), indent=2) + "\n")
+    return target
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan file."""
+    source = Path(path)
+    if not source.is_file():
+        raise PlanFileError(
+            f"plan file {source} does not exist; create one with `ckpt-plan profile MODEL.py --budget B`"
+        )
+    text = source.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise PlanFileError(f"plan file {source} is empty; re-create it with `ckpt-plan profile`")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise PlanFileError(
+            f"plan file {source} is not valid JSON (line {error.lineno}: {error.msg}); "
+            "re-create it with `ckpt-plan profile`"
+        ) from error
+    return plan_from_dict(data, source=f"plan file {source}")

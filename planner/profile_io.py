@@ -1,0 +1,100 @@
+"""Save and load profiles: a JSON file with everything (re-solvable without re-profiling)
+and a CSV table of the modules (pandas) for people and spreadsheets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from planner.errors import ProfileFileError
+from planner.fileio import atomic_path, atomic_write_text
+from planner.records import (
+    PROFILE_SCHEMA_VERSION,
+    MemoryTimeline,
+    ModuleCall,
+    ModuleProfile,
+    Profile,
+    StorageLifetime,
+)
+
+__all__ = ["load_profile", "module_table", "save_profile", "save_profile_table"]
+
+_STORAGE_COLUMNS = [f.name for f in fields(StorageLifetime)]
+
+
+def module_table(profile: Profile) -> pd.DataFrame:
+    """One row per module: what checkpointing it would save and cost."""
+    frame = pd.DataFrame([asdict(record) for record in profile.modules])
+    frame["is_candidate"] = frame["excluded_reason"] == ""
+    return frame
+
+
+def _profile_to_dict(profile: Profile) -> dict[str, Any]:
+    data = {f.name: getattr(profile, f.name) for f in fields(Profile)}
+    data["modules"] = [asdict(record) for record in profile.modules]
+    timeline = profile.timeline
+    data["timeline"] = {
+        "event_count": timeline.event_count,
+        "phase_end_events": timeline.phase_end_events,
+        "storage_columns": _STORAGE_COLUMNS,
+        "storages": [[getattr(s, c) for c in _STORAGE_COLUMNS] for s in timeline.storages],
+        "calls": [asdict(call) for call in timeline.calls],
+    }
+    data["block_names"] = list(profile.block_names)
+    return data
+
+
+def save_profile(profile: Profile, path: str | Path) -> Path:
+    """Write the whole profile (with its timeline) as JSON, atomically."""
+    target = Path(path)
+    atomic_write_text(target, json.dumps(_profile_to_dict(profile), separators=(",", ":")))
+    return target
+
+
+def save_profile_table(profile: Profile, path: str | Path) -> Path:
+    """Write the per-module table as CSV, atomically."""
+    target = Path(path)
+    with atomic_path(target) as temp_path:
+        module_table(profile).to_csv(temp_path, index=False)
+    return target
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile JSON written by :func:`save_profile`."""
+    source = Path(path)
+    if not source.is_file():
+        raise ProfileFileError(f"profile {source} does not exist; create it with `ckpt-plan profile`")
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ProfileFileError(f"profile {source} is not valid JSON ({error}); re-profile") from error
+    if not isinstance(data, dict) or not isinstance(data.get("schema_version"), int):
+        raise ProfileFileError(f"{source} is not a ckpt-plan profile")
+    if data["schema_version"] > PROFILE_SCHEMA_VERSION:
+        raise ProfileFileError(
+            f"profile {source} uses schema {data['schema_version']}, newer than this ckpt-plan "
+            f"reads ({PROFILE_SCHEMA_VERSION}); upgrade ckpt-plan or re-profile"
+        )
+    try:
+        raw = data["timeline"]
+        columns = raw["storage_columns"]
+        timeline = MemoryTimeline(
+            event_count=int(raw["event_count"]),
+            storages=tuple(StorageLifetime(**dict(zip(columns, row, strict=True))) for row in raw["storages"]),
+            calls=tuple(
+                ModuleCall(**{k: tuple(v) if isinstance(v, list) else v for k, v in call.items()})
+                for call in raw["calls"]
+            ),
+            phase_end_events={k: int(v) for k, v in raw["phase_end_events"].items()},
+        )
+        values = {f.name: data[f.name] for f in fields(Profile) if f.name in data}
+        values["modules"] = tuple(ModuleProfile(**record) for record in data["modules"])
+        values["timeline"] = timeline
+        values["block_names"] = tuple(data.get("block_names", ()))
+        return Profile(**values)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ProfileFileError(f"profile {source} is malformed ({error}); re-profile") from error

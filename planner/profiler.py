@@ -1,0 +1,449 @@
+"""Profile one training step: per-module saved bytes, forward times, the memory timeline.
+
+Order of work (the cost is a constant number of steps, whatever the number of modules):
+
+1. ``warmup_steps`` plain steps, so the optimizer state exists and the step is steady-state;
+2. ``timing_steps`` steps with forward hooks timing every module call (medians are kept);
+3. ONE instrumented step under :class:`TimelineRecorder`, which records, in order, every
+   storage made and freed, every module forward entered and left, and every tensor saved for
+   backward (packed) and read back (unpacked).
+
+Everything the planner needs about checkpointing a module is derived from that timeline by
+:mod:`planner.memory_model` (pure Python), so the derivation can be tested on hand-written
+timelines and re-run from a saved profile.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from planner.apply import model_fingerprint
+from planner.errors import ProfilingError
+from planner.memory_model import MemoryModel
+from planner.records import (
+    PROFILE_SCHEMA_VERSION,
+    MemoryTimeline,
+    ModuleCall,
+    ModuleProfile,
+    Profile,
+    StorageLifetime,
+)
+from planner.tracking import StorageWatcher, iter_tensors, workload_tensors
+from planner.workload import ModelFile, Workload, build_workload, describe_batch, run_training_step
+
+__all__ = ["ProgressCallback", "TimelineRecorder", "find_blocks", "profile_model_file", "profile_workload"]
+
+logger = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[str, int, int], None]
+"""Called as ``progress(what, done, total)`` while profiling."""
+
+
+class _Clock:
+    """Milliseconds between two marks: ``perf_counter`` on CPU, CUDA events on CUDA."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        if self.cuda:
+            end.synchronize()
+            return float(start.elapsed_time(end))
+        return (end - start) * 1000.0
+
+
+def _time_steps(workload: Workload, steps: int, progress: ProgressCallback | None) -> tuple[float, dict[str, float]]:
+    """Median step time and, per module, the median over steps of its summed forward time."""
+    clock = _Clock(workload.device)
+    names = {id(module): name for name, module in workload.model.named_modules()}
+    starts: dict[int, list[Any]] = defaultdict(list)
+    per_step: list[dict[str, float]] = []
+    current: dict[str, float] = defaultdict(float)
+
+    def before(module: torch.nn.Module, args: Any) -> None:
+        starts[id(module)].append(clock.mark())
+
+    def after(module: torch.nn.Module, args: Any, output: Any) -> None:
+        stack = starts[id(module)]
+        if stack:
+            start = stack.pop()
+            current[names[id(module)]] += clock.elapsed_ms(start, clock.mark())
+
+    handles = []
+    for module in workload.model.modules():
+        handles.append(module.register_forward_pre_hook(before))
+        handles.append(module.register_forward_hook(after, always_call=True))
+    step_ms = []
+    try:
+        for step in range(steps):
+            if progress:
+                progress("timing modules", step, steps)
+            current.clear()
+            begin = clock.mark()
+            run_training_step(workload, seed=step)
+            step_ms.append(clock.elapsed_ms(begin, clock.mark()))
+            per_step.append(dict(current))
+    finally:
+        for handle in handles:
+            handle.remove()
+    module_ms = {
+        name: statistics.median(sample.get(name, 0.0) for sample in per_step)
+        for name in names.values()
+    }
+    return statistics.median(step_ms), module_ms
+
+
+class TimelineRecorder(StorageWatcher):
+    """Records the memory timeline of one step (see the module docstring).
+
+    Use as a context manager around exactly one training step. Module hooks and saved-tensor
+    hooks are installed on enter and removed on exit.
+    """
+
+    def __init__(self, workload: Workload) -> None:
+        super().__init__(workload.device.type)
+        self.workload = workload
+        self.event = 0
+        self._alloc: dict[int, tuple[int, int, int, str]] = {}  # index -> size, event, call, kind
+        self._free: dict[int, int] = {}
+        self._calls: list[dict[str, Any]] = []
+        self._stack: list[int] = []
+        self._packs: list[tuple[int, int]] = []  # (storage index or -1, call index or -1)
+        self._module_names = {id(m): name for name, m in workload.model.named_modules()}
+        self._buffers = {
+            id(m): list(m.named_buffers()) for m in workload.model.modules()
+        }
+        self._handles: list[Any] = []
+        self._saved_hooks: Any = None
+        self.phase_end_events: dict[str, int] = {}
+
+    def _tick(self) -> int:
+        self.event += 1
+        return self.event
+
+    # -- storages ----------------------------------------------------------------------
+    def on_alloc(self, index: int, size_bytes: int, kind: str) -> None:
+        started = self._saved_hooks is not None
+        event = self._tick() if started else -1
+        call = self._stack[-1] if self._stack else -1
+        self._alloc[index] = (size_bytes, event, call, kind)
+
+    def on_free(self, index: int) -> None:
+        self._free[index] = self._tick()
+
+    def on_op(self, func: Any, outputs: list[torch.Tensor]) -> None:
+        if not self._stack:
+            return
+        random = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+        devices = {str(t.device) for t in outputs}
+        for call_index in self._stack:
+            call = self._calls[call_index]
+            call["uses_rng"] = call["uses_rng"] or random
+            call["devices"].update(devices)
+
+    # -- module calls ----------------------------------------------------------------
+    def _indices(self, value: Any) -> tuple[int, ...]:
+        found = []
+        for tensor in iter_tensors(value):
+            index = self.storage_index(tensor)
+            if index is not None and index not in found:
+                found.append(index)
+        return tuple(found)
+
+    def _before(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        call_index = len(self._calls)
+        self._calls.append(
+            {
+                "module_name": self._module_names[id(module)],
+                "parent_call": self._stack[-1] if self._stack else -1,
+                "forward_start_event": self._tick(),
+                "input_storages": self._indices((args, kwargs)),
+                "saved": [],
+                "unpacks": [],
+                "uses_rng": False,
+                "devices": {str(t.device) for t in iter_tensors((args, kwargs))},
+                "buffer_versions": [(n, b._version) for n, b in self._buffers[id(module)]],
+            }
+        )
+        self._stack.append(call_index)
+
+    def _after(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if not self._stack:
+            return
+        call_index = self._stack.pop()
+        call = self._calls[call_index]
+        call["forward_end_event"] = self._tick()
+        call["output_storages"] = self._indices(output)
+        versions = dict(call.pop("buffer_versions"))
+        call["mutated_buffers"] = tuple(
+            name for name, buffer in self._buffers[id(module)] if buffer._version != versions[name]
+        )
+
+    # -- saved tensors -----------------------------------------------------------------
+    def _pack(self, tensor: torch.Tensor) -> tuple[int, torch.Tensor]:
+        pack_id = len(self._packs)
+        index = self.storage_index(tensor)
+        call = self._stack[-1] if self._stack else -1
+        self._packs.append((-1 if index is None else index, call))
+        if call >= 0 and index is not None:
+            self._calls[call]["saved"].append(index)
+        self._tick()
+        return pack_id, tensor
+
+    def _unpack(self, packed: tuple[int, torch.Tensor]) -> torch.Tensor:
+        pack_id, tensor = packed
+        _, call = self._packs[pack_id]
+        event = self._tick()
+        if call >= 0:
+            self._calls[call]["unpacks"].append(event)
+        return tensor
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def __enter__(self) -> TimelineRecorder:
+        model, optimizer, batch = self.workload.model, self.workload.optimizer, self.workload.batch
+        self.add_existing(workload_tensors(model, optimizer, batch))
+        for module in model.modules():
+            self._handles.append(module.register_forward_pre_hook(self._before, with_kwargs=True))
+            self._handles.append(
+                module.register_forward_hook(self._after, with_kwargs=True, always_call=True)
+            )
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._saved_hooks.__enter__()
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self._saved_hooks.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.close()
+
+    def mark_phase_end(self, phase: str) -> None:
+        self.phase_end_events[phase] = self._tick()
+
+    def timeline(self, final_kinds: dict[int, str]) -> MemoryTimeline:
+        """The recorded timeline. ``final_kinds`` relabels storages identified after the
+        step (gradients and optimizer state made during it)."""
+        event_count = self.event + 1
+        storages = tuple(
+            StorageLifetime(
+                size_bytes=size,
+                alloc_event=event,
+                free_event=self._free.get(index, event_count),
+                alloc_call=call,
+                kind=final_kinds.get(index, kind),
+            )
+            for index, (size, event, call, kind) in sorted(self._alloc.items())
+        )
+        calls = []
+        for call in self._calls:
+            unpacks = call["unpacks"]
+            calls.append(
+                ModuleCall(
+                    module_name=call["module_name"],
+                    parent_call=call["parent_call"],
+                    forward_start_event=call["forward_start_event"],
+                    forward_end_event=call.get("forward_end_event", event_count),
+                    first_unpack_event=min(unpacks) if unpacks else -1,
+                    last_unpack_event=max(unpacks) if unpacks else -1,
+                    input_storages=call["input_storages"],
+                    output_storages=call.get("output_storages", ()),
+                    saved_storages=tuple(dict.fromkeys(call["saved"])),
+                    uses_rng=call["uses_rng"],
+                    mutated_buffers=call.get("mutated_buffers", ()),
+                    devices=tuple(sorted(call["devices"])),
+                )
+            )
+        return MemoryTimeline(
+            event_count=event_count,
+            storages=storages,
+            calls=tuple(calls),
+            phase_end_events=dict(self.phase_end_events),
+        )
+
+
+def _record_step(workload: Workload, seed: int) -> tuple[MemoryTimeline, int]:
+    """Run one instrumented step; return its timeline and the tracker's measured peak."""
+    from planner.workload import compute_loss  # local: keeps the step's phases explicit
+
+    recorder = TimelineRecorder(workload)
+    torch.manual_seed(seed)
+    with recorder:
+        workload.optimizer.zero_grad(set_to_none=True)
+        loss = compute_loss(workload.model_file, workload.model, workload.batch)
+        recorder.mark_phase_end("forward")
+        loss.backward()
+        recorder.mark_phase_end("backward")
+        workload.optimizer.step()
+        recorder.mark_phase_end("optimizer")
+        del loss
+    # Storages that became gradients or optimizer state during the step are static memory.
+    final_kinds: dict[int, str] = {}
+    for kind, tensors in workload_tensors(workload.model, workload.optimizer, None).items():
+        if kind in ("gradient", "optimizer_state"):
+            for tensor in tensors:
+                index = recorder.storage_index(tensor)
+                if index is not None:
+                    final_kinds[index] = kind
+    return recorder.timeline(final_kinds), recorder.peak_bytes
+
+
+def find_blocks(model: torch.nn.Module) -> tuple[str, ...]:
+    """The model's repeated blocks: the children of the ``ModuleList``/``Sequential`` with
+    the most parameters among those holding two or more children of one class."""
+    best: tuple[int, tuple[str, ...]] = (0, ())
+    for name, module in model.named_modules():
+        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        children = list(module.named_children())
+        if len(children) < 2 or len({type(child) for _, child in children}) != 1:
+            continue
+        if not any(True for _ in children[0][1].children()):
+            continue  # a run of leaves (Linear, ReLU) is not a stack of blocks
+        size = sum(p.numel() for p in module.parameters()) + len(children)
+        if size > best[0]:
+            prefix = f"{name}." if name else ""
+            best = (size, tuple(prefix + child_name for child_name, _ in children))
+    return best[1]
+
+
+def _unique_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _module_profiles(
+    workload: Workload, timeline: MemoryTimeline, forward_ms: dict[str, float]
+) -> tuple[ModuleProfile, ...]:
+    model = workload.model
+    memory = MemoryModel(timeline)
+    storages = timeline.storages
+    records = []
+    for name, module in model.named_modules():
+        calls = memory.calls_of(name)
+        effects = [memory.effects[index] for index in calls]
+        call_records = [timeline.calls[index] for index in calls]
+        saved = sum(effect.saved_bytes for effect in effects)
+        saving = sum(effect.retained_bytes for effect in effects)
+        inputs = {i for call in call_records for i in call.input_storages}
+        outputs = {i for call in call_records for i in call.output_storages}
+        uses_rng = any(call.uses_rng for call in call_records)
+        mutated = sorted({b for call in call_records for b in call.mutated_buffers})
+        devices = {d for call in call_records for d in call.devices}
+        if not name:
+            reason = "the root module"
+        elif not any(True for _ in module.children()):
+            reason = "a leaf module"
+        elif not calls:
+            reason = "not called in the training step"
+        elif mutated:
+            reason = f"its forward changes buffers ({', '.join(mutated[:3])}); recomputing it would change them twice"
+        elif len({d.split(':')[0] for d in devices}) > 1:
+            reason = f"its forward moves tensors across devices ({', '.join(sorted(devices))})"
+        elif saving <= 0:
+            reason = "checkpointing it frees nothing"
+        else:
+            reason = ""
+        records.append(
+            ModuleProfile(
+                module_name=name,
+                module_type=type(module).__name__,
+                depth=name.count(".") + 1 if name else 0,
+                call_count=len(calls),
+                parameter_bytes=_unique_bytes(list(module.parameters())),
+                saved_bytes=saved,
+                checkpoint_saving_bytes=saving,
+                input_bytes=sum(storages[i].size_bytes for i in inputs),
+                output_bytes=sum(storages[i].size_bytes for i in outputs),
+                recompute_peak_bytes=max((e.recompute_peak_bytes for e in effects), default=0),
+                forward_ms=forward_ms.get(name, 0.0),
+                uses_rng=uses_rng,
+                excluded_reason=reason,
+            )
+        )
+    return tuple(records)
+
+
+def profile_workload(
+    workload: Workload,
+    *,
+    warmup_steps: int = 1,
+    timing_steps: int = 3,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+) -> Profile:
+    """Measure ``workload`` (see the module docstring). The workload's weights change."""
+    total = warmup_steps + 2
+    if progress:
+        progress("warm-up step", 0, total)
+    for step in range(warmup_steps):
+        run_training_step(workload, seed=seed + step)
+    step_ms, forward_ms = _time_steps(workload, timing_steps, progress)
+    if progress:
+        progress("recording the memory timeline", total - 1, total)
+    timeline, measured_peak = _record_step(workload, seed=seed)
+    storages = timeline.storages
+    memory = MemoryModel(timeline)
+    replayed_peak = memory.peak_bytes()
+    if replayed_peak != measured_peak:  # internal invariant: the replay is the measurement
+        raise ProfilingError(
+            f"internal error: timeline replay gives {replayed_peak} bytes but the tracker "
+            f"measured {measured_peak}; please report this with your model file"
+        )
+
+    def kind_bytes(kind: str) -> int:
+        return sum(s.size_bytes for s in storages if s.kind == kind and s.free_event == timeline.event_count)
+
+    model = workload.model
+    module_profiles = _module_profiles(workload, timeline, forward_ms)
+    if progress:
+        progress("done", total, total)
+    return Profile(
+        schema_version=PROFILE_SCHEMA_VERSION,
+        model_name=workload.model_file.name,
+        model_file=str(workload.model_file.path),
+        device=str(workload.device),
+        torch_version=torch.__version__,
+        fingerprint=model_fingerprint(model),
+        batch=describe_batch(workload.batch),
+        step_ms=step_ms,
+        measured_peak_bytes=measured_peak,
+        parameter_bytes=kind_bytes("parameter"),
+        buffer_bytes=kind_bytes("buffer"),
+        gradient_bytes=kind_bytes("gradient"),
+        optimizer_state_bytes=kind_bytes("optimizer_state"),
+        modules=module_profiles,
+        timeline=timeline,
+        block_names=find_blocks(model),
+    )
+
+
+def profile_model_file(
+    model_file: ModelFile,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+) -> Profile:
+    """Build the model file's workload and profile it."""
+    workload = build_workload(model_file, device=device, seed=seed)
+    return profile_workload(workload, seed=seed, progress=progress)

@@ -1,0 +1,151 @@
+"""Immutable records passed between stages: the measured timeline and the profile.
+
+Everything here is plain data (no torch), keyed by module qualified name, with sizes in
+``*_bytes`` (int), times in ``*_ms`` (float) and positions on the step's timeline in
+``*_event`` (int). An *event* is one observation made during the instrumented step, in
+order: a storage allocated or freed, a module forward entered or left, a saved tensor packed
+or unpacked. Events order things; they are not a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "PROFILE_SCHEMA_VERSION",
+    "MemoryTimeline",
+    "ModuleCall",
+    "ModuleProfile",
+    "Profile",
+    "StorageLifetime",
+]
+
+PROFILE_SCHEMA_VERSION = 1
+
+# Storage kinds. "activation" covers everything made during the step that is not one of the
+# static kinds: activations, temporaries, gradients of activations, the loss.
+STATIC_KINDS = ("parameter", "buffer", "gradient", "optimizer_state")
+
+
+@dataclass(frozen=True, slots=True)
+class StorageLifetime:
+    """One tensor storage seen during the instrumented step.
+
+    ``alloc_event`` is -1 for a storage already live when the step started; ``free_event``
+    equals the timeline's ``event_count`` for a storage still live when it ended.
+    ``alloc_call`` is the index (into ``MemoryTimeline.calls``) of the innermost module
+    forward running when the storage was made, or -1.
+    """
+
+    size_bytes: int
+    alloc_event: int
+    free_event: int
+    alloc_call: int
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleCall:
+    """One forward call of one module during the instrumented step.
+
+    ``saved_storages``, ``first_unpack_event`` and ``last_unpack_event`` cover only the
+    tensors saved while this call was the innermost module running (children keep their
+    own); ``planner.memory_model`` aggregates them over a subtree. Unpack events are when
+    backward first/last read one of those tensors, or -1 when nothing was saved. Storages are
+    indices into ``MemoryTimeline.storages``.
+    """
+
+    module_name: str
+    parent_call: int
+    forward_start_event: int
+    forward_end_event: int
+    first_unpack_event: int
+    last_unpack_event: int
+    input_storages: tuple[int, ...]
+    output_storages: tuple[int, ...]
+    saved_storages: tuple[int, ...]
+    uses_rng: bool
+    mutated_buffers: tuple[str, ...]
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MemoryTimeline:
+    """The measured memory history of one training step (forward, backward, optimizer)."""
+
+    event_count: int
+    storages: tuple[StorageLifetime, ...]
+    calls: tuple[ModuleCall, ...]
+    # Event at which each phase ended: "forward" (loss computed), "backward", "optimizer".
+    phase_end_events: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModuleProfile:
+    """What checkpointing one module would save and cost, derived from the timeline.
+
+    ``saved_bytes``: unique storages saved for backward inside the module (parameters
+    excluded), summed over its calls. ``checkpoint_saving_bytes``: of those, the bytes that
+    wrapping the module actually frees between its forward and its backward (its own
+    activations, not its inputs or outputs). ``recompute_peak_bytes``: the transient peak
+    of its forward above its inputs, which recomputation brings back during backward.
+    ``excluded_reason`` is empty for a candidate the solver may choose.
+    """
+
+    module_name: str
+    module_type: str
+    depth: int
+    call_count: int
+    parameter_bytes: int
+    saved_bytes: int
+    checkpoint_saving_bytes: int
+    input_bytes: int
+    output_bytes: int
+    recompute_peak_bytes: int
+    forward_ms: float
+    uses_rng: bool
+    excluded_reason: str
+
+    @property
+    def is_candidate(self) -> bool:
+        return not self.excluded_reason
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Everything measured about one training step of one model on one device."""
+
+    schema_version: int
+    model_name: str
+    model_file: str
+    device: str
+    torch_version: str
+    fingerprint: dict[str, object]
+    batch: dict[str, object]
+    step_ms: float
+    measured_peak_bytes: int
+    parameter_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    modules: tuple[ModuleProfile, ...]
+    timeline: MemoryTimeline
+    block_names: tuple[str, ...] = ()
+
+    @property
+    def static_bytes(self) -> int:
+        """Parameters, gradients, optimizer state and buffers: memory no plan can remove."""
+        return (
+            self.parameter_bytes + self.buffer_bytes + self.gradient_bytes
+            + self.optimizer_state_bytes
+        )
+
+    def module(self, name: str) -> ModuleProfile:
+        for record in self.modules:
+            if record.module_name == name:
+                return record
+        raise KeyError(name)
+
+    @property
+    def candidates(self) -> tuple[ModuleProfile, ...]:
+        return tuple(record for record in self.modules if record.is_candidate)

@@ -1,0 +1,209 @@
+"""Memory tracking: live tensor storages on CPU, the caching allocator's counters on CUDA.
+
+The budget (DESIGN.md) is the peak memory of one training step. On CUDA that is what
+``torch.cuda.max_memory_allocated()`` reports. On CPU there is no such counter, so we
+track it the same way: the bytes held by live tensor storages, each storage counted once
+however many tensors view it. A :class:`~torch.utils._python_dispatch.TorchDispatchMode`
+sees every tensor an op makes (forward, backward, recomputation and the optimizer step all
+run ops through it) and a weak reference on each new storage tells us when it is freed.
+
+:class:`StorageWatcher` is the mechanism; :class:`PeakMemoryTracker` is the small interface
+used to *measure* a step (independently of the profiler's own bookkeeping), with the same
+methods on both devices.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["PeakMemoryTracker", "StorageWatcher", "iter_tensors", "workload_tensors"]
+
+
+def iter_tensors(value: Any, *, _depth: int = 0, _seen: set[int] | None = None) -> Iterator[torch.Tensor]:
+    """Yield every tensor inside ``value``: tensors, mappings (``ModelOutput`` is one),
+    lists, tuples, and the attributes of plain objects such as Hugging Face caches."""
+    if _seen is None:
+        _seen = set()
+    if id(value) in _seen or _depth > 6:
+        return
+    if isinstance(value, torch.Tensor):
+        _seen.add(id(value))
+        yield value
+        return
+    if isinstance(value, (str, bytes, int, float, bool, type(None), torch.nn.Module)):
+        return
+    _seen.add(id(value))
+    if isinstance(value, Mapping):
+        children: Iterable[Any] = value.values()
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        children = value
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        children = vars(value).values()
+    else:
+        return
+    for child in children:
+        yield from iter_tensors(child, _depth=_depth + 1, _seen=_seen)
+
+
+def workload_tensors(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, batch: Any
+) -> dict[str, list[torch.Tensor]]:
+    """The tensors a training step starts with, by kind (parameters, gradients, ...)."""
+    parameters = list(model.parameters())
+    state = [] if optimizer is None else list(iter_tensors(list(optimizer.state.values())))
+    module_attributes = [
+        tensor
+        for module in model.modules()
+        for value in vars(module).values()
+        if not isinstance(value, (dict, torch.nn.Module))
+        for tensor in iter_tensors(value)
+    ]
+    return {
+        "parameter": parameters,
+        "gradient": [p.grad for p in parameters if p.grad is not None],
+        "buffer": list(model.buffers()),
+        "optimizer_state": state,
+        "batch": list(iter_tensors(batch)),
+        "other": module_attributes,
+    }
+
+
+class StorageWatcher(TorchDispatchMode):
+    """Counts the bytes of live tensor storages on one device type.
+
+    Subclasses override :meth:`on_alloc`, :meth:`on_free` and :meth:`on_op` to record more.
+    Storages that exist before the watcher starts are counted only if registered with
+    :meth:`add_existing`.
+    """
+
+    def __init__(self, device_type: str = "cpu") -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.current_bytes = 0
+        self.peak_bytes = 0
+        self._index_by_storage_id: dict[int, int] = {}
+        self._size_by_index: dict[int, int] = {}
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        self._next_index = 0
+        self._closed = False
+
+    # -- registration ------------------------------------------------------------------
+    def storage_index(self, tensor: torch.Tensor) -> int | None:
+        """Index of the live storage behind ``tensor``, or None if it is not tracked."""
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return None
+        return self._index_by_storage_id.get(id(storage))
+
+    def track(self, tensor: torch.Tensor, kind: str) -> int | None:
+        """Start tracking the storage behind ``tensor`` (no-op if already tracked)."""
+        if tensor.device.type != self.device_type or tensor.is_meta:
+            return None
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse, nested, wrapper subclasses
+            return None
+        key = id(storage)
+        index = self._index_by_storage_id.get(key)
+        if index is not None:
+            return index
+        size = storage.nbytes()
+        index = self._next_index
+        self._next_index += 1
+        self._index_by_storage_id[key] = index
+        self._size_by_index[index] = size
+        self._refs[index] = weakref.ref(storage, lambda _ref, i=index, k=key: self._release(i, k))
+        self.current_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        self.on_alloc(index, size, kind)
+        return index
+
+    def add_existing(self, tensors_by_kind: Mapping[str, Iterable[torch.Tensor]]) -> None:
+        for kind, tensors in tensors_by_kind.items():
+            for tensor in tensors:
+                self.track(tensor, kind)
+
+    def _release(self, index: int, key: int) -> None:
+        if self._closed:
+            return
+        self._index_by_storage_id.pop(key, None)
+        self._refs.pop(index, None)
+        size = self._size_by_index.pop(index, 0)
+        self.current_bytes -= size
+        self.on_free(index)
+
+    def close(self) -> None:
+        """Stop reacting to frees (storages still live keep their callbacks)."""
+        self._closed = True
+
+    # -- hooks for subclasses ---------------------------------------------------------
+    def on_alloc(self, index: int, size_bytes: int, kind: str) -> None:
+        pass
+
+    def on_free(self, index: int) -> None:
+        pass
+
+    def on_op(self, func: Any, outputs: list[torch.Tensor]) -> None:
+        pass
+
+    # -- dispatch ------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        tensors = list(iter_tensors(out)) if not isinstance(out, torch.Tensor) else [out]
+        for tensor in tensors:
+            self.track(tensor, "activation")
+        self.on_op(func, tensors)
+        return out
+
+
+class PeakMemoryTracker:
+    """Measure the peak memory of a region, the same way on CPU and CUDA.
+
+    On CPU the peak counts the live storages of ``existing`` (a mapping of kind to tensors:
+    what the step starts with) plus every storage made inside the region. On CUDA it is
+    ``torch.cuda.max_memory_allocated()`` over the region, which counts everything the
+    allocator holds for tensors, and ``existing`` is not needed. The tracker lets go of
+    ``existing`` on enter; the caller must not keep its own reference to it either.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        existing: Mapping[str, Iterable[torch.Tensor]] | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self._existing = existing or {}
+        self._watcher: StorageWatcher | None = None
+        self.peak_bytes = 0
+        self.start_bytes = 0
+
+    def __enter__(self) -> PeakMemoryTracker:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_bytes = torch.cuda.memory_allocated(self.device)
+        else:
+            self._watcher = StorageWatcher(self.device.type)
+            self._watcher.add_existing(self._existing)
+            # Drop our references: holding them would keep e.g. last step's gradients alive
+            # after ``zero_grad(set_to_none=True)`` and inflate the very peak we measure.
+            self._existing = {}
+            self.start_bytes = self._watcher.current_bytes
+            self._watcher.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+        else:
+            assert self._watcher is not None
+            self._watcher.__exit__(*exc)
+            self._watcher.close()
+            self.peak_bytes = self._watcher.peak_bytes

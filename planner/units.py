@@ -1,0 +1,69 @@
+"""Human byte units, parsed and printed here and nowhere else.
+
+``GB``/``MB``/``KB`` are powers of 10, ``GiB``/``MiB``/``KiB`` powers of 2, a bare number is
+bytes (DESIGN.md, "Budget"). Everything inside the library is an ``int`` of bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from planner.errors import BudgetError
+
+__all__ = ["format_bytes", "parse_bytes"]
+
+_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_PATTERN = re.compile(r"^\s*([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_bytes(text: str) -> int:
+    """Parse ``"12GB"``, ``"1.5GiB"``, ``"800MiB"`` or ``"123456"`` into a positive byte count.
+
+    Raises :class:`BudgetError` for an unknown unit, a non-number, or a value that is not
+    positive (a budget of zero bytes cannot hold the parameters).
+    """
+    match = _PATTERN.match(text)
+    if match is None:
+        raise BudgetError(
+            f"cannot read {text!r} as a memory size; write a number with an optional unit, "
+            "e.g. 12GB, 1.5GiB, 800MiB or 123456 (bytes)"
+        )
+    number, unit = match.groups()
+    factor = _UNITS.get(unit.lower())
+    if factor is None:
+        raise BudgetError(
+            f"unknown unit {unit!r} in {text!r}; use B, KB, MB, GB, TB (powers of 10) "
+            "or KiB, MiB, GiB, TiB (powers of 2)"
+        )
+    value = float(number) * factor
+    if not math.isfinite(value) or value < 1:
+        raise BudgetError(f"a memory size must be positive, got {text!r}")
+    return int(value)
+
+
+def format_bytes(size_bytes: int | float, *, binary: bool = True) -> str:
+    """Format a byte count for people: ``format_bytes(3 * 2**20) == "3.00 MiB"``."""
+    base, names = (1024, ("B", "KiB", "MiB", "GiB", "TiB")) if binary else (
+        1000,
+        ("B", "KB", "MB", "GB", "TB"),
+    )
+    value = float(size_bytes)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for name in names:
+        if value < base or name == names[-1]:
+            return f"{sign}{value:.0f} {name}" if name == "B" else f"{sign}{value:.2f} {name}"
+        value /= base
+    raise AssertionError("unreachable")

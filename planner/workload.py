@@ -1,0 +1,246 @@
+"""Load a model file and run training steps on it (DESIGN.md, "Model file").
+
+A model file defines ``build_model()`` and ``sample_batch()``, and optionally
+``training_step(model, batch)``, ``loss_fn(output, batch)`` and
+``build_optimizer(parameters)``. :func:`load_model_file` checks that contract once and
+returns a :class:`ModelFile`; :func:`build_workload` makes a fresh, seeded model, batch and
+optimizer; :func:`run_training_step` runs one step the same way everywhere (profiling,
+checking a plan, benchmarks), so that every measurement is of the same step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from planner.errors import ModelFileError, ProfilingError
+from planner.tracking import iter_tensors
+
+__all__ = [
+    "ModelFile",
+    "Workload",
+    "build_workload",
+    "compute_loss",
+    "describe_batch",
+    "load_model_file",
+    "run_training_step",
+]
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """The functions a model file provides, checked against the contract."""
+
+    path: Path
+    name: str
+    build_model: Callable[[], torch.nn.Module]
+    sample_batch: Callable[[], Any]
+    training_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None
+    build_optimizer: Callable[[Any], torch.optim.Optimizer] | None
+
+
+@dataclass
+class Workload:
+    """A live model, its batch and its optimizer on one device (mutable: it trains)."""
+
+    model_file: ModelFile
+    model: torch.nn.Module
+    batch: Any
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+
+
+def _error_location(error: BaseException, path: Path) -> str:
+    """``path:line`` of the deepest frame of ``error`` inside the model file, if any."""
+    if isinstance(error, SyntaxError) and error.lineno:
+        return f"{path}:{error.lineno}"
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        if Path(frame.filename).resolve() == path:
+            return f"{path}:{frame.lineno}"
+    return str(path)
+
+
+def load_model_file(path: str | Path) -> ModelFile:
+    """Import the Python file at ``path`` and check it defines the model-file contract."""
+    source = Path(path).expanduser().resolve()
+    if not source.is_file():
+        raise ModelFileError(f"model file {path} does not exist; pass the path to a .py file")
+    digest = hashlib.sha1(str(source).encode()).hexdigest()[:12]
+    module_name = f"ckpt_plan_model_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, source)
+    if spec is None or spec.loader is None:
+        raise ModelFileError(f"cannot import {path}: is it a Python (.py) file?")
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    # Let the file import its neighbours, as `python model.py` would.
+    sys.path.insert(0, str(source.parent))
+    try:
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    except Exception as error:
+        sys.modules.pop(module_name, None)
+        where = _error_location(error, source)
+        raise ModelFileError(
+            f"cannot import model file ({where}): {type(error).__name__}: {error}"
+        ) from error
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(source.parent))
+
+    def required(name: str, signature: str) -> Callable[..., Any]:
+        function = getattr(module, name, None)
+        if not callable(function):
+            raise ModelFileError(
+                f"model file {path} must define {signature}; see the README's 'Model file' section"
+            )
+        return function
+
+    def optional(name: str) -> Callable[..., Any] | None:
+        function = getattr(module, name, None)
+        if function is not None and not callable(function):
+            raise ModelFileError(f"{name} in {path} must be a function")
+        return function
+
+    return ModelFile(
+        path=source,
+        name=source.stem,
+        build_model=required("build_model", "build_model() -> torch.nn.Module"),
+        sample_batch=required("sample_batch", "sample_batch() returning one training batch"),
+        training_step=optional("training_step"),
+        loss_fn=optional("loss_fn"),
+        build_optimizer=optional("build_optimizer"),
+    )
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return type(value)({key: _to_device(item, device) for key, item in value.items()})
+    if isinstance(value, (list, tuple)):
+        moved = [_to_device(item, device) for item in value]
+        return type(value)(moved) if not hasattr(value, "_fields") else type(value)(*moved)
+    return value
+
+
+@contextlib.contextmanager
+def _user_code(what: str, path: Path) -> Iterator[None]:
+    """Turn an exception raised by the model file's code into a one-line ProfilingError."""
+    try:
+        yield
+    except (ModelFileError, ProfilingError):
+        raise
+    except Exception as error:
+        where = _error_location(error, path)
+        raise ProfilingError(
+            f"{what} raised {type(error).__name__} ({where}): {error}"
+        ) from error
+
+
+def build_workload(model_file: ModelFile, device: str | torch.device = "cpu", seed: int = 0) -> Workload:
+    """A fresh model, batch and optimizer. The same seed gives the same weights and batch."""
+    target = torch.device(device)
+    with _user_code("build_model()", model_file.path):
+        torch.manual_seed(seed)
+        model = model_file.build_model()
+    if not isinstance(model, torch.nn.Module):
+        raise ModelFileError(
+            f"build_model() in {model_file.path} returned {type(model).__name__}, "
+            "not a torch.nn.Module"
+        )
+    model = model.to(target)
+    model.train()
+    with _user_code("sample_batch()", model_file.path):
+        torch.manual_seed(seed + 1)
+        batch = _to_device(model_file.sample_batch(), target)
+    with _user_code("build_optimizer()", model_file.path):
+        if model_file.build_optimizer is not None:
+            optimizer = model_file.build_optimizer(model.parameters())
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ModelFileError(
+            f"build_optimizer() in {model_file.path} must return a torch.optim.Optimizer"
+        )
+    return Workload(model_file, model, batch, optimizer, target)
+
+
+def compute_loss(model_file: ModelFile, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    """The loss of one batch, following the contract's precedence."""
+    if model_file.training_step is not None:
+        loss = model_file.training_step(model, batch)
+        source = "training_step()"
+    else:
+        if isinstance(batch, dict):
+            output = model(**batch)
+        elif isinstance(batch, (list, tuple)):
+            output = model(*batch)
+        else:
+            output = model(batch)
+        if model_file.loss_fn is not None:
+            loss = model_file.loss_fn(output, batch)
+            source = "loss_fn()"
+        elif getattr(output, "loss", None) is not None:
+            loss = output.loss
+            source = "the model output's .loss"
+        else:
+            loss = output
+            source = "the model output"
+    if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.requires_grad):
+        got = (
+            f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+            else type(loss).__name__
+        )
+        raise ModelFileError(
+            f"{source} gave {got}, not a scalar loss that requires grad; define "
+            "loss_fn(output, batch) or training_step(model, batch) in the model file"
+        )
+    return loss
+
+
+def run_training_step(workload: Workload, seed: int | None = None) -> torch.Tensor:
+    """One steady-state step: zero grads (to None), forward + loss, backward, optimizer step.
+
+    Returns the loss, detached. ``seed`` reseeds the global RNG first so that random ops
+    (dropout) draw the same numbers in runs that should be comparable.
+    """
+    if seed is not None:
+        torch.manual_seed(seed)
+    with _user_code("the training step", workload.model_file.path):
+        workload.optimizer.zero_grad(set_to_none=True)
+        loss = compute_loss(workload.model_file, workload.model, workload.batch)
+        loss.backward()
+        workload.optimizer.step()
+    return loss.detach()
+
+
+def describe_batch(batch: Any) -> dict[str, object]:
+    """Shapes and dtypes of the batch's tensors, for the plan file and mismatch warnings."""
+    if isinstance(batch, dict):
+        items = list(batch.items())
+    elif isinstance(batch, (list, tuple)):
+        items = [(str(index), value) for index, value in enumerate(batch)]
+    else:
+        items = [("0", batch)]
+    described: dict[str, object] = {}
+    for key, value in items:
+        tensors = list(iter_tensors(value))
+        if isinstance(value, torch.Tensor):
+            described[key] = {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+        elif tensors:
+            described[key] = [
+                {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in tensors
+            ]
+        else:
+            described[key] = repr(value)[:80]
+    return described
