@@ -57,15 +57,14 @@ class Device(str, enum.Enum):
 BudgetOption = Annotated[
     str,
     typer.Option(
-        "--budget", "-b",
+        "--budget",
+        "-b",
         help="Peak memory allowed for one training step, e.g. 12GB, 11.5GiB, 800MiB "
         "(GB/MB: powers of 10; GiB/MiB: powers of 2; a bare number is bytes).",
         show_default=False,
     ),
 ]
-DeviceOption = Annotated[
-    Device, typer.Option("--device", help="Device to profile and check on.")
-]
+DeviceOption = Annotated[Device, typer.Option("--device", help="Device to profile and check on.")]
 VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", help="Log details to stderr; show tracebacks on errors.")
 ]
@@ -129,8 +128,11 @@ def _print_plan_summary(result: Any, wrote: list[Path]) -> None:
     for decision in plan.modules:
         record = profile.module(decision.module_name)
         table.add_row(
-            decision.module_name, record.module_type, str(record.call_count),
-            f"{decision.saving_bytes / 2**20:.2f}", f"{decision.recompute_ms:.1f}",
+            decision.module_name,
+            record.module_type,
+            str(record.call_count),
+            f"{decision.saving_bytes / 2**20:.2f}",
+            f"{decision.recompute_ms:.1f}",
             "yes" if decision.preserve_rng_state else "no",
         )
     if plan.modules:
@@ -146,7 +148,11 @@ def _print_plan_summary(result: Any, wrote: list[Path]) -> None:
         rows.append(("measured peak with plan", format_bytes(plan.measured_peak_bytes)))
     rows += [
         ("static (params+grads+optimizer)", format_bytes(plan.static_bytes)),
-        ("recompute per step", f"{plan.recompute_ms:.1f} ms = {plan.predicted_overhead:+.1%} of a {plan.step_ms:.1f} ms step"),
+        (
+            "recompute per step",
+            f"{plan.recompute_ms:.1f} ms = {plan.predicted_overhead:+.1%} "
+            f"of a {plan.step_ms:.1f} ms step",
+        ),
     ]
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
@@ -176,7 +182,11 @@ def profile(
     budget: BudgetOption,
     out: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="Where to write the plan JSON. [default: profiles/<model name>/plan.json]"),
+        typer.Option(
+            "--out",
+            "-o",
+            help="Where to write the plan JSON. [default: profiles/<model name>/plan.json]",
+        ),
     ] = None,
     device: DeviceOption = Device.cpu,
     report_dir: Annotated[
@@ -203,7 +213,9 @@ def profile(
         from planner.report import memory_timeline_figure
 
         with _progress() as progress:
-            result = profile_and_plan(model, budget_bytes, device=device.value, seed=seed, progress=progress)
+            result = profile_and_plan(
+                model, budget_bytes, device=device.value, seed=seed, progress=progress
+            )
         name = result.profile.model_name
         plan_path = out or Path("profiles") / name / "plan.json"
         charts = report_dir or Path("reports") / name
@@ -213,7 +225,9 @@ def profile(
         ]
         chart_path = charts / "memory_timeline.png"
         with atomic_path(chart_path) as temp_path:
-            memory_timeline_figure(result.profile, result.plan).savefig(temp_path, dpi=120, format="png")
+            memory_timeline_figure(result.profile, result.plan).savefig(
+                temp_path, dpi=120, format="png"
+            )
         wrote.append(chart_path)
         wrote.append(save_plan(result.plan, plan_path))  # last: a plan file means a complete run
         _print_plan_summary(result, wrote)

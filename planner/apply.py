@@ -85,6 +85,8 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
         original = module.__dict__[_ORIGINAL_ATTRIBUTE]
     if not torch.is_grad_enabled():
         return original(*args, **kwargs)
+    if decision.restore_buffers:
+        original = _restoring_buffers_on_recompute(module, original, decision.restore_buffers)
     if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
         assert not kwargs and len(args) == 1, "checkpoint_sequential takes one input"
         return checkpoint_sequential(
@@ -101,6 +103,32 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
         preserve_rng_state=decision.preserve_rng_state,
         **kwargs,
     )
+
+
+def _restoring_buffers_on_recompute(
+    module: torch.nn.Module, forward: Any, buffer_names: tuple[str, ...]
+) -> Any:
+    """``forward`` for one checkpointed call: its first run (the real forward) is plain; any
+    later run is the recomputation during backward, which must not update buffers (BatchNorm
+    running statistics) a second time, so they are put back as they were before it."""
+    buffers = dict(module.named_buffers())
+    targets = [buffers[name] for name in buffer_names]
+    runs = 0
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            return forward(*args, **kwargs)
+        before = [buffer.detach().clone() for buffer in targets]
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            with torch.no_grad():
+                for buffer, value in zip(targets, before, strict=True):
+                    buffer.copy_(value)
+
+    return run
 
 
 class _BoundCheckpointedForward:
@@ -184,10 +212,22 @@ def apply_plan(model: torch.nn.Module, plan_or_path: Plan | str | Path) -> torch
                     f"the plan uses checkpoint_sequential on {decision.module_name}, "
                     f"a {type(module).__name__}, not an nn.Sequential"
                 )
+            if decision.restore_buffers:
+                raise PlanMismatchError(
+                    f"the plan uses checkpoint_sequential on {decision.module_name} with "
+                    "restore_buffers, which only the checkpoint method supports"
+                )
             if not decision.segments or decision.segments < 1:
                 raise PlanMismatchError(
-                    f"the plan's checkpoint_sequential on {decision.module_name} needs segments >= 1"
+                    f"the plan's checkpoint_sequential on {decision.module_name} "
+                    "needs segments >= 1"
                 )
+        missing = set(decision.restore_buffers) - {name for name, _ in module.named_buffers()}
+        if missing:
+            raise PlanMismatchError(
+                f"the plan restores buffers {sorted(missing)} of {decision.module_name}, "
+                "which has no such buffers"
+            )
         targets[decision.module_name] = (module, decision)
 
     # Checks done: from here on nothing can fail.
@@ -196,6 +236,7 @@ def apply_plan(model: torch.nn.Module, plan_or_path: Plan | str | Path) -> torch
             _unwrap(module)
     for module, decision in targets.values():
         if module.__dict__.get(_STATE_ATTRIBUTE) != decision:
-            _unwrap(module)
+            if is_wrapped(module):
+                _unwrap(module)
             _wrap(module, decision)
     return model

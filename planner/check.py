@@ -55,7 +55,9 @@ class PlanCheck:
         return self.within_budget and self.training_unchanged and self.state_dict_keys_equal
 
 
-def run_check(model_path: str, plan: Plan | str | Path, *, device: str = "cpu", seed: int = 0) -> PlanCheck:
+def run_check(
+    model_path: str, plan: Plan | str | Path, *, device: str = "cpu", seed: int = 0
+) -> PlanCheck:
     """Run the comparison in this process (``check_plan`` calls this in a child process)."""
     import torch
 
@@ -109,18 +111,32 @@ def run_check(model_path: str, plan: Plan | str | Path, *, device: str = "cpu", 
 
 
 def check_plan(
-    model_path: str | Path, plan: Plan, *, device: str = "cpu", seed: int = 0, timeout_s: float = 3600
+    model_path: str | Path,
+    plan: Plan,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    timeout_s: float = 3600,
 ) -> PlanCheck:
     """Run :func:`run_check` in a fresh Python process and return its result."""
     with tempfile.TemporaryDirectory(prefix="ckpt-plan-check-") as folder:
         plan_path = save_plan(plan, Path(folder) / "plan.json")
         command = [
-            sys.executable, "-m", "planner.check", str(model_path), str(plan_path),
-            "--device", device, "--seed", str(seed),
+            sys.executable,
+            "-m",
+            "planner.check",
+            str(model_path),
+            str(plan_path),
+            "--device",
+            device,
+            "--seed",
+            str(seed),
         ]
         environment = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
-        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [root, environment.get("PYTHONPATH")]))
+        environment["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [root, environment.get("PYTHONPATH")])
+        )
         logger.info("checking the plan in a separate process: %s", " ".join(command))
         result = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout_s, env=environment, check=False
@@ -144,7 +160,9 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     arguments = parser.parse_args(argv)
     try:
-        result = run_check(arguments.model_path, arguments.plan_path, device=arguments.device, seed=arguments.seed)
+        result = run_check(
+            arguments.model_path, arguments.plan_path, device=arguments.device, seed=arguments.seed
+        )
     except PlannerError as error:
         print(json.dumps({"error": str(error)}))
         return 0

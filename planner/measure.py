@@ -63,7 +63,8 @@ def measure_step(
         if p.grad is not None
     }
     buffers = {
-        name: buffer.detach().to("cpu", copy=True) for name, buffer in workload.model.named_buffers()
+        name: buffer.detach().to("cpu", copy=True)
+        for name, buffer in workload.model.named_buffers()
     }
     times = []
     for step in range(timed_steps):

@@ -23,6 +23,11 @@ Wrapping a module call ``c`` (forward spanning events ``[f0, f1]``) in non-reent
 3. **Inputs are kept until ``c``'s backward ends.** The checkpoint holds its arguments for
    recomputation, so an input storage that would have died earlier lives until the last
    unpack of a tensor saved inside ``c`` (``release_event``).
+4. **Outputs that ``c`` saved itself die with their last outside use.** An output of ``c``
+   that an op inside ``c`` saved (a final ReLU saves its result) lives, unplanned, until
+   ``c``'s backward. Under checkpoint only its consumers hold it: it dies at the last
+   backward read by a saved tensor outside ``c``, or when the caller's forward returns
+   without it, whichever is later; recomputation makes it again (``released_outputs``).
 
 Everything else (parameters, gradients, optimizer state, the loss, the optimizer step's
 temporaries) is replayed exactly as measured. The peak of a plan is the maximum over the
@@ -47,13 +52,16 @@ __all__ = ["CheckpointEffect", "MemoryModel", "checkpoint_effects"]
 class CheckpointEffect:
     """How wrapping one module call changes the timeline (see the design notes above).
 
-    ``retained`` holds ``(storage_index, size_bytes, drop_event)`` triples. ``recompute_event``
-    is -1 when nothing inside the call was saved for backward (wrapping it would do nothing).
+    ``retained`` and ``released_outputs`` hold ``(storage_index, size_bytes, drop_event)``
+    triples: storages that die at ``drop_event`` under checkpoint and are made again at
+    ``recompute_event``. ``recompute_event`` is -1 when nothing inside the call was saved
+    for backward (wrapping it would do nothing).
     """
 
     call_index: int
     module_name: str
     retained: tuple[tuple[int, int, int], ...]
+    released_outputs: tuple[tuple[int, int, int], ...]
     recompute_event: int
     release_event: int
     input_storages: tuple[int, ...]
@@ -82,6 +90,13 @@ def checkpoint_effects(timeline: MemoryTimeline) -> tuple[CheckpointEffect, ...]
     by_alloc = sorted(range(len(storages)), key=lambda index: storages[index].alloc_event)
     alloc_events = [storages[index].alloc_event for index in by_alloc]
     output_sets = [frozenset(call.output_storages) for call in calls]
+    # storage -> [(call that saved it, last backward read)], for outside uses of outputs.
+    saves: dict[int, list[tuple[int, int]]] = {}
+    for saved_tensor in timeline.saved_tensors:
+        saves.setdefault(saved_tensor.storage, []).append(
+            (saved_tensor.call, saved_tensor.last_unpack_event)
+        )
+    forward_end = timeline.phase_end_events.get("forward", timeline.event_count - 1)
     effects = []
     for call_index, call in enumerate(calls):
         start, end = call.forward_start_event, call.forward_end_event
@@ -133,6 +148,29 @@ def checkpoint_effects(timeline: MemoryTimeline) -> tuple[CheckpointEffect, ...]
                     owner = calls[owner].parent_call
                 retained.append((index, record.size_bytes, calls[owner].forward_end_event))
 
+        released_outputs = []
+        if recompute_event >= 0:
+            inside = range(subtree.start, subtree.stop)
+            for index in call.output_storages:
+                record = storages[index]
+                if (
+                    index not in saved
+                    or not start < record.alloc_event < end
+                    or record.free_event <= recompute_event
+                ):
+                    continue
+                # The caller's locals hold it until the caller returns without it...
+                holder = call.parent_call
+                while holder >= 0 and index in output_sets[holder]:
+                    holder = calls[holder].parent_call
+                drop = calls[holder].forward_end_event if holder >= 0 else forward_end
+                # ...and tensors saved outside this call hold it until backward reads them.
+                for saving_call, last_unpack in saves.get(index, ()):
+                    if saving_call not in inside:
+                        drop = max(drop, last_unpack)
+                if drop < recompute_event:
+                    released_outputs.append((index, record.size_bytes, drop))
+
         inputs = tuple(
             index for index in call.input_storages if storages[index].kind not in STATIC_KINDS
         )
@@ -141,6 +179,7 @@ def checkpoint_effects(timeline: MemoryTimeline) -> tuple[CheckpointEffect, ...]
                 call_index=call_index,
                 module_name=call.module_name,
                 retained=tuple(retained),
+                released_outputs=tuple(released_outputs),
                 recompute_event=recompute_event,
                 release_event=release_event,
                 input_storages=inputs,
@@ -180,23 +219,31 @@ class MemoryModel:
         storages = self.timeline.storages
         delta = self._base_delta.copy()
         spikes: list[tuple[int, int]] = []
+        # storage -> (end of its first life, start of its second life at a recomputation)
+        gaps: dict[int, tuple[int, int]] = {}
         kept_until: dict[int, int] = {}
         for module_name in wrapped:
             for call_index in self._calls_by_module.get(module_name, ()):
                 effect = self.effects[call_index]
                 if effect.recompute_event < 0:
                     continue
-                for index, size, drop_event in effect.retained:
-                    delta[drop_event + 1] -= size
-                    delta[effect.recompute_event + 1] += size
+                for index, _size, drop_event in effect.retained + effect.released_outputs:
+                    gaps[index] = (drop_event, effect.recompute_event)
                 spikes.append((effect.recompute_event, effect.recompute_peak_bytes))
                 for index in effect.input_storages:
                     kept_until[index] = max(kept_until.get(index, -1), effect.release_event)
-        for index, release_event in kept_until.items():
+        for index in gaps.keys() | kept_until.keys():
             record = storages[index]
-            if release_event > record.free_event:
+            held_until = kept_until.get(index, -1)
+            if index in gaps:
+                drop_event, recompute_event = gaps[index]
+                drop_event = max(drop_event, held_until)  # another checkpoint holds it
+                if drop_event < recompute_event:
+                    delta[drop_event + 1] -= record.size_bytes
+                    delta[recompute_event + 1] += record.size_bytes
+            elif held_until > record.free_event:
                 delta[record.free_event + 1] += record.size_bytes
-                delta[release_event + 1] -= record.size_bytes
+                delta[held_until + 1] -= record.size_bytes
         return delta, spikes
 
     def memory_curve(self, wrapped: Iterable[str] = ()) -> np.ndarray:

@@ -51,7 +51,9 @@ def plan_checked(
     target = budget_bytes
     for attempt in range(1, max_attempts + 1):
         try:
-            plan, solution = plan_for_budget(profile, budget_bytes, solver=solver, plan_budget_bytes=target)
+            plan, solution = plan_for_budget(
+                profile, budget_bytes, solver=solver, plan_budget_bytes=target
+            )
         except InfeasibleBudgetError:
             if attempt == 1:
                 raise
@@ -78,7 +80,9 @@ def plan_checked(
         overshoot = check.measured_peak_bytes - budget_bytes
         logger.warning(
             "plan measured %d bytes over the budget (predicted %d, measured %d); re-planning",
-            overshoot, plan.predicted_peak_bytes, check.measured_peak_bytes,
+            overshoot,
+            plan.predicted_peak_bytes,
+            check.measured_peak_bytes,
         )
         target = min(target, plan.predicted_peak_bytes) - overshoot - max(1, budget_bytes // 200)
     raise PlanCheckError(

@@ -47,8 +47,11 @@ class ModuleDecision:
     ``preserve_rng_state`` is True for modules that run random ops (dropout), so that
     recomputation draws the same numbers; modules without random ops skip the RNG stash.
     ``segments`` is set only for ``checkpoint_sequential``. ``policy`` names a selective
-    checkpointing policy, or None for full recomputation. ``saving_bytes`` and
-    ``recompute_ms`` are the profile's figures for this module (all its calls).
+    checkpointing policy, or None for full recomputation. ``restore_buffers`` names buffers
+    (relative to the module) that its forward changes in place (BatchNorm running
+    statistics): recomputation restores them, so they change once per step, as unplanned.
+    ``saving_bytes`` and ``recompute_ms`` are the profile's figures for this module (all
+    its calls).
     """
 
     module_name: str
@@ -56,6 +59,7 @@ class ModuleDecision:
     preserve_rng_state: bool = True
     segments: int | None = None
     policy: str | None = None
+    restore_buffers: tuple[str, ...] = ()
     saving_bytes: int = 0
     recompute_ms: float = 0.0
 
@@ -94,7 +98,12 @@ class Plan:
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     data = asdict(plan)
     data["modules"] = [
-        {**asdict(decision), "method": decision.method.value} for decision in plan.modules
+        {
+            **asdict(decision),
+            "method": decision.method.value,
+            "restore_buffers": list(decision.restore_buffers),
+        }
+        for decision in plan.modules
     ]
     data["notes"] = list(plan.notes)
     # Put the version first so a person opening the file sees it.
@@ -117,6 +126,14 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
     missing = sorted(name for name in _REQUIRED_PLAN_FIELDS if name not in data)
     if missing:
         raise PlanFileError(f"{source} is missing fields {', '.join(missing)}; re-create the plan")
+    for name, kinds in _FIELD_TYPES.items():
+        value = data.get(name)
+        if name in data and (not isinstance(value, kinds) or isinstance(value, bool)):
+            expected = " or ".join(kind.__name__ for kind in kinds)
+            raise PlanFileError(
+                f"{source}: field {name!r} should be {expected}, not {type(value).__name__}; "
+                "re-create the plan"
+            )
     try:
         modules = tuple(
             ModuleDecision(
@@ -125,6 +142,7 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
                 preserve_rng_state=bool(item.get("preserve_rng_state", True)),
                 segments=None if item.get("segments") is None else int(item["segments"]),
                 policy=item.get("policy"),
+                restore_buffers=tuple(str(name) for name in item.get("restore_buffers", ())),
                 saving_bytes=int(item.get("saving_bytes", 0)),
                 recompute_ms=float(item.get("recompute_ms", 0.0)),
             )
@@ -135,9 +153,28 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         values["notes"] = tuple(values.get("notes", ()))
         plan = Plan(**values)
     except (KeyError, TypeError, ValueError) as error:
-        raise PlanFileError(f"{source} has a malformed entry ({error}); re-create the plan") from error
+        raise PlanFileError(
+            f"{source} has a malformed entry ({error}); re-create the plan"
+        ) from error
     return plan
 
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "budget_bytes": (int,),
+    "predicted_peak_bytes": (int,),
+    "baseline_peak_bytes": (int,),
+    "static_bytes": (int,),
+    "predicted_overhead": (int, float),
+    "recompute_ms": (int, float),
+    "step_ms": (int, float),
+    "fingerprint": (dict,),
+    "batch": (dict,),
+    "modules": (list,),
+    "device": (str,),
+    "torch_version": (str,),
+    "model_name": (str,),
+    "strategy": (str,),
+}
 
 _REQUIRED_PLAN_FIELDS = frozenset(
     f.name for f in fields(Plan) if f.default is MISSING and f.default_factory is MISSING
@@ -156,7 +193,8 @@ def load_plan(path: str | Path) -> Plan:
     source = Path(path)
     if not source.is_file():
         raise PlanFileError(
-            f"plan file {source} does not exist; create one with `ckpt-plan profile MODEL.py --budget B`"
+            f"plan file {source} does not exist; "
+            "create one with `ckpt-plan profile MODEL.py --budget B`"
         )
     text = source.read_text(encoding="utf-8", errors="replace")
     if not text.strip():

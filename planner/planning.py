@@ -30,6 +30,7 @@ def build_plan(
                 method=CheckpointMethod.CHECKPOINT,
                 # Only modules that run random ops need recomputation to replay the RNG.
                 preserve_rng_state=record.uses_rng,
+                restore_buffers=record.mutated_buffers,
                 saving_bytes=record.checkpoint_saving_bytes,
                 recompute_ms=record.forward_ms,
             )
@@ -55,7 +56,11 @@ def build_plan(
 
 
 def plan_for_budget(
-    profile: Profile, budget_bytes: int, *, solver: Solver | None = None, plan_budget_bytes: int | None = None
+    profile: Profile,
+    budget_bytes: int,
+    *,
+    solver: Solver | None = None,
+    plan_budget_bytes: int | None = None,
 ) -> tuple[Plan, Solution]:
     """Solve for ``plan_budget_bytes`` (default: the budget) and build the plan.
 
@@ -70,7 +75,12 @@ def plan_for_budget(
         else f"solver: best plan found in {solution.evaluations} evaluations (search cut short)"
     )
     plan = build_plan(
-        profile, solution.module_names, budget_bytes, strategy="optimal", memory=solver.memory, notes=(note,)
+        profile,
+        solution.module_names,
+        budget_bytes,
+        strategy="optimal",
+        memory=solver.memory,
+        notes=(note,),
     )
     return plan, solution
 

@@ -18,12 +18,14 @@ from planner.records import (
     ModuleCall,
     ModuleProfile,
     Profile,
+    SavedTensor,
     StorageLifetime,
 )
 
 __all__ = ["load_profile", "module_table", "save_profile", "save_profile_table"]
 
 _STORAGE_COLUMNS = [f.name for f in fields(StorageLifetime)]
+_SAVED_COLUMNS = [f.name for f in fields(SavedTensor)]
 
 
 def module_table(profile: Profile) -> pd.DataFrame:
@@ -43,6 +45,8 @@ def _profile_to_dict(profile: Profile) -> dict[str, Any]:
         "storage_columns": _STORAGE_COLUMNS,
         "storages": [[getattr(s, c) for c in _STORAGE_COLUMNS] for s in timeline.storages],
         "calls": [asdict(call) for call in timeline.calls],
+        "saved_tensor_columns": _SAVED_COLUMNS,
+        "saved_tensors": [[getattr(t, c) for c in _SAVED_COLUMNS] for t in timeline.saved_tensors],
     }
     data["block_names"] = list(profile.block_names)
     return data
@@ -63,15 +67,23 @@ def save_profile_table(profile: Profile, path: str | Path) -> Path:
     return target
 
 
+def _tuple_if_list(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
 def load_profile(path: str | Path) -> Profile:
     """Read a profile JSON written by :func:`save_profile`."""
     source = Path(path)
     if not source.is_file():
-        raise ProfileFileError(f"profile {source} does not exist; create it with `ckpt-plan profile`")
+        raise ProfileFileError(
+            f"profile {source} does not exist; create it with `ckpt-plan profile`"
+        )
     try:
         data = json.loads(source.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ProfileFileError(f"profile {source} is not valid JSON ({error}); re-profile") from error
+        raise ProfileFileError(
+            f"profile {source} is not valid JSON ({error}); re-profile"
+        ) from error
     if not isinstance(data, dict) or not isinstance(data.get("schema_version"), int):
         raise ProfileFileError(f"{source} is not a ckpt-plan profile")
     if data["schema_version"] > PROFILE_SCHEMA_VERSION:
@@ -84,15 +96,24 @@ def load_profile(path: str | Path) -> Profile:
         columns = raw["storage_columns"]
         timeline = MemoryTimeline(
             event_count=int(raw["event_count"]),
-            storages=tuple(StorageLifetime(**dict(zip(columns, row, strict=True))) for row in raw["storages"]),
+            storages=tuple(
+                StorageLifetime(**dict(zip(columns, row, strict=True))) for row in raw["storages"]
+            ),
             calls=tuple(
-                ModuleCall(**{k: tuple(v) if isinstance(v, list) else v for k, v in call.items()})
+                ModuleCall(**{k: _tuple_if_list(v) for k, v in call.items()})
                 for call in raw["calls"]
+            ),
+            saved_tensors=tuple(
+                SavedTensor(**dict(zip(raw["saved_tensor_columns"], row, strict=True)))
+                for row in raw.get("saved_tensors", ())
             ),
             phase_end_events={k: int(v) for k, v in raw["phase_end_events"].items()},
         )
         values = {f.name: data[f.name] for f in fields(Profile) if f.name in data}
-        values["modules"] = tuple(ModuleProfile(**record) for record in data["modules"])
+        values["modules"] = tuple(
+            ModuleProfile(**{k: _tuple_if_list(v) for k, v in record.items()})
+            for record in data["modules"]
+        )
         values["timeline"] = timeline
         values["block_names"] = tuple(data.get("block_names", ()))
         return Profile(**values)

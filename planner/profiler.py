@@ -33,12 +33,19 @@ from planner.records import (
     ModuleCall,
     ModuleProfile,
     Profile,
+    SavedTensor,
     StorageLifetime,
 )
 from planner.tracking import StorageWatcher, iter_tensors, workload_tensors
 from planner.workload import ModelFile, Workload, build_workload, describe_batch, run_training_step
 
-__all__ = ["ProgressCallback", "TimelineRecorder", "find_blocks", "profile_model_file", "profile_workload"]
+__all__ = [
+    "ProgressCallback",
+    "TimelineRecorder",
+    "find_blocks",
+    "profile_model_file",
+    "profile_workload",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +73,9 @@ class _Clock:
         return (end - start) * 1000.0
 
 
-def _time_steps(workload: Workload, steps: int, progress: ProgressCallback | None) -> tuple[float, dict[str, float]]:
+def _time_steps(
+    workload: Workload, steps: int, progress: ProgressCallback | None
+) -> tuple[float, dict[str, float]]:
     """Median step time and, per module, the median over steps of its summed forward time."""
     clock = _Clock(workload.device)
     names = {id(module): name for name, module in workload.model.named_modules()}
@@ -107,6 +116,35 @@ def _time_steps(workload: Workload, steps: int, progress: ProgressCallback | Non
     return statistics.median(step_ms), module_ms
 
 
+_WRITE_POSITIONS: dict[Any, tuple[tuple[int, str], ...]] = {}
+# Older batch-norm ops update running statistics in place without declaring it in their
+# schema (``Tensor? running_mean``, no ``(a!)``); in training mode they write args 3 and 4.
+_UNDECLARED_WRITES = {
+    name: ((3, "running_mean"), (4, "running_var"))
+    for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
+}
+
+
+def _written_arguments(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
+    """The tensor arguments an op writes in place, from its schema (``Tensor(a!)``)."""
+    positions = _WRITE_POSITIONS.get(func)
+    if positions is None:
+        schema = getattr(func, "_schema", None)
+        positions = tuple(
+            (position, argument.name)
+            for position, argument in enumerate(schema.arguments if schema else ())
+            if argument.alias_info is not None and argument.alias_info.is_write
+        )
+        if schema is not None and schema.name.removeprefix("aten::") in _UNDECLARED_WRITES:
+            positions += _UNDECLARED_WRITES[schema.name.removeprefix("aten::")]
+        _WRITE_POSITIONS[func] = positions
+    written: list[torch.Tensor] = []
+    for position, name in positions:
+        value = args[position] if position < len(args) else kwargs.get(name)
+        written.extend(iter_tensors(value))
+    return written
+
+
 class TimelineRecorder(StorageWatcher):
     """Records the memory timeline of one step (see the module docstring).
 
@@ -122,11 +160,10 @@ class TimelineRecorder(StorageWatcher):
         self._free: dict[int, int] = {}
         self._calls: list[dict[str, Any]] = []
         self._stack: list[int] = []
-        self._packs: list[tuple[int, int]] = []  # (storage index or -1, call index or -1)
+        # [storage index or -1, call index or -1, pack event, last unpack event or -1]
+        self._packs: list[list[int]] = []
         self._module_names = {id(m): name for name, m in workload.model.named_modules()}
-        self._buffers = {
-            id(m): list(m.named_buffers()) for m in workload.model.modules()
-        }
+        self._buffers = {id(m): list(m.named_buffers()) for m in workload.model.modules()}
         self._handles: list[Any] = []
         self._saved_hooks: Any = None
         self.phase_end_events: dict[str, int] = {}
@@ -145,15 +182,21 @@ class TimelineRecorder(StorageWatcher):
     def on_free(self, index: int) -> None:
         self._free[index] = self._tick()
 
-    def on_op(self, func: Any, outputs: list[torch.Tensor]) -> None:
+    def on_op(self, func: Any, args: Any, kwargs: Any, outputs: list[torch.Tensor]) -> None:
         if not self._stack:
             return
         random = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
         devices = {str(t.device) for t in outputs}
+        written = [
+            index
+            for tensor in _written_arguments(func, args, kwargs)
+            if (index := self.storage_index(tensor)) is not None
+        ]
         for call_index in self._stack:
             call = self._calls[call_index]
             call["uses_rng"] = call["uses_rng"] or random
             call["devices"].update(devices)
+            call["written"].update(written)
 
     # -- module calls ----------------------------------------------------------------
     def _indices(self, value: Any) -> tuple[int, ...]:
@@ -175,6 +218,7 @@ class TimelineRecorder(StorageWatcher):
                 "saved": [],
                 "unpacks": [],
                 "uses_rng": False,
+                "written": set(),
                 "devices": {str(t.device) for t in iter_tensors((args, kwargs))},
                 "buffer_versions": [(n, b._version) for n, b in self._buffers[id(module)]],
             }
@@ -188,9 +232,14 @@ class TimelineRecorder(StorageWatcher):
         call = self._calls[call_index]
         call["forward_end_event"] = self._tick()
         call["output_storages"] = self._indices(output)
+        # A buffer changed in place: its version moved, or an op wrote its storage (native
+        # batch_norm updates running statistics without bumping their version).
         versions = dict(call.pop("buffer_versions"))
+        written = call.pop("written")
         call["mutated_buffers"] = tuple(
-            name for name, buffer in self._buffers[id(module)] if buffer._version != versions[name]
+            name
+            for name, buffer in self._buffers[id(module)]
+            if buffer._version != versions[name] or self.storage_index(buffer) in written
         )
 
     # -- saved tensors -----------------------------------------------------------------
@@ -198,16 +247,16 @@ class TimelineRecorder(StorageWatcher):
         pack_id = len(self._packs)
         index = self.storage_index(tensor)
         call = self._stack[-1] if self._stack else -1
-        self._packs.append((-1 if index is None else index, call))
+        self._packs.append([-1 if index is None else index, call, self._tick(), -1])
         if call >= 0 and index is not None:
             self._calls[call]["saved"].append(index)
-        self._tick()
         return pack_id, tensor
 
     def _unpack(self, packed: tuple[int, torch.Tensor]) -> torch.Tensor:
         pack_id, tensor = packed
-        _, call = self._packs[pack_id]
+        call = self._packs[pack_id][1]
         event = self._tick()
+        self._packs[pack_id][3] = event
         if call >= 0:
             self._calls[call]["unpacks"].append(event)
         return tensor
@@ -274,6 +323,11 @@ class TimelineRecorder(StorageWatcher):
             event_count=event_count,
             storages=storages,
             calls=tuple(calls),
+            saved_tensors=tuple(
+                SavedTensor(storage, call, pack_event, last_unpack)
+                for storage, call, pack_event, last_unpack in self._packs
+                if storage >= 0
+            ),
             phase_end_events=dict(self.phase_end_events),
         )
 
@@ -355,9 +409,7 @@ def _module_profiles(
             reason = "a leaf module"
         elif not calls:
             reason = "not called in the training step"
-        elif mutated:
-            reason = f"its forward changes buffers ({', '.join(mutated[:3])}); recomputing it would change them twice"
-        elif len({d.split(':')[0] for d in devices}) > 1:
+        elif len({d.split(":")[0] for d in devices}) > 1:
             reason = f"its forward moves tensors across devices ({', '.join(sorted(devices))})"
         elif saving <= 0:
             reason = "checkpointing it frees nothing"
@@ -378,6 +430,7 @@ def _module_profiles(
                 forward_ms=forward_ms.get(name, 0.0),
                 uses_rng=uses_rng,
                 excluded_reason=reason,
+                mutated_buffers=tuple(mutated),
             )
         )
     return tuple(records)
@@ -411,7 +464,11 @@ def profile_workload(
         )
 
     def kind_bytes(kind: str) -> int:
-        return sum(s.size_bytes for s in storages if s.kind == kind and s.free_event == timeline.event_count)
+        return sum(
+            s.size_bytes
+            for s in storages
+            if s.kind == kind and s.free_event == timeline.event_count
+        )
 
     model = workload.model
     module_profiles = _module_profiles(workload, timeline, forward_ms)

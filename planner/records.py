@@ -17,6 +17,7 @@ __all__ = [
     "ModuleCall",
     "ModuleProfile",
     "Profile",
+    "SavedTensor",
     "StorageLifetime",
 ]
 
@@ -69,6 +70,17 @@ class ModuleCall:
     devices: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SavedTensor:
+    """One tensor saved for backward: its storage, the innermost module call running when it
+    was saved (-1 for none), and the last event at which backward read it (-1: never)."""
+
+    storage: int
+    call: int
+    pack_event: int
+    last_unpack_event: int
+
+
 @dataclass(frozen=True)
 class MemoryTimeline:
     """The measured memory history of one training step (forward, backward, optimizer)."""
@@ -76,6 +88,7 @@ class MemoryTimeline:
     event_count: int
     storages: tuple[StorageLifetime, ...]
     calls: tuple[ModuleCall, ...]
+    saved_tensors: tuple[SavedTensor, ...] = ()
     # Event at which each phase ended: "forward" (loss computed), "backward", "optimizer".
     phase_end_events: dict[str, int] = field(default_factory=dict)
 
@@ -89,6 +102,8 @@ class ModuleProfile:
     wrapping the module actually frees between its forward and its backward (its own
     activations, not its inputs or outputs). ``recompute_peak_bytes``: the transient peak
     of its forward above its inputs, which recomputation brings back during backward.
+    ``mutated_buffers`` names (relative to the module) the buffers its forward changes in
+    place, such as BatchNorm running statistics; a plan restores them after recomputation.
     ``excluded_reason`` is empty for a candidate the solver may choose.
     """
 
@@ -105,6 +120,7 @@ class ModuleProfile:
     forward_ms: float
     uses_rng: bool
     excluded_reason: str
+    mutated_buffers: tuple[str, ...] = ()
 
     @property
     def is_candidate(self) -> bool:
@@ -136,7 +152,9 @@ class Profile:
     def static_bytes(self) -> int:
         """Parameters, gradients, optimizer state and buffers: memory no plan can remove."""
         return (
-            self.parameter_bytes + self.buffer_bytes + self.gradient_bytes
+            self.parameter_bytes
+            + self.buffer_bytes
+            + self.gradient_bytes
             + self.optimizer_state_bytes
         )
 

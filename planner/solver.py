@@ -21,8 +21,8 @@ so we search plans directly, evaluating each with the memory model:
    cost). If the search finishes within ``max_evaluations`` plan evaluations, the plan is
    the cheapest under the memory model (``proven_optimal``); otherwise it is the best found.
 
-The smallest budget any plan fits (for the "budget too small" error) is searched the same
-greedy way, minimising the peak instead of the cost, and is reported as found, not proven.
+The smallest budget any plan fits (for the "budget too small" error) is the lowest peak
+over all plans when there are few enough to enumerate, else the best of a local search.
 """
 
 from __future__ import annotations
@@ -70,6 +70,20 @@ class Solver:
             while end < len(self.names) and _is_ancestor(name, self.names[end]):
                 end += 1
             self.subtree_end.append(end)
+        # The nearest candidate descendants of each candidate (its children in the tree of
+        # candidates, skipping excluded modules in between).
+        self.candidate_children: dict[str, tuple[str, ...]] = {
+            name: tuple(
+                child
+                for child in self.names
+                if _is_ancestor(name, child)
+                and not any(
+                    _is_ancestor(name, middle) and _is_ancestor(middle, child)
+                    for middle in self.names
+                )
+            )
+            for name in self.names
+        }
         self.evaluations = 0
         self._cache: dict[frozenset[str], int] = {}
 
@@ -154,24 +168,74 @@ class Solver:
         visit(0, [], 0.0)
         return best, finished
 
-    def lowest_peak(self) -> tuple[tuple[str, ...], int]:
-        """The plan with the lowest peak that a greedy descent on the peak finds."""
-        chosen: tuple[str, ...] = ()
-        peak = self.peak(chosen)
-        options: list[tuple[str, ...]] = [tuple(n for n in self.profile.block_names if n in self.cost_ms)]
-        options.append(tuple(n for n in self.names if not any(_is_ancestor(a, n) for a in self.names)))
-        while True:
-            trials = [(self.peak(self._with(chosen, n)), self._with(chosen, n)) for n in self._addable(chosen)]
-            if not trials:
-                break
-            trial_peak, trial = min(trials)
-            if trial_peak >= peak:
-                break
-            chosen, peak = trial, trial_peak
-        for option in options:
-            if self.peak(option) < peak:
-                chosen, peak = option, self.peak(option)
-        return chosen, peak
+    def _neighbours(self, chosen: tuple[str, ...]) -> list[tuple[str, ...]]:
+        """Plans one move away: add a module (dropping its chosen descendants), replace a
+        chosen module by its candidate children, or drop a chosen module."""
+        moves = [self._with(chosen, name) for name in self._addable(chosen)]
+        for name in chosen:
+            rest = [n for n in chosen if n != name]
+            children = self.candidate_children.get(name, ())
+            if children:
+                moves.append(tuple(sorted(rest + list(children))))
+            moves.append(tuple(rest))
+        return moves
+
+    def lowest_peak(self, max_evaluations: int = 20_000) -> tuple[tuple[str, ...], int]:
+        """The plan with the lowest predicted peak: exact (every antichain) when there are at
+        most ``max_evaluations`` of them, else the best of a local search."""
+        exhaustive = self._lowest_peak_exhaustive(max_evaluations)
+        if exhaustive is not None:
+            return exhaustive
+        return self._lowest_peak_local()
+
+    def _lowest_peak_exhaustive(self, max_evaluations: int) -> tuple[tuple[str, ...], int] | None:
+        best: tuple[int, float, tuple[str, ...]] | None = None
+        budget = max_evaluations
+
+        def visit(position: int, chosen: list[str]) -> bool:
+            nonlocal best, budget
+            budget -= 1
+            if budget < 0:
+                return False
+            key = (self.peak(chosen), self.cost(chosen), tuple(sorted(chosen)))
+            if best is None or key[:2] < best[:2]:
+                best = key
+            for index in range(position, len(self.names)):
+                chosen.append(self.names[index])
+                complete = visit(self.subtree_end[index], chosen)
+                chosen.pop()
+                if not complete:
+                    return False
+            return True
+
+        if not visit(0, []):
+            return None
+        assert best is not None
+        return best[2], best[0]
+
+    def _lowest_peak_local(self) -> tuple[tuple[str, ...], int]:
+        """Descent over :meth:`_neighbours` from the empty plan, every block, and every
+        top-level candidate; the best end point."""
+        starts = [
+            (),
+            tuple(n for n in self.profile.block_names if n in self.cost_ms),
+            tuple(n for n in self.names if not any(_is_ancestor(a, n) for a in self.names)),
+        ]
+        best: tuple[int, tuple[str, ...]] | None = None
+        for start in starts:
+            chosen, peak = start, self.peak(start)
+            while True:
+                moves = self._neighbours(chosen)
+                if not moves:
+                    break
+                trial_peak, trial = min((self.peak(m), m) for m in moves)
+                if trial_peak >= peak:
+                    break
+                chosen, peak = trial, trial_peak
+            if best is None or (peak, self.cost(chosen)) < (best[0], self.cost(best[1])):
+                best = (peak, chosen)
+        assert best is not None
+        return best[1], best[0]
 
     def solve(self, budget_bytes: int, max_evaluations: int = 20_000) -> Solution:
         start = self.evaluations
@@ -183,11 +247,15 @@ class Solver:
         best, finished = self.branch_and_bound(budget_bytes, incumbent, max_evaluations)
         if best is None:
             names, lowest = self.lowest_peak()
+            if lowest <= budget_bytes:  # the cut-short search missed what local search found
+                best, finished = self._prune(names, budget_bytes), False
+        if best is None:
             raise InfeasibleBudgetError(
                 f"no checkpointing plan fits {format_bytes(budget_bytes)}: the smallest budget "
                 f"that fits is {format_bytes(lowest)} ({lowest} bytes, checkpointing "
-                f"{len(names)} modules); static memory alone (parameters, gradients, "
-                f"optimizer state) is {format_bytes(self.profile.static_bytes)}",
+                f"{len(names)} module{'s' if len(names) != 1 else ''}); static memory alone "
+                f"(parameters, gradients, optimizer state) is "
+                f"{format_bytes(self.profile.static_bytes)}",
                 budget_bytes=budget_bytes,
                 min_budget_bytes=lowest,
             )

@@ -15,7 +15,7 @@ methods on both devices.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -24,7 +24,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = ["PeakMemoryTracker", "StorageWatcher", "iter_tensors", "workload_tensors"]
 
 
-def iter_tensors(value: Any, *, _depth: int = 0, _seen: set[int] | None = None) -> Iterator[torch.Tensor]:
+def iter_tensors(
+    value: Any, *, _depth: int = 0, _seen: set[int] | None = None
+) -> Iterator[torch.Tensor]:
     """Yield every tensor inside ``value``: tensors, mappings (``ModelOutput`` is one),
     lists, tuples, and the attributes of plain objects such as Hugging Face caches."""
     if _seen is None:
@@ -54,7 +56,7 @@ def workload_tensors(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, batch: Any
 ) -> dict[str, list[torch.Tensor]]:
     """The tensors a training step starts with, by kind (parameters, gradients, ...)."""
-    parameters = list(model.parameters())
+    parameters: list[torch.Tensor] = list(model.parameters())
     state = [] if optimizer is None else list(iter_tensors(list(optimizer.state.values())))
     module_attributes = [
         tensor
@@ -118,7 +120,7 @@ class StorageWatcher(TorchDispatchMode):
         self._next_index += 1
         self._index_by_storage_id[key] = index
         self._size_by_index[index] = size
-        self._refs[index] = weakref.ref(storage, lambda _ref, i=index, k=key: self._release(i, k))
+        self._refs[index] = weakref.ref(storage, self._release_callback(index, key))
         self.current_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.current_bytes)
         self.on_alloc(index, size, kind)
@@ -128,6 +130,12 @@ class StorageWatcher(TorchDispatchMode):
         for kind, tensors in tensors_by_kind.items():
             for tensor in tensors:
                 self.track(tensor, kind)
+
+    def _release_callback(self, index: int, key: int) -> Callable[[Any], None]:
+        def release(_reference: Any) -> None:
+            self._release(index, key)
+
+        return release
 
     def _release(self, index: int, key: int) -> None:
         if self._closed:
@@ -149,7 +157,7 @@ class StorageWatcher(TorchDispatchMode):
     def on_free(self, index: int) -> None:
         pass
 
-    def on_op(self, func: Any, outputs: list[torch.Tensor]) -> None:
+    def on_op(self, func: Any, args: Any, kwargs: Any, outputs: list[torch.Tensor]) -> None:
         pass
 
     # -- dispatch ------------------------------------------------------------------------
@@ -158,7 +166,7 @@ class StorageWatcher(TorchDispatchMode):
         tensors = list(iter_tensors(out)) if not isinstance(out, torch.Tensor) else [out]
         for tensor in tensors:
             self.track(tensor, "activation")
-        self.on_op(func, tensors)
+        self.on_op(func, args, kwargs or {}, tensors)
         return out
 
 

@@ -6,8 +6,8 @@ bytes (DESIGN.md, "Budget"). Everything inside the library is an ``int`` of byte
 
 from __future__ import annotations
 
-import math
 import re
+from decimal import Decimal
 
 from planner.errors import BudgetError
 
@@ -47,17 +47,21 @@ def parse_bytes(text: str) -> int:
             f"unknown unit {unit!r} in {text!r}; use B, KB, MB, GB, TB (powers of 10) "
             "or KiB, MiB, GiB, TiB (powers of 2)"
         )
-    value = float(number) * factor
-    if not math.isfinite(value) or value < 1:
-        raise BudgetError(f"a memory size must be positive, got {text!r}")
+    value = Decimal(number) * factor  # exact: "2.01GB" is 2010000000 bytes, not 2009999999
+    if value < 1:
+        raise BudgetError(f"a memory size must be positive (at least 1 byte), got {text!r}")
     return int(value)
 
 
 def format_bytes(size_bytes: int | float, *, binary: bool = True) -> str:
     """Format a byte count for people: ``format_bytes(3 * 2**20) == "3.00 MiB"``."""
-    base, names = (1024, ("B", "KiB", "MiB", "GiB", "TiB")) if binary else (
-        1000,
-        ("B", "KB", "MB", "GB", "TB"),
+    base, names = (
+        (1024, ("B", "KiB", "MiB", "GiB", "TiB"))
+        if binary
+        else (
+            1000,
+            ("B", "KB", "MB", "GB", "TB"),
+        )
     )
     value = float(size_bytes)
     sign = "-" if value < 0 else ""

@@ -142,12 +142,12 @@ def _user_code(what: str, path: Path) -> Iterator[None]:
         raise
     except Exception as error:
         where = _error_location(error, path)
-        raise ProfilingError(
-            f"{what} raised {type(error).__name__} ({where}): {error}"
-        ) from error
+        raise ProfilingError(f"{what} raised {type(error).__name__} ({where}): {error}") from error
 
 
-def build_workload(model_file: ModelFile, device: str | torch.device = "cpu", seed: int = 0) -> Workload:
+def build_workload(
+    model_file: ModelFile, device: str | torch.device = "cpu", seed: int = 0
+) -> Workload:
     """A fresh model, batch and optimizer. The same seed gives the same weights and batch."""
     target = torch.device(device)
     with _user_code("build_model()", model_file.path):
@@ -198,7 +198,8 @@ def compute_loss(model_file: ModelFile, model: torch.nn.Module, batch: Any) -> t
             source = "the model output"
     if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.requires_grad):
         got = (
-            f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+            f"a tensor of shape {tuple(loss.shape)}"
+            if isinstance(loss, torch.Tensor)
             else type(loss).__name__
         )
         raise ModelFileError(
@@ -236,10 +237,14 @@ def describe_batch(batch: Any) -> dict[str, object]:
     for key, value in items:
         tensors = list(iter_tensors(value))
         if isinstance(value, torch.Tensor):
-            described[key] = {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+            described[key] = {
+                "shape": list(value.shape),
+                "dtype": str(value.dtype).removeprefix("torch."),
+            }
         elif tensors:
             described[key] = [
-                {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in tensors
+                {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                for t in tensors
             ]
         else:
             described[key] = repr(value)[:80]

@@ -1,0 +1,44 @@
+# ckpt-plan: set-up, demo, tests. Needs only python3 (3.10+) on the machine.
+#
+# torch is installed FIRST and pinned (TORCH_SPEC): with it already satisfied, installing
+# the package pulls no torch build of its own, so no CUDA wheels are downloaded on a machine
+# without a GPU. Where the pinned version is not available as a CPU wheel from your package
+# index, pass extra pip arguments, e.g. `make demo TORCH_PIP_ARGS="--index-url <cpu index>"`.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint typecheck pytest clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@$(BIN)/python -c "import importlib.metadata as m, torch; \
+	cuda = sorted(d.metadata['Name'] for d in m.distributions() if (d.metadata['Name'] or '').startswith('nvidia')); \
+	print('torch', torch.__version__, '| CUDA available:', torch.cuda.is_available(), '| CUDA packages:', cuda or 'none')"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/ckpt-plan profile examples/gpt.py --budget 80MiB
+
+lint: setup
+	$(BIN)/ruff check planner cli tests examples
+	$(BIN)/ruff format --check planner cli tests examples
+
+typecheck: setup
+	$(BIN)/mypy
+
+pytest: setup
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,95 @@
+"""Tiny models shared by the tests (kept small so the suite runs in seconds on a CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.workload import ModelFile
+
+
+class Block(nn.Module):
+    """Pre-norm residual MLP block; dropout makes RNG replay matter."""
+
+    def __init__(self, width: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.dropout(self.mlp(self.norm(x)))
+
+
+class Stack(nn.Module):
+    """Blocks in a ModuleList, a head, and a scalar loss from ``forward(x, y)``."""
+
+    def __init__(self, width: int = 32, depth: int = 4, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width, dropout) for _ in range(depth))
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return nn.functional.cross_entropy(self.head(x), y)
+
+
+class SharedBlockModel(nn.Module):
+    """One block applied twice (shared weights) and an output head tied to the input."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Linear(10, width, bias=False)
+        self.shared = Block(width)
+        self.last = Block(width)
+        self.head = nn.Linear(width, 10, bias=False)
+        self.head.weight = nn.Parameter(self.embed.weight.t().contiguous())
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        h = self.shared(self.shared(h))
+        return nn.functional.cross_entropy(self.head(self.last(h)), y)
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+        )
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(images).mean(dim=(2, 3)))
+
+
+def model_file(build: Any, batch: Any, **functions: Any) -> ModelFile:
+    """A ModelFile made in memory (no file on disk)."""
+    return ModelFile(
+        path=Path(__file__),
+        name=functions.pop("name", "test_model"),
+        build_model=build,
+        sample_batch=batch,
+        training_step=functions.pop("training_step", None),
+        loss_fn=functions.pop("loss_fn", None),
+        build_optimizer=functions.pop("build_optimizer", None),
+    )
+
+
+def stack_file(width: int = 32, depth: int = 4, batch: int = 64, dropout: float = 0.1) -> ModelFile:
+    return model_file(
+        lambda: Stack(width, depth, dropout),
+        lambda: (torch.randn(batch, width), torch.randint(0, 10, (batch,))),
+        name="stack",
+    )

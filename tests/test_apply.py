@@ -1,0 +1,428 @@
+"""apply_plan on a tiny live model: what gets wrapped, that training is unchanged, that the
+recomputation really happens, and that a mismatched plan leaves the model untouched."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from planner.apply import apply_plan, model_fingerprint, remove_plan, wrapped_modules
+from planner.errors import PlanFileError, PlanMismatchError
+from planner.plan import CheckpointMethod, ModuleDecision, Plan, save_plan
+
+WIDTH = 8
+
+
+class Block(nn.Module):
+    def __init__(self, width: int = WIDTH) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)
+        )
+        self.dropout = nn.Dropout(0.5)
+        self.forward_calls = 0  # counts runs of this forward, recomputations included
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.forward_calls += 1
+        return x + self.dropout(self.mlp(x))
+
+
+class TinyModel(nn.Module):
+    def __init__(self, width: int = WIDTH, depth: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).pow(2).mean()
+
+
+def build_model(seed: int = 0, width: int = WIDTH) -> TinyModel:
+    torch.manual_seed(seed)
+    return TinyModel(width)
+
+
+def batch() -> torch.Tensor:
+    return torch.randn(4, WIDTH, generator=torch.Generator().manual_seed(123))
+
+
+def make_plan(model: nn.Module, *decisions: ModuleDecision) -> Plan:
+    return Plan(
+        budget_bytes=10**6,
+        predicted_peak_bytes=10**6,
+        baseline_peak_bytes=2 * 10**6,
+        predicted_overhead=0.1,
+        recompute_ms=1.0,
+        step_ms=10.0,
+        static_bytes=1000,
+        modules=decisions,
+        fingerprint=model_fingerprint(model),
+        batch={},
+        device="cpu",
+        torch_version=torch.__version__,
+        model_name="tiny",
+    )
+
+
+def decision(name: str, **options: object) -> ModuleDecision:
+    return ModuleDecision(module_name=name, **options)  # type: ignore[arg-type]
+
+
+def train_step(model: nn.Module, seed: int = 7) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One forward + backward with a fixed RNG state; the loss and every gradient."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    loss = model(batch())
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def assert_untouched(model: nn.Module) -> None:
+    assert wrapped_modules(model) == {}
+    for name, module in model.named_modules():
+        assert "forward" not in vars(module), f"{name or 'root'} has an instance forward"
+
+
+def forward_calls(model: TinyModel) -> list[int]:
+    return [block.forward_calls for block in model.blocks]
+
+
+def reset_calls(model: TinyModel) -> None:
+    for block in model.blocks:
+        block.forward_calls = 0
+
+
+# -- what gets wrapped ------------------------------------------------------------------
+def test_apply_plan_wraps_the_named_modules() -> None:
+    model = build_model()
+    plan = make_plan(model, decision("blocks.0"), decision("blocks.2", preserve_rng_state=False))
+    assert apply_plan(model, plan) is model
+    wrapped = wrapped_modules(model)
+    assert sorted(wrapped) == ["blocks.0", "blocks.2"]
+    assert wrapped["blocks.2"] == plan.modules[1]
+    assert wrapped["blocks.2"].preserve_rng_state is False
+
+
+def test_state_dict_keys_and_values_unchanged() -> None:
+    model = build_model()
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    apply_plan(model, make_plan(model, decision("blocks.0"), decision("blocks.1.mlp")))
+    after = model.state_dict()
+    assert list(after) == list(before)
+    assert all(torch.equal(after[key], before[key]) for key in before)
+    # A state dict saved before applying loads into the wrapped model (strict).
+    model.load_state_dict(before)
+
+
+def test_apply_twice_is_the_same_as_once() -> None:
+    model = build_model()
+    plan = make_plan(model, decision("blocks.1"))
+    apply_plan(model, plan)
+    forward_once = vars(model.blocks[1])["forward"]
+    apply_plan(model, plan)
+    assert wrapped_modules(model) == {"blocks.1": plan.modules[0]}
+    assert vars(model.blocks[1])["forward"] is forward_once
+    # Still one recomputation, not a checkpoint inside a checkpoint.
+    reset_calls(model)
+    train_step(model)
+    assert forward_calls(model) == [1, 2, 1]
+
+
+def test_apply_a_different_plan_leaves_exactly_the_new_set() -> None:
+    model = build_model()
+    apply_plan(model, make_plan(model, decision("blocks.0"), decision("blocks.1")))
+    new_plan = make_plan(
+        model, decision("blocks.1", preserve_rng_state=False), decision("blocks.2")
+    )
+    apply_plan(model, new_plan)
+    wrapped = wrapped_modules(model)
+    assert sorted(wrapped) == ["blocks.1", "blocks.2"]
+    assert wrapped["blocks.1"].preserve_rng_state is False  # re-wrapped with the new options
+    assert "forward" not in vars(model.blocks[0])
+    reset_calls(model)
+    train_step(model)
+    assert forward_calls(model) == [1, 2, 2]
+
+
+def test_apply_an_empty_plan_unwraps_everything() -> None:
+    model = build_model()
+    apply_plan(model, make_plan(model, decision("blocks.0")))
+    apply_plan(model, make_plan(model))
+    assert_untouched(model)
+
+
+def test_remove_plan_restores_the_model() -> None:
+    reference = build_model()
+    model = build_model()
+    apply_plan(
+        model,
+        make_plan(
+            model,
+            decision("blocks.0"),
+            decision("blocks.1.mlp", method=CheckpointMethod.CHECKPOINT_SEQUENTIAL, segments=2),
+        ),
+    )
+    remove_plan(model)
+    assert_untouched(model)
+    reset_calls(model)
+    loss, gradients = train_step(model)
+    assert forward_calls(model) == [1, 1, 1]
+    reference_loss, reference_gradients = train_step(reference)
+    assert torch.equal(loss, reference_loss)
+    assert all(torch.equal(gradients[n], reference_gradients[n]) for n in gradients)
+
+
+def test_apply_plan_keeps_a_forward_the_user_set_on_the_instance() -> None:
+    model = build_model()
+    block = model.blocks[0]
+    seen: list[int] = []
+
+    def traced_forward(x: torch.Tensor) -> torch.Tensor:
+        seen.append(1)
+        return Block.forward(block, x)
+
+    block.forward = traced_forward  # type: ignore[method-assign]
+    apply_plan(model, make_plan(model, decision("blocks.0")))
+    train_step(model)
+    assert len(seen) == 2  # the user's forward is what gets checkpointed and recomputed
+    remove_plan(model)
+    assert vars(block)["forward"] is traced_forward
+
+
+# -- training is unchanged ------------------------------------------------------------
+@pytest.mark.parametrize(
+    "decisions",
+    [
+        [decision("blocks.0")],
+        [decision("blocks.0"), decision("blocks.1"), decision("blocks.2")],
+        [decision("blocks.1.mlp", preserve_rng_state=False), decision("blocks.2")],
+        [decision("blocks")],
+        [
+            decision(
+                "blocks.0.mlp",
+                method=CheckpointMethod.CHECKPOINT_SEQUENTIAL,
+                segments=2,
+                preserve_rng_state=False,
+            ),
+            decision("blocks.1"),
+        ],
+    ],
+    ids=["one-block", "every-block", "mlp-and-block", "module-list", "sequential"],
+)
+def test_loss_and_gradients_equal_the_unwrapped_model(decisions: list[ModuleDecision]) -> None:
+    reference = build_model()
+    model = build_model()
+    apply_plan(model, make_plan(model, *decisions))
+    loss, gradients = train_step(model)
+    after_wrapped = torch.rand(3)  # the global RNG ends where it would have
+    reference_loss, reference_gradients = train_step(reference)
+    after_reference = torch.rand(3)
+    assert torch.equal(loss, reference_loss)
+    assert gradients.keys() == reference_gradients.keys()
+    for name in gradients:
+        assert torch.equal(gradients[name], reference_gradients[name]), name
+    assert torch.equal(after_wrapped, after_reference)
+
+
+def test_dropout_without_rng_replay_changes_gradients() -> None:
+    # The plan's preserve_rng_state reaches torch.utils.checkpoint: without the RNG stash the
+    # recomputed dropout mask differs, so the gradients do (which is why plans keep it on
+    # for modules with random ops).
+    reference = build_model()
+    model = build_model()
+    apply_plan(model, make_plan(model, decision("blocks.0", preserve_rng_state=False)))
+    loss, gradients = train_step(model)
+    reference_loss, reference_gradients = train_step(reference)
+    assert torch.equal(loss, reference_loss)  # the forward itself is the same
+    assert not torch.equal(
+        gradients["blocks.0.mlp.0.weight"], reference_gradients["blocks.0.mlp.0.weight"]
+    )
+
+
+# -- recomputation really happens ----------------------------------------------------------
+def test_wrapped_block_runs_forward_twice_per_step() -> None:
+    model = build_model()
+    apply_plan(model, make_plan(model, decision("blocks.0"), decision("blocks.2")))
+    reset_calls(model)
+    train_step(model)
+    assert forward_calls(model) == [2, 1, 2]
+
+
+def test_wrapped_block_runs_once_under_no_grad() -> None:
+    model = build_model()
+    apply_plan(model, make_plan(model, decision("blocks.0"), decision("blocks.2")))
+    reset_calls(model)
+    with torch.no_grad():
+        model.eval()
+        model(batch())
+    assert forward_calls(model) == [1, 1, 1]
+
+
+def test_wrapping_a_block_recomputes_its_children() -> None:
+    model = build_model()
+    mlp_calls = []
+    model.blocks[0].mlp.register_forward_pre_hook(lambda module, args: mlp_calls.append(1))
+    apply_plan(model, make_plan(model, decision("blocks.0")))
+    train_step(model)
+    assert len(mlp_calls) == 2
+
+
+def test_wrapping_a_module_list_changes_nothing() -> None:
+    # A ModuleList is never called (it has no forward); wrapping it recomputes nothing.
+    model = build_model()
+    apply_plan(model, make_plan(model, decision("blocks")))
+    reset_calls(model)
+    train_step(model)
+    assert forward_calls(model) == [1, 1, 1]
+
+
+def test_checkpointed_block_keeps_fewer_saved_tensors() -> None:
+    # Count the tensors autograd keeps for backward: wrapping a block keeps only its input.
+    def saved_count(model: nn.Module) -> int:
+        count = 0
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            nonlocal count
+            count += 1
+            return tensor
+
+        torch.manual_seed(0)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(batch())
+        return count
+
+    unwrapped = saved_count(build_model())
+    model = build_model()
+    apply_plan(model, make_plan(model, decision("blocks.0")))
+    assert saved_count(model) < unwrapped
+
+
+# -- plans from files ------------------------------------------------------------------
+def test_apply_plan_from_a_json_path(tmp_path: Path) -> None:
+    model = build_model()
+    path = save_plan(make_plan(model, decision("blocks.1")), tmp_path / "plan.json")
+    apply_plan(model, path)
+    assert sorted(wrapped_modules(model)) == ["blocks.1"]
+    remove_plan(model)
+    apply_plan(model, str(path))
+    assert sorted(wrapped_modules(model)) == ["blocks.1"]
+
+
+def test_apply_plan_from_a_missing_file_leaves_the_model_untouched(tmp_path: Path) -> None:
+    model = build_model()
+    with pytest.raises(PlanFileError):
+        apply_plan(model, tmp_path / "missing.json")
+    assert_untouched(model)
+
+
+# -- mismatched plans --------------------------------------------------------------------
+def _assert_forward_unchanged(model: TinyModel) -> None:
+    assert_untouched(model)
+    reset_calls(model)
+    loss, _ = train_step(model)
+    assert forward_calls(model) == [1, 1, 1]
+    reference_loss, _ = train_step(build_model())
+    assert torch.equal(loss, reference_loss)
+
+
+def test_plan_naming_a_missing_module_is_refused() -> None:
+    model = build_model()
+    plan = make_plan(model, decision("blocks.0"), decision("blocks.7"))
+    with pytest.raises(PlanMismatchError, match=r"blocks\.7"):
+        apply_plan(model, plan)
+    _assert_forward_unchanged(model)
+
+
+def test_plan_naming_the_root_is_refused() -> None:
+    model = build_model()
+    with pytest.raises(PlanMismatchError):
+        apply_plan(model, make_plan(model, decision("")))
+    _assert_forward_unchanged(model)
+
+
+def test_plan_for_another_model_is_refused() -> None:
+    model = build_model()
+    other = build_model(width=WIDTH * 2)
+    plan = make_plan(other, decision("blocks.0"))
+    with pytest.raises(PlanMismatchError) as raised:
+        apply_plan(model, plan)
+    message = str(raised.value)
+    assert "another model" in message
+    assert "blocks.0.mlp.0.weight" in message  # names a parameter whose shape differs
+    assert "ckpt-plan profile" in message
+    _assert_forward_unchanged(model)
+
+
+def test_plan_with_a_wrong_digest_is_refused() -> None:
+    model = build_model()
+    plan = make_plan(model, decision("blocks.0"))
+    plan = dataclasses.replace(plan, fingerprint={**plan.fingerprint, "digest": "0" * 64})
+    with pytest.raises(PlanMismatchError):
+        apply_plan(model, plan)
+    _assert_forward_unchanged(model)
+
+
+def test_a_refused_plan_keeps_the_previous_plan() -> None:
+    model = build_model()
+    good = make_plan(model, decision("blocks.0"))
+    apply_plan(model, good)
+    with pytest.raises(PlanMismatchError):
+        apply_plan(model, make_plan(model, decision("blocks.1"), decision("nope")))
+    assert wrapped_modules(model) == {"blocks.0": good.modules[0]}
+
+
+def test_checkpoint_sequential_on_a_non_sequential_is_refused() -> None:
+    model = build_model()
+    plan = make_plan(
+        model,
+        decision("blocks.1"),
+        decision("blocks.0", method=CheckpointMethod.CHECKPOINT_SEQUENTIAL, segments=2),
+    )
+    with pytest.raises(PlanMismatchError, match=r"not an nn\.Sequential"):
+        apply_plan(model, plan)
+    _assert_forward_unchanged(model)
+
+
+@pytest.mark.parametrize("segments", [None, 0, -1])
+def test_checkpoint_sequential_needs_segments(segments: int | None) -> None:
+    model = build_model()
+    plan = make_plan(
+        model,
+        decision("blocks.0.mlp", method=CheckpointMethod.CHECKPOINT_SEQUENTIAL, segments=segments),
+    )
+    with pytest.raises(PlanMismatchError, match="segments"):
+        apply_plan(model, plan)
+    _assert_forward_unchanged(model)
+
+
+# -- copies ----------------------------------------------------------------------------
+def test_model_pickles_after_apply_plan() -> None:
+    model = build_model()
+    apply_plan(model, make_plan(model, decision("blocks.0"), decision("blocks.2")))
+    restored = pickle.loads(pickle.dumps(model))
+    assert wrapped_modules(restored) == wrapped_modules(model)
+    reset_calls(restored)
+    loss, _ = train_step(restored)
+    assert forward_calls(restored) == [2, 1, 2]
+    reference_loss, _ = train_step(build_model())
+    assert torch.equal(loss, reference_loss)
+
+
+def test_deepcopy_of_a_wrapped_model_recomputes_its_own_modules() -> None:
+    model = build_model()
+    apply_plan(model, make_plan(model, decision("blocks.0")))
+    duplicate = copy.deepcopy(model)
+    reset_calls(model)
+    reset_calls(duplicate)
+    train_step(duplicate)
+    assert forward_calls(duplicate) == [2, 1, 1]
+    assert forward_calls(model) == [0, 0, 0]

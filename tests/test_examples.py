@@ -1,0 +1,109 @@
+"""The bundled model files follow the contract, and `ckpt-plan profile` works end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cli.main import app
+from planner.plan import load_plan
+from planner.profile_io import load_profile
+from planner.units import parse_bytes
+from planner.workload import build_workload, load_model_file, run_training_step
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ALL = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama"]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_example_follows_the_contract_and_is_deterministic(name: str) -> None:
+    if name.startswith("hf_"):
+        pytest.importorskip("transformers")
+    model_file = load_model_file(EXAMPLES / f"{name}.py")
+    losses = []
+    for _ in range(2):
+        workload = build_workload(model_file, seed=0)
+        losses.append(run_training_step(workload, seed=0))
+    assert torch.isfinite(losses[0])
+    assert torch.equal(losses[0], losses[1])
+
+
+def test_profile_writes_a_checked_plan_that_fits(tmp_path: Path) -> None:
+    budget = "64MiB"
+    out = tmp_path / "plans" / "plan.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            str(EXAMPLES / "gpt.py"),
+            "--budget",
+            budget,
+            "--out",
+            str(out),
+            "--report-dir",
+            str(tmp_path / "charts"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    plan = load_plan(out)
+    assert plan.budget_bytes == parse_bytes(budget)
+    assert plan.modules, "64 MiB needs checkpointing for the GPT example (unplanned ~112 MiB)"
+    assert plan.measured_peak_bytes is not None
+    assert plan.measured_peak_bytes <= plan.budget_bytes < plan.baseline_peak_bytes
+    assert (
+        abs(plan.predicted_peak_bytes - plan.measured_peak_bytes) <= 0.02 * plan.measured_peak_bytes
+    )
+    # Modules with dropout replay the RNG when recomputed; the others skip the stash.
+    profile = load_profile(out.parent / "profile.json")
+    for decision in plan.modules:
+        assert decision.preserve_rng_state == profile.module(decision.module_name).uses_rng
+    assert any(decision.preserve_rng_state for decision in plan.modules)
+    chart = tmp_path / "charts" / "memory_timeline.png"
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (out.parent / "profile.csv").read_text().splitlines()
+    assert table[0].startswith("module_name,") and len(table) > 10
+    assert profile.model_name == "gpt"
+    assert "checkpointed modules of gpt" in result.stdout
+    assert f"wrote {out}" in result.stdout
+
+
+def test_profile_with_a_budget_too_small_exits_3_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            str(EXAMPLES / "mlp.py"),
+            "--budget",
+            "20MiB",
+            "--out",
+            str(out),
+            "--report-dir",
+            str(tmp_path / "charts"),
+        ],
+    )
+    assert result.exit_code == 3, result.output
+    message = result.stderr.strip()
+    assert "smallest budget that fits is" in message
+    assert len(message.splitlines()) == 1 and "Traceback" not in result.output
+    assert not out.exists() and not (tmp_path / "charts").exists()
+    # The smallest budget it names really does fit.
+    smallest = message.split("smallest budget that fits is ")[1].split(" (")[1].split(" bytes")[0]
+    ok = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            str(EXAMPLES / "mlp.py"),
+            "--budget",
+            smallest,
+            "--out",
+            str(out),
+            "--report-dir",
+            str(tmp_path / "charts"),
+        ],
+    )
+    assert ok.exit_code == 0, ok.output
+    assert load_plan(out).measured_peak_bytes <= int(smallest)  # type: ignore[operator]

@@ -1,0 +1,264 @@
+"""Plan JSON: round trip, the DESIGN.md contract, and errors for files we cannot trust."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.errors import PlanFileError
+from planner.plan import (
+    PLAN_SCHEMA_VERSION,
+    CheckpointMethod,
+    ModuleDecision,
+    Plan,
+    load_plan,
+    plan_from_dict,
+    plan_to_dict,
+    save_plan,
+)
+
+
+@pytest.fixture
+def sample_plan() -> Plan:
+    """A plan with every kind of field filled, as the pipeline would write it."""
+    return Plan(
+        budget_bytes=12 * 10**9,
+        predicted_peak_bytes=11_500_000_000,
+        baseline_peak_bytes=15_000_000_000,
+        predicted_overhead=0.25,
+        recompute_ms=12.5,
+        step_ms=50.0,
+        static_bytes=4_000_000_000,
+        modules=(
+            ModuleDecision(
+                module_name="blocks.0",
+                method=CheckpointMethod.CHECKPOINT,
+                preserve_rng_state=True,
+                saving_bytes=1_000_000,
+                recompute_ms=6.25,
+            ),
+            ModuleDecision(
+                module_name="blocks.1.mlp",
+                method=CheckpointMethod.CHECKPOINT_SEQUENTIAL,
+                preserve_rng_state=False,
+                segments=2,
+                policy="save_matmuls",
+                saving_bytes=2_000_000,
+                recompute_ms=6.25,
+            ),
+        ),
+        fingerprint={
+            "digest": "ab" * 32,
+            "module_count": 3,
+            "parameter_count": 12,
+            "modules": ["blocks", "blocks.0", "blocks.1"],
+            "parameters": [["blocks.0.weight", [3, 4], "float32"]],
+        },
+        batch={"input_ids": {"shape": [2, 16], "dtype": "int64"}},
+        device="cpu",
+        torch_version="2.13.0",
+        model_name="tiny",
+        strategy="optimal",
+        measured_peak_bytes=11_400_000_000,
+        notes=("solver: cheapest plan under the memory model (search finished)",),
+    )
+
+
+def _write_json(path: Path, data: object) -> Path:
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def test_save_then_load_gives_the_same_plan(tmp_path: Path, sample_plan: Plan) -> None:
+    path = save_plan(sample_plan, tmp_path / "plan.json")
+    assert path == tmp_path / "plan.json"
+    loaded = load_plan(path)
+    assert loaded == sample_plan
+    assert loaded.modules[1].method is CheckpointMethod.CHECKPOINT_SEQUENTIAL
+    assert isinstance(loaded.modules, tuple)
+    assert isinstance(loaded.notes, tuple)
+
+
+def test_round_trip_of_a_plan_with_defaults(tmp_path: Path, sample_plan: Plan) -> None:
+    plan = dataclasses.replace(sample_plan, modules=(), measured_peak_bytes=None, notes=())
+    assert load_plan(save_plan(plan, tmp_path / "plan.json")) == plan
+
+
+def test_save_plan_leaves_only_the_plan_in_the_folder(tmp_path: Path, sample_plan: Plan) -> None:
+    save_plan(sample_plan, tmp_path / "plan.json")
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_plan_json_has_the_design_fields(tmp_path: Path, sample_plan: Plan) -> None:
+    path = save_plan(sample_plan, tmp_path / "plan.json")
+    data = json.loads(path.read_text())
+    assert next(iter(data)) == "schema_version"  # first, for people opening the file
+    assert data["schema_version"] == PLAN_SCHEMA_VERSION
+    assert data["budget_bytes"] == 12 * 10**9
+    assert data["predicted_peak_bytes"] == 11_500_000_000
+    assert data["baseline_peak_bytes"] == 15_000_000_000
+    assert data["predicted_overhead"] == 0.25
+    assert data["fingerprint"] == sample_plan.fingerprint
+    assert data["batch"] == sample_plan.batch
+    assert data["device"] == "cpu"
+    assert data["torch_version"] == "2.13.0"
+    assert isinstance(data["modules"], list)
+    first, second = data["modules"]
+    assert first["module_name"] == "blocks.0"
+    assert first["method"] == "checkpoint"
+    assert first["preserve_rng_state"] is True
+    assert second["module_name"] == "blocks.1.mlp"
+    assert second["method"] == "checkpoint_sequential"
+    assert second["segments"] == 2
+    assert second["preserve_rng_state"] is False
+    assert second["policy"] == "save_matmuls"
+
+
+def test_plan_to_dict_is_json_serialisable(sample_plan: Plan) -> None:
+    data = plan_to_dict(sample_plan)
+    assert json.loads(json.dumps(data)) == data
+    assert plan_from_dict(data) == sample_plan
+
+
+def test_module_names(sample_plan: Plan) -> None:
+    assert sample_plan.module_names == ("blocks.0", "blocks.1.mlp")
+
+
+def test_load_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(PlanFileError, match="does not exist") as raised:
+        load_plan(tmp_path / "nope.json")
+    assert "ckpt-plan profile" in str(raised.value)
+
+
+def test_load_a_folder_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(PlanFileError):
+        load_plan(tmp_path)
+
+
+@pytest.mark.parametrize("text", ["", "   \n"])
+def test_load_empty_file(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    with pytest.raises(PlanFileError, match="empty"):
+        load_plan(path)
+
+
+@pytest.mark.parametrize("text", ['{"schema_version": 1, ', "not json", "{'a': 1}"])
+def test_load_invalid_json(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    with pytest.raises(PlanFileError, match="not valid JSON") as raised:
+        load_plan(path)
+    assert str(path) in str(raised.value)
+
+
+def test_load_truncated_plan(tmp_path: Path, sample_plan: Plan) -> None:
+    path = save_plan(sample_plan, tmp_path / "plan.json")
+    path.write_text(path.read_text()[:100])
+    with pytest.raises(PlanFileError, match="not valid JSON"):
+        load_plan(path)
+
+
+@pytest.mark.parametrize("data", [[1, 2], "plan", 3, None])
+def test_load_json_that_is_not_an_object(tmp_path: Path, data: object) -> None:
+    path = _write_json(tmp_path / "plan.json", data)
+    with pytest.raises(PlanFileError, match="expected a JSON object"):
+        load_plan(path)
+
+
+@pytest.mark.parametrize("version", [None, "1", 1.0, "missing"])
+def test_load_without_a_schema_version(tmp_path: Path, sample_plan: Plan, version: object) -> None:
+    data = plan_to_dict(sample_plan)
+    if version == "missing":
+        del data["schema_version"]
+    else:
+        data["schema_version"] = version
+    path = _write_json(tmp_path / "plan.json", data)
+    with pytest.raises(PlanFileError, match="schema_version"):
+        load_plan(path)
+
+
+def test_load_a_plan_from_a_newer_schema(tmp_path: Path, sample_plan: Plan) -> None:
+    data = plan_to_dict(sample_plan)
+    data["schema_version"] = PLAN_SCHEMA_VERSION + 1
+    path = _write_json(tmp_path / "plan.json", data)
+    with pytest.raises(PlanFileError) as raised:
+        load_plan(path)
+    message = str(raised.value)
+    assert "upgrade" in message
+    assert str(PLAN_SCHEMA_VERSION + 1) in message
+
+
+@pytest.mark.parametrize(
+    "field", ["budget_bytes", "predicted_peak_bytes", "fingerprint", "modules", "device"]
+)
+def test_load_with_a_missing_required_field(tmp_path: Path, sample_plan: Plan, field: str) -> None:
+    data = plan_to_dict(sample_plan)
+    del data[field]
+    path = _write_json(tmp_path / "plan.json", data)
+    with pytest.raises(PlanFileError, match="missing") as raised:
+        load_plan(path)
+    assert field in str(raised.value)
+
+
+def test_load_with_a_malformed_module_entry(tmp_path: Path, sample_plan: Plan) -> None:
+    data = plan_to_dict(sample_plan)
+    data["modules"][0]["method"] = "checkpoint_everything"
+    path = _write_json(tmp_path / "plan.json", data)
+    with pytest.raises(PlanFileError, match="malformed"):
+        load_plan(path)
+
+
+@pytest.mark.parametrize(
+    "modules", [{"blocks.0": {}}, ["blocks.0"], None, [{"module_name": "a", "segments": "two"}]]
+)
+def test_load_with_malformed_modules(tmp_path: Path, sample_plan: Plan, modules: object) -> None:
+    data = plan_to_dict(sample_plan)
+    data["modules"] = modules
+    path = _write_json(tmp_path / "plan.json", data)
+    with pytest.raises(PlanFileError, match="malformed"):
+        load_plan(path)
+
+
+def test_load_with_a_module_entry_without_a_name(tmp_path: Path, sample_plan: Plan) -> None:
+    data = plan_to_dict(sample_plan)
+    del data["modules"][0]["module_name"]
+    path = _write_json(tmp_path / "plan.json", data)
+    with pytest.raises(PlanFileError, match="malformed"):
+        load_plan(path)
+
+
+def test_unknown_extra_fields_are_ignored(tmp_path: Path, sample_plan: Plan) -> None:
+    # "a new field is fine" (DESIGN.md): an older reader ignores it.
+    data = plan_to_dict(sample_plan)
+    data["some_future_field"] = {"x": 1}
+    path = _write_json(tmp_path / "plan.json", data)
+    assert load_plan(path) == sample_plan
+
+
+def test_optional_module_options_default(tmp_path: Path, sample_plan: Plan) -> None:
+    data = plan_to_dict(sample_plan)
+    data["modules"] = [{"module_name": "blocks.0"}]
+    path = _write_json(tmp_path / "plan.json", data)
+    (decision,) = load_plan(path).modules
+    assert decision.method is CheckpointMethod.CHECKPOINT
+    assert decision.preserve_rng_state is True
+    assert decision.segments is None
+    assert decision.policy is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("fingerprint", []), ("budget_bytes", "12GB")],
+)
+def test_load_with_a_field_of_the_wrong_type(
+    tmp_path: Path, sample_plan: Plan, field: str, value: object
+) -> None:
+    data = plan_to_dict(sample_plan)
+    data[field] = value
+    path = _write_json(tmp_path / "plan.json", data)
+    with pytest.raises(PlanFileError):
+        load_plan(path)

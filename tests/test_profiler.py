@@ -1,0 +1,121 @@
+"""The profiler on real (tiny) models: its predictions checked against measured steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from planner.apply import apply_plan
+from planner.measure import measure_step
+from planner.memory_model import MemoryModel
+from planner.planning import build_plan
+from planner.profiler import find_blocks, profile_workload
+from planner.workload import build_workload
+from tests.models import BatchNormNet, SharedBlockModel, model_file, stack_file
+
+
+def _measured_peak(file, names, profile) -> int:  # type: ignore[no-untyped-def]
+    workload = build_workload(file, seed=0)
+    apply_plan(workload.model, build_plan(profile, names, 0, strategy="test"))
+    return measure_step(workload, seed=0).peak_bytes
+
+
+@pytest.fixture(scope="module")
+def stack_profile():  # type: ignore[no-untyped-def]
+    file = stack_file(width=64, depth=4, batch=128)
+    return file, profile_workload(build_workload(file, seed=0), timing_steps=1)
+
+
+def test_replaying_the_timeline_gives_the_measured_peak(stack_profile) -> None:  # type: ignore[no-untyped-def]
+    _, profile = stack_profile
+    assert MemoryModel(profile.timeline).peak_bytes(()) == profile.measured_peak_bytes
+    assert profile.measured_peak_bytes > profile.static_bytes > 0
+
+
+def test_static_memory_is_parameters_gradients_and_adamw_state(stack_profile) -> None:  # type: ignore[no-untyped-def]
+    file, profile = stack_profile
+    model = file.build_model()
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert profile.parameter_bytes == parameter_bytes
+    assert profile.gradient_bytes == parameter_bytes
+    # AdamW keeps two moments per parameter, plus a scalar step counter each.
+    assert 2 * parameter_bytes <= profile.optimizer_state_bytes <= 2 * parameter_bytes + 4096
+
+
+def test_candidates_are_blocks_and_inner_containers_not_root_or_leaves(stack_profile) -> None:  # type: ignore[no-untyped-def]
+    _, profile = stack_profile
+    names = {m.module_name for m in profile.candidates}
+    assert {"blocks.0", "blocks.3", "blocks.0.mlp"} <= names
+    assert "" not in names
+    assert "head" not in names and "blocks.0.mlp.0" not in names
+    assert profile.module("head").excluded_reason == "a leaf module"
+    assert profile.block_names == ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
+
+
+def test_dropout_is_detected_as_random(stack_profile) -> None:  # type: ignore[no-untyped-def]
+    _, profile = stack_profile
+    assert profile.module("blocks.0").uses_rng
+    assert not profile.module("blocks.0.mlp").uses_rng
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        (),
+        ("blocks.0",),
+        ("blocks.1", "blocks.2"),
+        ("blocks.0.mlp", "blocks.3"),
+        ("blocks.0", "blocks.1", "blocks.2", "blocks.3"),
+    ],
+)
+def test_predicted_peak_matches_a_measured_step(stack_profile, names) -> None:  # type: ignore[no-untyped-def]
+    file, profile = stack_profile
+    predicted = MemoryModel(profile.timeline).peak_bytes(names)
+    measured = _measured_peak(file, names, profile)
+    assert abs(predicted - measured) <= 0.01 * measured, (predicted, measured)
+
+
+def test_wrapping_a_block_lowers_the_measured_peak_by_the_predicted_amount(stack_profile) -> None:  # type: ignore[no-untyped-def]
+    file, profile = stack_profile
+    memory = MemoryModel(profile.timeline)
+    names = ("blocks.0", "blocks.1")
+    predicted_drop = memory.peak_bytes(()) - memory.peak_bytes(names)
+    measured_drop = _measured_peak(file, (), profile) - _measured_peak(file, names, profile)
+    assert predicted_drop > 0
+    assert abs(predicted_drop - measured_drop) <= 0.01 * predicted_drop
+
+
+def test_shared_block_runs_twice_and_tied_weights_count_once() -> None:
+    file = model_file(
+        lambda: SharedBlockModel(), lambda: (torch.randn(64, 10), torch.randint(0, 10, (64,)))
+    )
+    workload = build_workload(file, seed=0)
+    profile = profile_workload(workload, timing_steps=1)
+    assert profile.module("shared").call_count == 2
+    assert profile.module("last").call_count == 1
+    model = file.build_model()
+    unique = {
+        p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()
+    }
+    assert profile.parameter_bytes == sum(unique.values())
+    for names in [("shared",), ("shared", "last")]:
+        predicted = MemoryModel(profile.timeline).peak_bytes(names)
+        measured = _measured_peak(file, names, profile)
+        assert abs(predicted - measured) <= 0.01 * measured, (names, predicted, measured)
+
+
+def test_batchnorm_modules_record_the_buffers_they_change() -> None:
+    file = model_file(
+        lambda: BatchNormNet(),
+        lambda: torch.randn(8, 3, 16, 16),
+        loss_fn=lambda output, batch: output.square().mean(),
+    )
+    profile = profile_workload(build_workload(file, seed=0), timing_steps=1)
+    reason = profile.module("features").excluded_reason
+    assert reason == ""
+    assert "1.running_mean" in profile.module("features").mutated_buffers
+
+
+def test_find_blocks_picks_the_repeated_stack() -> None:
+    assert find_blocks(SharedBlockModel()) == ()
+    assert find_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())) == ()
