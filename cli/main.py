@@ -177,6 +177,7 @@ def profile(
             help="Python model file defining build_model() and sample_batch() "
             "(optionally training_step, loss_fn, build_optimizer).",
             show_default=False,
+            metavar="MODEL.py",
         ),
     ],
     budget: BudgetOption,
@@ -185,13 +186,14 @@ def profile(
         typer.Option(
             "--out",
             "-o",
-            help="Where to write the plan JSON. [default: profiles/<model name>/plan.json]",
+            help="Where to write the plan JSON (the profile is saved beside it).",
+            show_default="profiles/<model name>/plan.json",
         ),
     ] = None,
     device: DeviceOption = Device.cpu,
     report_dir: Annotated[
         Path | None,
-        typer.Option(help="Folder for charts. [default: reports/<model name>/]"),
+        typer.Option(help="Folder for charts.", show_default="reports/<model name>/"),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed for the model, batch and random ops.")] = 0,
     verbose: VerboseOption = False,

@@ -116,7 +116,9 @@ def checkpoint_effects(timeline: MemoryTimeline) -> tuple[CheckpointEffect, ...]
             if record.free_event < end:
                 changes.append((record.free_event, -record.size_bytes))
         changes.sort()
-        level = recompute_peak = 0
+        # A plan snapshots the buffers this call changes (BatchNorm statistics) while it
+        # recomputes, to restore them after: they are live for the whole recomputation.
+        level = recompute_peak = call.mutated_buffer_bytes
         for _, change in changes:
             level += change
             recompute_peak = max(recompute_peak, level)

@@ -236,11 +236,13 @@ class TimelineRecorder(StorageWatcher):
         # batch_norm updates running statistics without bumping their version).
         versions = dict(call.pop("buffer_versions"))
         written = call.pop("written")
-        call["mutated_buffers"] = tuple(
-            name
+        mutated = [
+            (name, buffer)
             for name, buffer in self._buffers[id(module)]
             if buffer._version != versions[name] or self.storage_index(buffer) in written
-        )
+        ]
+        call["mutated_buffers"] = tuple(name for name, _ in mutated)
+        call["mutated_buffer_bytes"] = sum(b.untyped_storage().nbytes() for _, b in mutated)
 
     # -- saved tensors -----------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -316,6 +318,7 @@ class TimelineRecorder(StorageWatcher):
                     saved_storages=tuple(dict.fromkeys(call["saved"])),
                     uses_rng=call["uses_rng"],
                     mutated_buffers=call.get("mutated_buffers", ()),
+                    mutated_buffer_bytes=call.get("mutated_buffer_bytes", 0),
                     devices=tuple(sorted(call["devices"])),
                 )
             )

@@ -68,6 +68,8 @@ class ModuleCall:
     uses_rng: bool
     mutated_buffers: tuple[str, ...]
     devices: tuple[str, ...]
+    # Bytes of the mutated buffers: a plan snapshots them while recomputing this call.
+    mutated_buffer_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
