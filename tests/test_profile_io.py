@@ -1,0 +1,57 @@
+"""Profiles survive a save/load round trip with everything the solver needs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.errors import ProfileFileError
+from planner.memory_model import MemoryModel
+from planner.profile_io import load_profile, module_table, save_profile, save_profile_table
+from planner.profiler import profile_workload
+from planner.solver import solve
+from planner.workload import build_workload
+from tests.models import stack_file
+
+
+@pytest.fixture(scope="module")
+def profile():  # type: ignore[no-untyped-def]
+    return profile_workload(build_workload(stack_file(depth=3), seed=0), timing_steps=1)
+
+
+def test_round_trip_keeps_the_profile_and_its_predictions(profile, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    loaded = load_profile(save_profile(profile, tmp_path / "profile.json"))
+    assert loaded == profile
+    names = [m.module_name for m in profile.candidates][:2]
+    assert MemoryModel(loaded.timeline).peak_bytes(names) == MemoryModel(
+        profile.timeline
+    ).peak_bytes(names)
+    budget = (profile.measured_peak_bytes + MemoryModel(profile.timeline).peak_bytes(names)) // 2
+    assert solve(loaded, budget) == solve(profile, budget)
+
+
+def test_the_table_has_one_row_per_module(profile, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = save_profile_table(profile, tmp_path / "profile.csv")
+    frame = module_table(profile)
+    assert len(frame) == len(profile.modules)
+    assert {
+        "module_name",
+        "saved_bytes",
+        "checkpoint_saving_bytes",
+        "forward_ms",
+        "call_count",
+    } <= set(frame.columns)
+    assert path.read_text().count("\n") == len(profile.modules) + 1
+
+
+def test_bad_profile_files_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ProfileFileError, match="does not exist"):
+        load_profile(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ProfileFileError, match="not valid JSON"):
+        load_profile(tmp_path / "bad.json")
+    (tmp_path / "future.json").write_text(json.dumps({"schema_version": 99}))
+    with pytest.raises(ProfileFileError, match="newer"):
+        load_profile(tmp_path / "future.json")

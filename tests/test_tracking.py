@@ -1,0 +1,52 @@
+"""The live-storage tracker: what it counts is what the budget means on CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from planner.tracking import PeakMemoryTracker, StorageWatcher, iter_tensors
+
+
+def test_views_share_one_storage_and_frees_are_seen() -> None:
+    watcher = StorageWatcher("cpu")
+    with watcher:
+        base = torch.ones(1000)  # 4000 bytes
+        view = base[10:20]
+        reshaped = base.view(10, 100)
+        assert watcher.current_bytes == 4000
+        other = base * 2  # a new 4000-byte storage
+        assert watcher.current_bytes == 8000
+        del other
+        assert watcher.current_bytes == 4000
+    assert watcher.peak_bytes == 8000
+    del view, reshaped, base
+
+
+def test_in_place_ops_allocate_nothing_new() -> None:
+    watcher = StorageWatcher("cpu")
+    with watcher:
+        x = torch.zeros(256)
+        x.add_(1).mul_(3)
+    assert watcher.peak_bytes == 256 * 4
+
+
+def test_peak_tracker_counts_existing_tensors_and_backward() -> None:
+    weight = torch.randn(100, 100, requires_grad=True)  # 40000 bytes, live before
+    with PeakMemoryTracker("cpu", {"parameter": [weight]}) as tracker:
+        hidden = (torch.ones(50, 100) @ weight).relu()  # 20000 bytes, saved by relu
+        hidden.sum().backward()  # weight.grad: 40000 bytes
+        del hidden
+    assert tracker.start_bytes == 40000
+    # weight + input ones (20000) + hidden + grad at least; each counted once.
+    assert tracker.peak_bytes >= 40000 + 20000 + 20000 + 40000
+    assert tracker.peak_bytes < 40000 + 6 * 20000 + 40000
+
+
+def test_iter_tensors_walks_containers_and_plain_objects() -> None:
+    class Cache:
+        def __init__(self) -> None:
+            self.keys = [torch.zeros(1), torch.zeros(2)]
+
+    a = torch.zeros(3)
+    found = list(iter_tensors({"a": a, "cache": Cache(), "again": (a, "text", 3)}))
+    assert [t.numel() for t in found] == [3, 1, 2]
