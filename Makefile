@@ -29,8 +29,8 @@ demo: setup
 	$(BIN)/ckpt-plan profile examples/gpt.py --budget 80MiB
 
 lint: setup
-	$(BIN)/ruff check planner cli tests examples
-	$(BIN)/ruff format --check planner cli tests examples
+	$(BIN)/ruff check planner cli tests examples benchmarks
+	$(BIN)/ruff format --check planner cli tests examples benchmarks
 
 typecheck: setup
 	$(BIN)/mypy
