@@ -2,8 +2,10 @@
 
 Order of work (the cost is a constant number of steps, whatever the number of modules):
 
-1. ``warmup_steps`` plain steps, so the optimizer state exists and the step is steady-state;
-2. ``timing_steps`` steps with forward hooks timing every module call (medians are kept);
+1. ``warmup_steps`` plain steps, so the optimizer state exists and the step is steady-state
+   (the later ones give the plain step time);
+2. ``timing_passes`` forward passes (grad enabled, as recomputation runs them) with hooks
+   timing every module call; medians are kept;
 3. ONE instrumented step under :class:`TimelineRecorder`, which records, in order, every
    storage made and freed, every module forward entered and left, and every tensor saved for
    backward (packed) and read back (unpacked).
@@ -37,7 +39,15 @@ from planner.records import (
     StorageLifetime,
 )
 from planner.tracking import StorageWatcher, iter_tensors, workload_tensors
-from planner.workload import ModelFile, Workload, build_workload, describe_batch, run_training_step
+from planner.workload import (
+    ModelFile,
+    Workload,
+    build_workload,
+    compute_loss,
+    describe_batch,
+    run_training_step,
+    user_code_errors,
+)
 
 __all__ = [
     "ProgressCallback",
@@ -73,14 +83,18 @@ class _Clock:
         return (end - start) * 1000.0
 
 
-def _time_steps(
-    workload: Workload, steps: int, progress: ProgressCallback | None
-) -> tuple[float, dict[str, float]]:
-    """Median step time and, per module, the median over steps of its summed forward time."""
+def _time_forward(
+    workload: Workload, passes: int, seed: int, progress: ProgressCallback | None
+) -> dict[str, float]:
+    """Per module, the median over ``passes`` forward passes of its summed forward time.
+
+    Recomputation is a forward with grad enabled, so that is what we time: forward and loss
+    only (the graph is dropped), about a third of a step, so medians are cheap.
+    """
     clock = _Clock(workload.device)
     names = {id(module): name for name, module in workload.model.named_modules()}
     starts: dict[int, list[Any]] = defaultdict(list)
-    per_step: list[dict[str, float]] = []
+    per_pass: list[dict[str, float]] = []
     current: dict[str, float] = defaultdict(float)
 
     def before(module: torch.nn.Module, args: Any) -> None:
@@ -96,24 +110,23 @@ def _time_steps(
     for module in workload.model.modules():
         handles.append(module.register_forward_pre_hook(before))
         handles.append(module.register_forward_hook(after, always_call=True))
-    step_ms = []
     try:
-        for step in range(steps):
+        for index in range(passes):
             if progress:
-                progress("timing modules", step, steps)
+                progress("timing module forwards", index, passes)
             current.clear()
-            begin = clock.mark()
-            run_training_step(workload, seed=step)
-            step_ms.append(clock.elapsed_ms(begin, clock.mark()))
-            per_step.append(dict(current))
+            torch.manual_seed(seed)
+            with user_code_errors(workload):
+                loss = compute_loss(workload.model_file, workload.model, workload.batch)
+            del loss
+            per_pass.append(dict(current))
     finally:
         for handle in handles:
             handle.remove()
-    module_ms = {
-        name: statistics.median(sample.get(name, 0.0) for sample in per_step)
+    return {
+        name: statistics.median(sample.get(name, 0.0) for sample in per_pass)
         for name in names.values()
     }
-    return statistics.median(step_ms), module_ms
 
 
 _WRITE_POSITIONS: dict[Any, tuple[tuple[int, str], ...]] = {}
@@ -123,6 +136,17 @@ _UNDECLARED_WRITES = {
     name: ((3, "running_mean"), (4, "running_var"))
     for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
 }
+
+
+_RANDOM: dict[Any, bool] = {}
+
+
+def _is_random(func: Any) -> bool:
+    """Whether an op draws from the RNG (dropout, bernoulli, rand*), by its schema tag."""
+    random = _RANDOM.get(func)
+    if random is None:
+        random = _RANDOM[func] = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+    return random
 
 
 def _written_arguments(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
@@ -185,17 +209,23 @@ class TimelineRecorder(StorageWatcher):
     def on_op(self, func: Any, args: Any, kwargs: Any, outputs: list[torch.Tensor]) -> None:
         if not self._stack:
             return
-        random = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
-        devices = {str(t.device) for t in outputs}
-        written = [
-            index
-            for tensor in _written_arguments(func, args, kwargs)
-            if (index := self.storage_index(tensor)) is not None
-        ]
+        random = _is_random(func)
+        foreign = [str(t.device) for t in outputs if t.device.type != self.device_type]
+        written = (
+            [
+                index
+                for tensor in _written_arguments(func, args, kwargs)
+                if (index := self.storage_index(tensor)) is not None
+            ]
+            if _WRITE_POSITIONS.get(func, True)
+            else []
+        )
+        if not (random or foreign or written):
+            return
         for call_index in self._stack:
             call = self._calls[call_index]
             call["uses_rng"] = call["uses_rng"] or random
-            call["devices"].update(devices)
+            call["devices"].update(foreign)
             call["written"].update(written)
 
     # -- module calls ----------------------------------------------------------------
@@ -337,8 +367,6 @@ class TimelineRecorder(StorageWatcher):
 
 def _record_step(workload: Workload, seed: int) -> tuple[MemoryTimeline, int]:
     """Run one instrumented step; return its timeline and the tracker's measured peak."""
-    from planner.workload import compute_loss  # local: keeps the step's phases explicit
-
     recorder = TimelineRecorder(workload)
     torch.manual_seed(seed)
     with recorder:
@@ -442,18 +470,27 @@ def _module_profiles(
 def profile_workload(
     workload: Workload,
     *,
-    warmup_steps: int = 1,
-    timing_steps: int = 3,
+    warmup_steps: int = 2,
+    timing_passes: int = 1,
     seed: int = 0,
     progress: ProgressCallback | None = None,
 ) -> Profile:
-    """Measure ``workload`` (see the module docstring). The workload's weights change."""
+    """Measure ``workload`` (see the module docstring). The workload's weights change.
+
+    The step time is the median of the warm-up steps after the first (the first pays
+    one-time costs such as creating the optimizer state); with one warm-up step, its own.
+    """
     total = warmup_steps + 2
-    if progress:
-        progress("warm-up step", 0, total)
+    clock = _Clock(workload.device)
+    warmup_ms = []
     for step in range(warmup_steps):
+        if progress:
+            progress("warm-up steps", step, total)
+        begin = clock.mark()
         run_training_step(workload, seed=seed + step)
-    step_ms, forward_ms = _time_steps(workload, timing_steps, progress)
+        warmup_ms.append(clock.elapsed_ms(begin, clock.mark()))
+    step_ms = statistics.median(warmup_ms[1:] or warmup_ms)
+    forward_ms = _time_forward(workload, timing_passes, seed, progress)
     if progress:
         progress("recording the memory timeline", total - 1, total)
     timeline, measured_peak = _record_step(workload, seed=seed)

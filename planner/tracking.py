@@ -105,8 +105,7 @@ class StorageWatcher(TorchDispatchMode):
 
     def track(self, tensor: torch.Tensor, kind: str) -> int | None:
         """Start tracking the storage behind ``tensor`` (no-op if already tracked)."""
-        if tensor.device.type != self.device_type or tensor.is_meta:
-            return None
+        # Hot path (every op output): the cheapest checks first.
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested, wrapper subclasses
@@ -115,6 +114,8 @@ class StorageWatcher(TorchDispatchMode):
         index = self._index_by_storage_id.get(key)
         if index is not None:
             return index
+        if storage.device.type != self.device_type:
+            return None
         size = storage.nbytes()
         index = self._next_index
         self._next_index += 1
@@ -163,7 +164,12 @@ class StorageWatcher(TorchDispatchMode):
     # -- dispatch ------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
-        tensors = list(iter_tensors(out)) if not isinstance(out, torch.Tensor) else [out]
+        if isinstance(out, torch.Tensor):
+            tensors = [out]
+        elif isinstance(out, (tuple, list)):
+            tensors = [t for t in out if isinstance(t, torch.Tensor)]
+        else:
+            tensors = list(iter_tensors(out))
         for tensor in tensors:
             self.track(tensor, "activation")
         self.on_op(func, args, kwargs or {}, tensors)

@@ -209,6 +209,11 @@ def compute_loss(model_file: ModelFile, model: torch.nn.Module, batch: Any) -> t
     return loss
 
 
+def user_code_errors(workload: Workload) -> contextlib.AbstractContextManager[None]:
+    """Report an exception from the model file's code as a one-line ProfilingError."""
+    return _user_code("the training step", workload.model_file.path)
+
+
 def run_training_step(workload: Workload, seed: int | None = None) -> torch.Tensor:
     """One steady-state step: zero grads (to None), forward + loss, backward, optimizer step.
 

@@ -18,7 +18,7 @@ from tests.models import stack_file
 
 @pytest.fixture(scope="module")
 def profile():  # type: ignore[no-untyped-def]
-    return profile_workload(build_workload(stack_file(depth=4), seed=0), timing_steps=1)
+    return profile_workload(build_workload(stack_file(depth=4), seed=0), timing_passes=1)
 
 
 def _check(measured: int, budget: int, **overrides: object) -> PlanCheck:

@@ -18,7 +18,7 @@ from tests.models import stack_file
 
 @pytest.fixture(scope="module")
 def profile():  # type: ignore[no-untyped-def]
-    return profile_workload(build_workload(stack_file(depth=3), seed=0), timing_steps=1)
+    return profile_workload(build_workload(stack_file(depth=3), seed=0), timing_passes=1)
 
 
 def test_round_trip_keeps_the_profile_and_its_predictions(profile, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -23,7 +23,7 @@ def _measured_peak(file, names, profile) -> int:  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def stack_profile():  # type: ignore[no-untyped-def]
     file = stack_file(width=64, depth=4, batch=128)
-    return file, profile_workload(build_workload(file, seed=0), timing_steps=1)
+    return file, profile_workload(build_workload(file, seed=0), timing_passes=1)
 
 
 def test_replaying_the_timeline_gives_the_measured_peak(stack_profile) -> None:  # type: ignore[no-untyped-def]
@@ -90,7 +90,7 @@ def test_shared_block_runs_twice_and_tied_weights_count_once() -> None:
         lambda: SharedBlockModel(), lambda: (torch.randn(64, 10), torch.randint(0, 10, (64,)))
     )
     workload = build_workload(file, seed=0)
-    profile = profile_workload(workload, timing_steps=1)
+    profile = profile_workload(workload, timing_passes=1)
     assert profile.module("shared").call_count == 2
     assert profile.module("last").call_count == 1
     model = file.build_model()
@@ -110,7 +110,7 @@ def test_batchnorm_modules_record_the_buffers_they_change() -> None:
         lambda: torch.randn(8, 3, 16, 16),
         loss_fn=lambda output, batch: output.square().mean(),
     )
-    profile = profile_workload(build_workload(file, seed=0), timing_steps=1)
+    profile = profile_workload(build_workload(file, seed=0), timing_passes=1)
     reason = profile.module("features").excluded_reason
     assert reason == ""
     assert "1.running_mean" in profile.module("features").mutated_buffers

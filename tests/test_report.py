@@ -12,7 +12,7 @@ from tests.models import stack_file
 
 
 def test_timeline_data_and_chart() -> None:
-    profile = profile_workload(build_workload(stack_file(depth=3), seed=0), timing_steps=1)
+    profile = profile_workload(build_workload(stack_file(depth=3), seed=0), timing_passes=1)
     plan = baseline_every_block(profile, budget_bytes=profile.measured_peak_bytes)
     data = timeline_frame(profile, plan)
     forward_end = profile.timeline.phase_end_events["forward"]
