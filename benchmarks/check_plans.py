@@ -1,7 +1,7 @@
 """Check plans on real models: predicted vs measured peak, and an unchanged training step.
 
-For each model file: profile once; take the budgets at 25%, 50% and 75% of the way from the
-peak with every block checkpointed to the unplanned peak; solve; then run each plan in a
+For each model file: profile once; take the budgets at 10%, 30%, 50%, 70% and 90% of the way
+from the peak with every block checkpointed to the unplanned peak; solve; then run each plan in a
 separate process after ``apply_plan`` (planner.check) and compare its measured peak with the
 budget and the prediction, and its loss, gradients and buffers with the unplanned step's.
 
@@ -33,8 +33,9 @@ from planner.profiler import profile_model_file  # noqa: E402
 from planner.solver import Solver  # noqa: E402
 from planner.workload import load_model_file  # noqa: E402
 
-DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama"]
-FRACTIONS = (0.25, 0.5, 0.75)
+DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit"]
+FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)
+SWEEP_BUDGETS = 40
 MIB = 2**20
 
 
@@ -47,6 +48,7 @@ def check_model(path: Path) -> list[dict[str, object]]:
     solver = Solver(profile, memory)
     every_block = baseline_every_block(profile)
     low, high = every_block.predicted_peak_bytes, profile.measured_peak_bytes
+    monotone = predicted_peak_is_monotone(solver, high)
     plans: list[tuple[str, Plan, dict[str, object]]] = [("every-block", every_block, {})]
     for fraction in FRACTIONS:
         budget = int(low + fraction * (high - low))
@@ -78,11 +80,22 @@ def check_model(path: Path) -> list[dict[str, object]]:
                 "state_dict_keys_equal": check.state_dict_keys_equal,
                 "predicted_overhead_pct": round(100 * plan.predicted_overhead, 1),
                 "profile_s": round(profile_s, 2),
+                "monotone": monotone,
                 **solver_facts,
             }
         )
         print(rows[-1], flush=True)
     return rows
+
+
+def predicted_peak_is_monotone(solver: Solver, unplanned_peak: int) -> bool:
+    """Solve at SWEEP_BUDGETS budgets from the lowest feasible to the unplanned peak: as the
+    budget shrinks, the predicted peak of the chosen plan must never rise."""
+    _, lowest = solver.lowest_peak()
+    step = max(1, (unplanned_peak - lowest) // (SWEEP_BUDGETS - 1))
+    budgets = range(unplanned_peak, lowest - 1, -step)
+    peaks = [solver.solve(budget).predicted_peak_bytes for budget in budgets]
+    return all(later <= earlier for earlier, later in zip(peaks, peaks[1:], strict=False))
 
 
 def markdown_table(frame: pd.DataFrame) -> str:

@@ -142,20 +142,27 @@ class Solver:
         self, budget_bytes: int, incumbent: tuple[str, ...] | None, max_evaluations: int
     ) -> tuple[tuple[str, ...] | None, bool]:
         """Step 2 of the search. Returns (best plan, whether the search finished)."""
+        # Plans are ranked by (cost, peak): among equally cheap plans the lower peak wins,
+        # which makes the chosen plan's peak monotone in the budget when the search finishes.
         best = incumbent
-        best_cost = self.cost(incumbent) if incumbent is not None else float("inf")
+        best_key = (
+            (self.cost(incumbent), self.peak(incumbent)) if incumbent is not None
+            else (float("inf"), 0)
+        )
         limit = self.evaluations + max_evaluations
         finished = True
 
         def visit(position: int, chosen: list[str], cost: float) -> None:
-            nonlocal best, best_cost, finished
-            if cost >= best_cost - 1e-9:
+            nonlocal best, best_key, finished
+            if cost > best_key[0] + 1e-9:
                 return
             if self.evaluations >= limit:
                 finished = False
                 return
-            if self.peak(chosen) <= budget_bytes:
-                best, best_cost = tuple(sorted(chosen)), cost
+            peak = self.peak(chosen)
+            if peak <= budget_bytes:
+                if (cost, peak) < best_key:
+                    best, best_key = tuple(sorted(chosen)), (cost, peak)
                 return
             for index in range(position, len(self.names)):
                 name = self.names[index]

@@ -93,3 +93,48 @@ def stack_file(width: int = 32, depth: int = 4, batch: int = 64, dropout: float 
         lambda: (torch.randn(batch, width), torch.randint(0, 10, (batch,))),
         name="stack",
     )
+
+
+class DictBlock(nn.Module):
+    """Takes a keyword argument, returns a dict holding a view and an in-place result."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 2 * width)
+        self.act = nn.ReLU(inplace=True)
+        self.down = nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> dict[str, torch.Tensor]:
+        hidden = self.act(self.up(x) * scale)  # in-place ReLU on a fresh tensor
+        out = self.down(hidden) + x
+        return {"out": out, "flat": out.view(-1)}  # "flat" is a view of "out"
+
+
+class TrickyModel(nn.Module):
+    """Keyword arguments, dict outputs with views, in-place ops, and a first block whose
+    input does not require grad; the loss is computed outside the model (training_step)."""
+
+    def __init__(self, width: int = 32, depth: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(DictBlock(width) for _ in range(depth))
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, scale=0.5)["out"]
+        return self.head(x)
+
+
+def tricky_file(optimizer: str = "adamw") -> ModelFile:
+    builders = {
+        "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
+        "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+        "sgd_momentum": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
+    }
+    return model_file(
+        lambda: TrickyModel(),
+        lambda: (torch.randn(128, 32), torch.randint(0, 10, (128,))),
+        training_step=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
+        build_optimizer=builders[optimizer],
+        name=f"tricky_{optimizer}",
+    )

@@ -11,7 +11,7 @@ from planner.memory_model import MemoryModel
 from planner.planning import build_plan
 from planner.profiler import find_blocks, profile_workload
 from planner.workload import build_workload
-from tests.models import BatchNormNet, SharedBlockModel, model_file, stack_file
+from tests.models import BatchNormNet, SharedBlockModel, model_file, stack_file, tricky_file
 
 
 def _measured_peak(file, names, profile) -> int:  # type: ignore[no-untyped-def]
@@ -119,3 +119,28 @@ def test_batchnorm_modules_record_the_buffers_they_change() -> None:
 def test_find_blocks_picks_the_repeated_stack() -> None:
     assert find_blocks(SharedBlockModel()) == ()
     assert find_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())) == ()
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "state_per_parameter"), [("adamw", 2), ("adam", 2), ("sgd_momentum", 1)]
+)
+def test_predictions_hold_for_awkward_modules_and_each_optimizer(
+    optimizer: str, state_per_parameter: int
+) -> None:
+    file = tricky_file(optimizer)
+    profile = profile_workload(build_workload(file, seed=0), timing_passes=1)
+    model = file.build_model()
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert state_per_parameter * parameter_bytes <= profile.optimizer_state_bytes
+    assert profile.optimizer_state_bytes <= state_per_parameter * parameter_bytes + 4096
+    memory = MemoryModel(profile.timeline)
+    for names in [
+        (),
+        ("blocks.0",),
+        ("blocks.1", "blocks.2"),
+        ("blocks.0", "blocks.1", "blocks.2"),
+    ]:
+        predicted = memory.peak_bytes(names)
+        measured = _measured_peak(file, names, profile)
+        assert abs(predicted - measured) <= 0.02 * measured, (optimizer, names, predicted, measured)
+    assert profile.module("blocks.0").checkpoint_saving_bytes > 0
