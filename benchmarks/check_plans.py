@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -95,7 +96,7 @@ def predicted_peak_is_monotone(solver: Solver, unplanned_peak: int) -> bool:
     step = max(1, (unplanned_peak - lowest) // (SWEEP_BUDGETS - 1))
     budgets = range(unplanned_peak, lowest - 1, -step)
     peaks = [solver.solve(budget).predicted_peak_bytes for budget in budgets]
-    return all(later <= earlier for earlier, later in zip(peaks, peaks[1:], strict=False))
+    return all(later <= earlier for earlier, later in itertools.pairwise(peaks))
 
 
 def markdown_table(frame: pd.DataFrame) -> str:

@@ -146,7 +146,8 @@ class Solver:
         # which makes the chosen plan's peak monotone in the budget when the search finishes.
         best = incumbent
         best_key = (
-            (self.cost(incumbent), self.peak(incumbent)) if incumbent is not None
+            (self.cost(incumbent), self.peak(incumbent))
+            if incumbent is not None
             else (float("inf"), 0)
         )
         limit = self.evaluations + max_evaluations
