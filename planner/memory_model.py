@@ -45,7 +45,13 @@ import numpy as np
 
 from planner.records import STATIC_KINDS, MemoryTimeline
 
-__all__ = ["CheckpointEffect", "MemoryModel", "checkpoint_effects"]
+__all__ = [
+    "CheckpointEffect",
+    "MemoryModel",
+    "checkpoint_effects",
+    "parse_unit",
+    "sequential_segments",
+]
 
 
 @dataclass(frozen=True)
@@ -83,32 +89,45 @@ def _subtree_end(timeline: MemoryTimeline, call_index: int) -> int:
     return last + 1
 
 
-def checkpoint_effects(timeline: MemoryTimeline) -> tuple[CheckpointEffect, ...]:
-    """Derive, for every module call in the timeline, what checkpointing it would change."""
-    storages = timeline.storages
-    calls = timeline.calls
-    by_alloc = sorted(range(len(storages)), key=lambda index: storages[index].alloc_event)
-    alloc_events = [storages[index].alloc_event for index in by_alloc]
-    output_sets = [frozenset(call.output_storages) for call in calls]
-    # storage -> [(call that saved it, last backward read)], for outside uses of outputs.
-    saves: dict[int, list[tuple[int, int]]] = {}
-    for saved_tensor in timeline.saved_tensors:
-        saves.setdefault(saved_tensor.storage, []).append(
-            (saved_tensor.call, saved_tensor.last_unpack_event)
-        )
-    forward_end = timeline.phase_end_events.get("forward", timeline.event_count - 1)
-    effects = []
-    for call_index, call in enumerate(calls):
-        start, end = call.forward_start_event, call.forward_end_event
-        subtree = range(call_index, _subtree_end(timeline, call_index))
+class _EffectBuilder:
+    """Indexes over one timeline, to derive the effect of checkpointing any span of calls."""
 
-        # Storages made during this call's forward, in allocation order.
-        low = bisect.bisect_right(alloc_events, start)
-        high = bisect.bisect_left(alloc_events, end)
-        made_inside = by_alloc[low:high]
+    def __init__(self, timeline: MemoryTimeline) -> None:
+        self.timeline = timeline
+        storages = timeline.storages
+        self.by_alloc = sorted(range(len(storages)), key=lambda index: storages[index].alloc_event)
+        self.alloc_events = [storages[index].alloc_event for index in self.by_alloc]
+        self.output_sets = [frozenset(call.output_storages) for call in timeline.calls]
+        # storage -> [(call that saved it, last backward read)], for outside uses of outputs.
+        self.saves: dict[int, list[tuple[int, int]]] = {}
+        for saved_tensor in timeline.saved_tensors:
+            self.saves.setdefault(saved_tensor.storage, []).append(
+                (saved_tensor.call, saved_tensor.last_unpack_event)
+            )
+        self.forward_end = timeline.phase_end_events.get("forward", timeline.event_count - 1)
+
+    def span(self, first: int, last: int, name: str) -> CheckpointEffect:
+        """The effect of checkpointing calls ``first..last`` (consecutive siblings) as one
+        unit: a module call (``first == last``) or a ``checkpoint_sequential`` segment."""
+        timeline, storages, calls = self.timeline, self.timeline.storages, self.timeline.calls
+        output_sets = self.output_sets
+        members = {
+            index
+            for index in range(first, last + 1)
+            if index == first or calls[index].parent_call == calls[first].parent_call
+        }
+        start, end = calls[first].forward_start_event, calls[last].forward_end_event
+        inside = range(first, _subtree_end(timeline, last))
+        outputs = output_sets[last]
+
+        # Storages made during the span's forward, in allocation order.
+        low = bisect.bisect_right(self.alloc_events, start)
+        high = bisect.bisect_left(self.alloc_events, end)
+        made_inside = self.by_alloc[low:high]
 
         # The forward's own transient peak: replay its allocations and frees (frees after
-        # the forward ended do not count inside it).
+        # the forward ended do not count inside it). A plan snapshots the buffers the span
+        # changes (BatchNorm statistics) while it recomputes, to restore them after.
         changes: list[tuple[int, int]] = []
         for index in made_inside:
             record = storages[index]
@@ -116,16 +135,14 @@ def checkpoint_effects(timeline: MemoryTimeline) -> tuple[CheckpointEffect, ...]
             if record.free_event < end:
                 changes.append((record.free_event, -record.size_bytes))
         changes.sort()
-        # A plan snapshots the buffers this call changes (BatchNorm statistics) while it
-        # recomputes, to restore them after: they are live for the whole recomputation.
-        level = recompute_peak = call.mutated_buffer_bytes
+        level = recompute_peak = sum(calls[index].mutated_buffer_bytes for index in members)
         for _, change in changes:
             level += change
             recompute_peak = max(recompute_peak, level)
 
         saved: set[int] = set()
         unpacks: list[int] = []
-        for sub in subtree:
+        for sub in inside:
             saved.update(calls[sub].saved_storages)
             if calls[sub].first_unpack_event >= 0:
                 unpacks.append(calls[sub].first_unpack_event)
@@ -135,25 +152,29 @@ def checkpoint_effects(timeline: MemoryTimeline) -> tuple[CheckpointEffect, ...]
         release_event = max(unpacks) if unpacks else -1
 
         retained = []
+        released_outputs = []
         if recompute_event >= 0:
             for index in made_inside:
                 record = storages[index]
                 if (
                     index not in saved
-                    or index in output_sets[call_index]
+                    or index in outputs
                     or record.free_event <= max(end, recompute_event)
                 ):
                     continue
-                # Dropped when the innermost call that made it returns without it.
+                # Dropped when the innermost call that made it returns without it; one
+                # handed from member to member lives until the span returns.
                 owner = record.alloc_call
-                while owner != call_index and index in output_sets[owner]:
+                while owner not in members and owner >= 0 and index in output_sets[owner]:
                     owner = calls[owner].parent_call
-                retained.append((index, record.size_bytes, calls[owner].forward_end_event))
+                drop = (
+                    end
+                    if owner < 0 or (owner in members and index in output_sets[owner])
+                    else calls[owner].forward_end_event
+                )
+                retained.append((index, record.size_bytes, drop))
 
-        released_outputs = []
-        if recompute_event >= 0:
-            inside = range(subtree.start, subtree.stop)
-            for index in call.output_storages:
+            for index in outputs:
                 record = storages[index]
                 if (
                     index not in saved
@@ -162,34 +183,58 @@ def checkpoint_effects(timeline: MemoryTimeline) -> tuple[CheckpointEffect, ...]
                 ):
                     continue
                 # The caller's locals hold it until the caller returns without it...
-                holder = call.parent_call
+                holder = calls[first].parent_call
                 while holder >= 0 and index in output_sets[holder]:
                     holder = calls[holder].parent_call
-                drop = calls[holder].forward_end_event if holder >= 0 else forward_end
-                # ...and tensors saved outside this call hold it until backward reads them.
-                for saving_call, last_unpack in saves.get(index, ()):
+                drop = calls[holder].forward_end_event if holder >= 0 else self.forward_end
+                # ...and tensors saved outside the span hold it until backward reads them.
+                for saving_call, last_unpack in self.saves.get(index, ()):
                     if saving_call not in inside:
                         drop = max(drop, last_unpack)
                 if drop < recompute_event:
                     released_outputs.append((index, record.size_bytes, drop))
 
         inputs = tuple(
-            index for index in call.input_storages if storages[index].kind not in STATIC_KINDS
+            index
+            for index in calls[first].input_storages
+            if storages[index].kind not in STATIC_KINDS
         )
-        effects.append(
-            CheckpointEffect(
-                call_index=call_index,
-                module_name=call.module_name,
-                retained=tuple(retained),
-                released_outputs=tuple(released_outputs),
-                recompute_event=recompute_event,
-                release_event=release_event,
-                input_storages=inputs,
-                recompute_peak_bytes=recompute_peak,
-                saved_bytes=sum(storages[index].size_bytes for index in saved),
-            )
+        return CheckpointEffect(
+            call_index=first,
+            module_name=name,
+            retained=tuple(retained),
+            released_outputs=tuple(released_outputs),
+            recompute_event=recompute_event,
+            release_event=release_event,
+            input_storages=inputs,
+            recompute_peak_bytes=recompute_peak,
+            saved_bytes=sum(storages[index].size_bytes for index in saved),
         )
-    return tuple(effects)
+
+
+def checkpoint_effects(timeline: MemoryTimeline) -> tuple[CheckpointEffect, ...]:
+    """Derive, for every module call in the timeline, what checkpointing it would change."""
+    builder = _EffectBuilder(timeline)
+    return tuple(
+        builder.span(index, index, call.module_name) for index, call in enumerate(timeline.calls)
+    )
+
+
+def sequential_segments(child_count: int, segments: int) -> list[tuple[int, int]]:
+    """The child ranges ``(first, last)`` that ``torch.utils.checkpoint.checkpoint_sequential``
+    checkpoints: ``segments - 1`` runs of ``child_count // segments`` children; the last
+    segment (the rest) runs without checkpointing."""
+    size = child_count // segments
+    if size < 1:
+        return []
+    return [(start, start + size - 1) for start in range(0, size * (segments - 1), size)]
+
+
+def parse_unit(unit: str) -> tuple[str, int | None]:
+    """``"blocks"`` -> ("blocks", None); ``"blocks#3"`` -> ("blocks", 3): checkpoint_sequential
+    over the children of ``blocks`` in 3 segments."""
+    name, _, segments = unit.partition("#")
+    return name, int(segments) if segments else None
 
 
 class MemoryModel:
@@ -200,7 +245,12 @@ class MemoryModel:
 
     def __init__(self, timeline: MemoryTimeline) -> None:
         self.timeline = timeline
-        self.effects = checkpoint_effects(timeline)
+        self._builder = _EffectBuilder(timeline)
+        self.effects = tuple(
+            self._builder.span(index, index, call.module_name)
+            for index, call in enumerate(timeline.calls)
+        )
+        self._unit_effects: dict[str, tuple[CheckpointEffect, ...]] = {}
         self._calls_by_module: dict[str, list[int]] = {}
         for index, call in enumerate(timeline.calls):
             self._calls_by_module.setdefault(call.module_name, []).append(index)
@@ -217,6 +267,33 @@ class MemoryModel:
     def calls_of(self, module_name: str) -> list[int]:
         return self._calls_by_module.get(module_name, [])
 
+    def child_calls(self, call_index: int) -> list[int]:
+        """The direct child calls of a call, in the order they ran."""
+        return [
+            index
+            for index in range(call_index + 1, _subtree_end(self.timeline, call_index))
+            if self.timeline.calls[index].parent_call == call_index
+        ]
+
+    def unit_effects(self, unit: str) -> tuple[CheckpointEffect, ...]:
+        """The effects of one plan unit: a module name (all its calls) or ``"name#k"``,
+        ``checkpoint_sequential`` over that module's children in ``k`` segments."""
+        cached = self._unit_effects.get(unit)
+        if cached is not None:
+            return cached
+        name, segments = parse_unit(unit)
+        if segments is None:
+            effects = tuple(self.effects[index] for index in self.calls_of(name))
+        else:
+            spans = []
+            for call_index in self.calls_of(name):
+                children = self.child_calls(call_index)
+                for first, last in sequential_segments(len(children), segments):
+                    spans.append(self._builder.span(children[first], children[last], unit))
+            effects = tuple(spans)
+        self._unit_effects[unit] = effects
+        return effects
+
     def _delta_and_spikes(self, wrapped: Iterable[str]) -> tuple[np.ndarray, list[tuple[int, int]]]:
         storages = self.timeline.storages
         delta = self._base_delta.copy()
@@ -224,9 +301,8 @@ class MemoryModel:
         # storage -> (end of its first life, start of its second life at a recomputation)
         gaps: dict[int, tuple[int, int]] = {}
         kept_until: dict[int, int] = {}
-        for module_name in wrapped:
-            for call_index in self._calls_by_module.get(module_name, ()):
-                effect = self.effects[call_index]
+        for unit in wrapped:
+            for effect in self.unit_effects(unit):
                 if effect.recompute_event < 0:
                     continue
                 for index, _size, drop_event in effect.retained + effect.released_outputs:

@@ -94,6 +94,17 @@ class Plan:
     def module_names(self) -> tuple[str, ...]:
         return tuple(decision.module_name for decision in self.modules)
 
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The plan as the memory model reads it: module names, and ``"name#k"`` for
+        ``checkpoint_sequential`` over ``name``'s children in ``k`` segments."""
+        return tuple(
+            f"{d.module_name}#{d.segments}"
+            if d.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL
+            else d.module_name
+            for d in self.modules
+        )
+
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     data = asdict(plan)

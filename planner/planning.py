@@ -2,49 +2,94 @@
 
 from __future__ import annotations
 
-from planner.memory_model import MemoryModel
+from planner.memory_model import MemoryModel, parse_unit, sequential_segments
 from planner.plan import CheckpointMethod, ModuleDecision, Plan
 from planner.records import Profile
 from planner.solver import Solution, Solver
 
-__all__ = ["baseline_every_block", "build_plan", "plan_for_budget"]
+__all__ = [
+    "baseline_every_block",
+    "baseline_plans",
+    "build_plan",
+    "frontier",
+    "plan_for_budget",
+    "unit_children",
+    "unit_cost_ms",
+]
+
+
+def unit_children(profile: Profile, name: str) -> list[str]:
+    """The direct children of module ``name``, in registration (= Sequential call) order."""
+    prefix = f"{name}." if name else ""
+    return [
+        record.module_name
+        for record in profile.modules
+        if record.module_name.startswith(prefix)
+        and record.module_name != name
+        and "." not in record.module_name[len(prefix) :]
+    ]
+
+
+def unit_cost_ms(profile: Profile, unit: str) -> float:
+    """Recompute time of a plan unit: the module's forward time, or for ``name#k`` the
+    forward times of the children in the checkpointed segments."""
+    name, segments = parse_unit(unit)
+    if segments is None:
+        return profile.module(name).forward_ms
+    children = unit_children(profile, name)
+    return sum(
+        profile.module(child).forward_ms
+        for first, last in sequential_segments(len(children), segments)
+        for child in children[first : last + 1]
+    )
+
+
+def _decision(profile: Profile, unit: str, memory: MemoryModel) -> ModuleDecision:
+    name, segments = parse_unit(unit)
+    record = profile.module(name)
+    if segments is None:
+        return ModuleDecision(
+            module_name=name,
+            method=CheckpointMethod.CHECKPOINT,
+            # Only modules that run random ops need recomputation to replay the RNG.
+            preserve_rng_state=record.uses_rng,
+            restore_buffers=record.mutated_buffers,
+            saving_bytes=record.checkpoint_saving_bytes,
+            recompute_ms=record.forward_ms,
+        )
+    return ModuleDecision(
+        module_name=name,
+        method=CheckpointMethod.CHECKPOINT_SEQUENTIAL,
+        segments=segments,
+        preserve_rng_state=record.uses_rng,
+        saving_bytes=sum(effect.retained_bytes for effect in memory.unit_effects(unit)),
+        recompute_ms=unit_cost_ms(profile, unit),
+    )
 
 
 def build_plan(
     profile: Profile,
-    module_names: tuple[str, ...] | list[str],
+    units: tuple[str, ...] | list[str],
     budget_bytes: int,
     *,
     strategy: str,
     memory: MemoryModel | None = None,
     notes: tuple[str, ...] = (),
 ) -> Plan:
-    """A plan wrapping ``module_names``, with its prediction re-checked by the memory model."""
+    """A plan checkpointing ``units`` (module names, or ``"name#k"`` for
+    ``checkpoint_sequential`` in k segments), its prediction re-checked by the memory model."""
     memory = memory or MemoryModel(profile.timeline)
-    decisions = []
-    for name in sorted(module_names):
-        record = profile.module(name)
-        decisions.append(
-            ModuleDecision(
-                module_name=name,
-                method=CheckpointMethod.CHECKPOINT,
-                # Only modules that run random ops need recomputation to replay the RNG.
-                preserve_rng_state=record.uses_rng,
-                restore_buffers=record.mutated_buffers,
-                saving_bytes=record.checkpoint_saving_bytes,
-                recompute_ms=record.forward_ms,
-            )
-        )
+    decisions = tuple(_decision(profile, unit, memory) for unit in sorted(units))
     recompute_ms = sum(d.recompute_ms for d in decisions)
     return Plan(
         budget_bytes=budget_bytes,
-        predicted_peak_bytes=memory.peak_bytes(module_names),
+        predicted_peak_bytes=memory.peak_bytes(units),
         baseline_peak_bytes=profile.measured_peak_bytes,
         predicted_overhead=recompute_ms / profile.step_ms if profile.step_ms > 0 else 0.0,
         recompute_ms=recompute_ms,
         step_ms=profile.step_ms,
         static_bytes=profile.static_bytes,
-        modules=tuple(decisions),
+        modules=decisions,
         fingerprint=profile.fingerprint,
         batch=profile.batch,
         device=profile.device,
@@ -89,3 +134,69 @@ def baseline_every_block(profile: Profile, budget_bytes: int = 0) -> Plan:
     """The usual manual choice: checkpoint every repeated block."""
     blocks = [name for name in profile.block_names if profile.module(name).is_candidate]
     return build_plan(profile, blocks, budget_bytes, strategy="every-block")
+
+
+def _sequential_blocks_container(profile: Profile) -> str | None:
+    """The nn.Sequential that holds the blocks, if the blocks are its children."""
+    if not profile.block_names:
+        return None
+    parent = profile.block_names[0].rpartition(".")[0]
+    try:
+        record = profile.module(parent)
+    except KeyError:
+        return None
+    children = unit_children(profile, parent)
+    if record.module_type != "Sequential" or tuple(children) != profile.block_names:
+        return None
+    return parent
+
+
+def baseline_plans(profile: Profile, budget_bytes: int = 0, *, every: int = 2) -> dict[str, Plan]:
+    """The usual manual choices, as plans of the same type as the solver's:
+
+    ``none``; ``every-block``; ``every-2nd-block`` (blocks 0, 2, 4, ...; ``every`` sets k); and
+    ``sqrt-n-segments``, ``checkpoint_sequential`` over the blocks in round(sqrt(n))
+    segments, when the blocks are the children of one ``nn.Sequential``.
+    """
+    memory = MemoryModel(profile.timeline)
+    blocks = [name for name in profile.block_names if profile.module(name).is_candidate]
+    ordinal = {1: "st", 2: "nd", 3: "rd"}.get(every if every < 20 else every % 10, "th")
+    every_kth = f"every-{every}{ordinal}-block"
+    plans = {
+        "none": build_plan(profile, [], budget_bytes, strategy="none", memory=memory),
+        "every-block": build_plan(
+            profile, blocks, budget_bytes, strategy="every-block", memory=memory
+        ),
+        every_kth: build_plan(
+            profile, blocks[::every], budget_bytes, strategy=every_kth, memory=memory
+        ),
+    }
+    container = _sequential_blocks_container(profile)
+    if container is not None:
+        segments = max(2, round(len(profile.block_names) ** 0.5))
+        plans["sqrt-n-segments"] = build_plan(
+            profile,
+            [f"{container}#{segments}"],
+            budget_bytes,
+            strategy="sqrt-n-segments",
+            memory=memory,
+        )
+    return plans
+
+
+def frontier(profile: Profile, points: int = 50, *, solver: Solver | None = None) -> list[Plan]:
+    """The memory/time trade-off: the cheapest plan at ``points`` budgets spread evenly from
+    the lowest feasible peak to the unplanned peak, highest budget first. Each plan's
+    ``budget_bytes`` is the budget it was solved for."""
+    solver = solver or Solver(profile)
+    _, lowest = solver.lowest_peak()
+    highest = profile.measured_peak_bytes
+    budgets = sorted(
+        {int(lowest + (highest - lowest) * i / max(1, points - 1)) for i in range(points)},
+        reverse=True,
+    )
+    plans = []
+    for budget in budgets:
+        plan, _ = plan_for_budget(profile, budget, solver=solver)
+        plans.append(plan)
+    return plans

@@ -23,7 +23,7 @@ def timeline_frame(
     """The data behind the timeline chart: live MiB after each event, unplanned and planned."""
     memory = memory or MemoryModel(profile.timeline)
     unplanned = memory.memory_curve(()) / _MIB
-    planned = memory.memory_curve(plan.module_names) / _MIB
+    planned = memory.memory_curve(plan.units) / _MIB
     return {"event": np.arange(len(unplanned)), "unplanned_mib": unplanned, "planned_mib": planned}
 
 
@@ -43,7 +43,7 @@ def memory_timeline_figure(
         color="tab:blue",
         label=f"with plan: {len(plan.modules)} modules checkpointed (predicted)",
     )
-    spikes = (memory or MemoryModel(profile.timeline)).recompute_spikes(plan.module_names)
+    spikes = (memory or MemoryModel(profile.timeline)).recompute_spikes(plan.units)
     if spikes:
         axes.scatter(
             [event for event, _ in spikes],

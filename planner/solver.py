@@ -1,46 +1,68 @@
-"""Choose which modules to checkpoint: the least recompute time whose predicted peak fits.
+"""Choose what to checkpoint: the least recompute time whose predicted peak fits the budget.
 
-Pure Python (no torch). The memory of a plan comes from :class:`planner.memory_model.MemoryModel`;
-its cost is the sum of the chosen modules' forward times (each is recomputed once per call
-during backward).
+Pure Python, numpy and scipy (no torch). The memory of a plan comes from
+:class:`planner.memory_model.MemoryModel`; its cost is the summed forward time of what it
+recomputes.
+
+What is chosen
+--------------
+A plan is a set of *units*. A unit is a candidate module (``"blocks.3"``: wrap it in
+``checkpoint``) or, for a candidate ``nn.Sequential`` with at least three children,
+``"name#k"``: ``checkpoint_sequential`` over its children in ``k`` segments. Every unit sits
+on one node of the module tree; a plan uses at most one unit per root-to-leaf path (never a
+module together with its ancestor: wrapping a parent already recomputes its children).
 
 The search
 ----------
-A plan is an *antichain* of the candidate tree: a set of candidate modules none of which is
-an ancestor of another (wrapping a parent already recomputes its children). The peak is not
-additive over modules (recompute spikes and the position of the peak move with the plan),
-so we search plans directly, evaluating each with the memory model:
+The peak is not additive over units (recompute spikes, and where the peak falls, move with
+the plan), so every answer is checked with the exact replay (``MemoryModel.peak_bytes``).
 
-1. **Greedy descent.** From the empty plan, repeatedly add the candidate that removes the
-   most predicted peak per millisecond of recompute (replacing any chosen descendants),
-   until the plan fits. Then drop chosen modules, most expensive first, while it still fits.
-   This gives a feasible plan and an upper bound on the cost.
-2. **Branch and bound.** Depth-first over the candidates in tree pre-order: each is either
-   wrapped (its subtree is then skipped) or not. A branch whose cost already reaches the
-   best known cost is cut; a plan that fits ends its branch (adding modules only adds
-   cost). If the search finishes within ``max_evaluations`` plan evaluations, the plan is
-   the cheapest under the memory model (``proven_optimal``); otherwise it is the best found.
+* **Small trees: exhaustive branch and bound.** Depth-first over the units in tree pre-order,
+  each either taken (its subtree is then skipped) or not; a branch whose cost reaches the
+  best known is cut; a plan that fits ends its branch. If the search finishes within
+  ``exhaustive_evaluations`` replays the answer is the cheapest under the memory model.
+* **Large trees: an integer program with lazy constraints** (scipy's HiGHS ``milp``).
+  Binary ``x_u`` per unit; minimise ``sum_u cost_u x_u`` subject to
 
-The smallest budget any plan fits (for the "budget too small" error) is the lowest peak
-over all plans when there are few enough to enumerate, else the best of a local search.
+  - *one unit per path*: for every leaf of the unit tree, ``sum of x over its path <= 1``;
+  - *memory at event t*: ``base(t) + sum_u delta_u(t) x_u <= budget``, where ``base`` is the
+    measured curve and ``delta_u`` how unit ``u`` alone changes it (activations dropped
+    between its forward and its recomputation, inputs held until its backward ends);
+  - *recompute spike of unit u at event r* (only if ``x_u = 1``):
+    ``base(r) + sum_v delta_v(r) x_v + spike_u <= budget + M (1 - x_u)``.
+
+  Memory rows are added lazily: solve, replay the answer exactly, add the row of the event
+  (or spike) where the replay exceeds the budget, repeat. A plan whose exact replay still
+  exceeds the budget at an event already constrained shows the units interact (two
+  checkpoints holding one storage); it is cut off by a no-good row. The loop ends with a
+  plan whose exact replay fits. It is the cheapest under the memory model when no two units
+  interact (``proven_optimal``); otherwise it is the cheapest under the additive model.
+
+The lowest feasible peak (the smallest budget any plan fits, for the "budget too small"
+error) is searched the same two ways, minimising the peak instead of the cost.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.errors import InfeasibleBudgetError
-from planner.memory_model import MemoryModel
+from planner.memory_model import MemoryModel, parse_unit, sequential_segments
 from planner.records import Profile
 from planner.units import format_bytes
 
 __all__ = ["Solution", "Solver", "lowest_peak", "solve"]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Solution:
-    """A set of modules to checkpoint with its predicted peak and recompute cost."""
+    """A set of units to checkpoint with its predicted peak and recompute cost."""
 
     module_names: tuple[str, ...]
     predicted_peak_bytes: int
@@ -48,47 +70,96 @@ class Solution:
     proven_optimal: bool
     evaluations: int
 
+    @property
+    def units(self) -> tuple[str, ...]:
+        return self.module_names
+
 
 def _is_ancestor(ancestor: str, name: str) -> bool:
-    return name.startswith(ancestor + ".")
+    return ancestor == "" or name.startswith(ancestor + ".")
+
+
+def _tree_key(name: str) -> tuple[object, ...]:
+    """Sort key that puts a module right before its descendants, numbered children in order."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in name.split("."))
 
 
 class Solver:
-    """Holds a profile's memory model and candidate tree; answers many budgets quickly."""
+    """Holds a profile's memory model and unit tree; answers many budgets quickly."""
 
-    def __init__(self, profile: Profile, memory: MemoryModel | None = None) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        memory: MemoryModel | None = None,
+        *,
+        sequential: bool = True,
+        exhaustive_evaluations: int = 20_000,
+    ) -> None:
         self.profile = profile
         self.memory = memory or MemoryModel(profile.timeline)
-        # Pre-order (names sort parents before their children's dotted names per prefix).
+        self.exhaustive_evaluations = exhaustive_evaluations
         candidates = sorted(profile.candidates, key=lambda m: _tree_key(m.module_name))
-        self.names: tuple[str, ...] = tuple(m.module_name for m in candidates)
-        self.cost_ms: dict[str, float] = {m.module_name: m.forward_ms for m in candidates}
-        # subtree_end[i]: first index after candidate i's subtree in ``names``.
-        self.subtree_end: list[int] = []
-        for index, name in enumerate(self.names):
+        self.cost_ms: dict[str, float] = {}
+        self.node_of: dict[str, str] = {}
+        for record in candidates:
+            self.cost_ms[record.module_name] = record.forward_ms
+            self.node_of[record.module_name] = record.module_name
+            if sequential and record.module_type == "Sequential":
+                for unit, cost in self._sequential_units(record.module_name):
+                    self.cost_ms[unit] = cost
+                    self.node_of[unit] = record.module_name
+        # Units in tree pre-order; the alternatives of one node are adjacent.
+        self.names: tuple[str, ...] = tuple(
+            sorted(self.cost_ms, key=lambda u: (_tree_key(self.node_of[u]), u))
+        )
+        # skip_to[i]: the first unit after unit i's node and that node's whole subtree.
+        self.skip_to: list[int] = []
+        for index, unit in enumerate(self.names):
+            node = self.node_of[unit]
             end = index + 1
-            while end < len(self.names) and _is_ancestor(name, self.names[end]):
+            while end < len(self.names) and (
+                self.node_of[self.names[end]] == node
+                or _is_ancestor(node, self.node_of[self.names[end]])
+            ):
                 end += 1
-            self.subtree_end.append(end)
-        # The nearest candidate descendants of each candidate (its children in the tree of
-        # candidates, skipping excluded modules in between).
-        self.candidate_children: dict[str, tuple[str, ...]] = {
-            name: tuple(
-                child
-                for child in self.names
-                if _is_ancestor(name, child)
-                and not any(
-                    _is_ancestor(name, middle) and _is_ancestor(middle, child)
-                    for middle in self.names
-                )
-            )
-            for name in self.names
-        }
+            self.skip_to.append(end)
         self.evaluations = 0
         self._cache: dict[frozenset[str], int] = {}
+        self._integer_program: _IntegerProgram | None = None
 
-    def peak(self, names: Iterable[str]) -> int:
-        key = frozenset(names)
+    def _sequential_units(self, name: str) -> list[tuple[str, float]]:
+        """``name#k`` units for each distinct segmentation of a Sequential's children."""
+        calls = self.memory.calls_of(name)
+        counts = {len(self.memory.child_calls(call)) for call in calls}
+        if len(counts) != 1:
+            return []
+        (count,) = counts
+        units, seen = [], set()
+        children = sorted(
+            (
+                m
+                for m in self.profile.modules
+                if m.module_name.startswith(name + ".")
+                and "." not in m.module_name[len(name) + 1 :]
+            ),
+            key=lambda m: _tree_key(m.module_name),
+        )
+        if count < 3 or len(children) != count:
+            return []
+        for segments in range(2, count + 1):
+            spans = tuple(sequential_segments(count, segments))
+            if not spans or spans in seen:
+                continue
+            seen.add(spans)
+            cost = sum(
+                children[i].forward_ms for first, last in spans for i in range(first, last + 1)
+            )
+            units.append((f"{name}#{segments}", cost))
+        return units
+
+    # -- evaluation ----------------------------------------------------------------------
+    def peak(self, units: Iterable[str]) -> int:
+        key = frozenset(units)
         cached = self._cache.get(key)
         if cached is None:
             self.evaluations += 1
@@ -96,79 +167,49 @@ class Solver:
             self._cache[key] = cached
         return cached
 
-    def cost(self, names: Iterable[str]) -> float:
-        return sum(self.cost_ms[name] for name in names)
+    def cost(self, units: Iterable[str]) -> float:
+        return sum(self.cost_ms[unit] for unit in units)
 
-    def _with(self, chosen: Sequence[str], name: str) -> tuple[str, ...]:
-        """``chosen`` plus ``name``, minus ``name``'s descendants; None-safe for ancestors."""
-        return tuple(sorted([n for n in chosen if not _is_ancestor(name, n)] + [name]))
+    def conflicts(self, first: str, second: str) -> bool:
+        a, b = self.node_of[first], self.node_of[second]
+        return a == b or _is_ancestor(a, b) or _is_ancestor(b, a)
 
-    def _addable(self, chosen: Sequence[str]) -> list[str]:
-        return [
-            name
-            for name in self.names
-            if name not in chosen and not any(_is_ancestor(c, name) for c in chosen)
-        ]
-
-    def greedy(self, budget_bytes: int) -> tuple[str, ...] | None:
-        """Step 1 of the search (module docstring); None if greedy cannot fit the budget."""
-        chosen: tuple[str, ...] = ()
-        peak = self.peak(chosen)
-        while peak > budget_bytes:
-            best: tuple[float, tuple[str, ...], int] | None = None
-            for name in self._addable(chosen):
-                trial = self._with(chosen, name)
-                trial_peak = self.peak(trial)
-                gain = peak - trial_peak
-                if gain <= 0:
-                    continue
-                extra = max(self.cost(trial) - self.cost(chosen), 1e-6)
-                score = gain / extra
-                if best is None or score > best[0]:
-                    best = (score, trial, trial_peak)
-            if best is None:
-                return None
-            _, chosen, peak = best
-        return self._prune(chosen, budget_bytes)
-
-    def _prune(self, chosen: tuple[str, ...], budget_bytes: int) -> tuple[str, ...]:
-        for name in sorted(chosen, key=lambda n: -self.cost_ms[n]):
-            trial = tuple(n for n in chosen if n != name)
-            if self.peak(trial) <= budget_bytes:
-                chosen = trial
-        return chosen
-
-    def branch_and_bound(
-        self, budget_bytes: int, incumbent: tuple[str, ...] | None, max_evaluations: int
+    # -- exhaustive search -------------------------------------------------------------
+    def _exhaustive(
+        self, budget_bytes: int | None, max_evaluations: int
     ) -> tuple[tuple[str, ...] | None, bool]:
-        """Step 2 of the search. Returns (best plan, whether the search finished)."""
-        # Plans are ranked by (cost, peak): among equally cheap plans the lower peak wins,
-        # which makes the chosen plan's peak monotone in the budget when the search finishes.
-        best = incumbent
-        best_key = (
-            (self.cost(incumbent), self.peak(incumbent))
-            if incumbent is not None
-            else (float("inf"), 0)
-        )
+        """Branch and bound (module docstring). With ``budget_bytes`` None, minimise the peak
+        instead of the cost. Returns (best plan, whether the search finished)."""
         limit = self.evaluations + max_evaluations
+        best: tuple[str, ...] | None = None
+        best_key: tuple[float, float] = (float("inf"), float("inf"))
         finished = True
+        seen: set[frozenset[str]] = set()
 
         def visit(position: int, chosen: list[str], cost: float) -> None:
             nonlocal best, best_key, finished
-            if cost > best_key[0] + 1e-9:
+            if budget_bytes is not None and cost > best_key[0] + 1e-9:
                 return
-            if self.evaluations >= limit:
+            key = frozenset(chosen)
+            if key not in self._cache and self.evaluations >= limit:
                 finished = False
                 return
+            seen.add(key)
             peak = self.peak(chosen)
-            if peak <= budget_bytes:
+            if budget_bytes is None:
+                if (peak, cost) < best_key:
+                    best, best_key = tuple(sorted(chosen)), (peak, cost)
+            elif peak <= budget_bytes:
+                # Among equally cheap plans the lower peak wins: the chosen plan's peak is
+                # then monotone in the budget.
                 if (cost, peak) < best_key:
                     best, best_key = tuple(sorted(chosen)), (cost, peak)
                 return
             for index in range(position, len(self.names)):
-                name = self.names[index]
-                chosen.append(name)
-                visit(self.subtree_end[index], chosen, cost + self.cost_ms[name])
+                unit = self.names[index]
+                chosen.append(unit)
+                # Skip the unit's node's other alternatives and its subtree.
+                visit(self.skip_to[index], chosen, cost + self.cost_ms[unit])
                 chosen.pop()
                 if not finished:
                     return
@@ -176,87 +217,26 @@ class Solver:
         visit(0, [], 0.0)
         return best, finished
 
-    def _neighbours(self, chosen: tuple[str, ...]) -> list[tuple[str, ...]]:
-        """Plans one move away: add a module (dropping its chosen descendants), replace a
-        chosen module by its candidate children, or drop a chosen module."""
-        moves = [self._with(chosen, name) for name in self._addable(chosen)]
-        for name in chosen:
-            rest = [n for n in chosen if n != name]
-            children = self.candidate_children.get(name, ())
-            if children:
-                moves.append(tuple(sorted(rest + list(children))))
-            moves.append(tuple(rest))
-        return moves
-
-    def lowest_peak(self, max_evaluations: int = 20_000) -> tuple[tuple[str, ...], int]:
-        """The plan with the lowest predicted peak: exact (every antichain) when there are at
-        most ``max_evaluations`` of them, else the best of a local search."""
-        exhaustive = self._lowest_peak_exhaustive(max_evaluations)
-        if exhaustive is not None:
-            return exhaustive
-        return self._lowest_peak_local()
-
-    def _lowest_peak_exhaustive(self, max_evaluations: int) -> tuple[tuple[str, ...], int] | None:
-        best: tuple[int, float, tuple[str, ...]] | None = None
-        budget = max_evaluations
-
-        def visit(position: int, chosen: list[str]) -> bool:
-            nonlocal best, budget
-            budget -= 1
-            if budget < 0:
-                return False
-            key = (self.peak(chosen), self.cost(chosen), tuple(sorted(chosen)))
-            if best is None or key[:2] < best[:2]:
-                best = key
-            for index in range(position, len(self.names)):
-                chosen.append(self.names[index])
-                complete = visit(self.subtree_end[index], chosen)
-                chosen.pop()
-                if not complete:
-                    return False
-            return True
-
-        if not visit(0, []):
-            return None
+    # -- answers -----------------------------------------------------------------------
+    def lowest_peak(self) -> tuple[tuple[str, ...], int]:
+        """The plan with the lowest predicted peak (ties: the cheapest)."""
+        best, finished = self._exhaustive(None, self.exhaustive_evaluations)
+        if not finished:
+            best = self._program().lowest_peak()
         assert best is not None
-        return best[2], best[0]
+        return best, self.peak(best)
 
-    def _lowest_peak_local(self) -> tuple[tuple[str, ...], int]:
-        """Descent over :meth:`_neighbours` from the empty plan, every block, and every
-        top-level candidate; the best end point."""
-        starts = [
-            (),
-            tuple(n for n in self.profile.block_names if n in self.cost_ms),
-            tuple(n for n in self.names if not any(_is_ancestor(a, n) for a in self.names)),
-        ]
-        best: tuple[int, tuple[str, ...]] | None = None
-        for start in starts:
-            chosen, peak = start, self.peak(start)
-            while True:
-                moves = self._neighbours(chosen)
-                if not moves:
-                    break
-                trial_peak, trial = min((self.peak(m), m) for m in moves)
-                if trial_peak >= peak:
-                    break
-                chosen, peak = trial, trial_peak
-            if best is None or (peak, self.cost(chosen)) < (best[0], self.cost(best[1])):
-                best = (peak, chosen)
-        assert best is not None
-        return best[1], best[0]
-
-    def solve(self, budget_bytes: int, max_evaluations: int = 20_000) -> Solution:
+    def solve(self, budget_bytes: int, max_evaluations: int | None = None) -> Solution:
+        """The cheapest plan whose predicted peak is within ``budget_bytes``."""
         start = self.evaluations
-        incumbent = self.greedy(budget_bytes)
-        if incumbent is None:
-            blocks = tuple(n for n in self.profile.block_names if n in self.cost_ms)
-            if blocks and self.peak(blocks) <= budget_bytes:
-                incumbent = self._prune(blocks, budget_bytes)
-        best, finished = self.branch_and_bound(budget_bytes, incumbent, max_evaluations)
+        limit = self.exhaustive_evaluations if max_evaluations is None else max_evaluations
+        best, proven = self._exhaustive(budget_bytes, limit)
+        if not proven:
+            best, proven = self._program().solve(budget_bytes)
         if best is None:
             names, lowest = self.lowest_peak()
-            if lowest <= budget_bytes:  # the cut-short search missed what local search found
-                best, finished = self._prune(names, budget_bytes), False
+            if lowest <= budget_bytes:  # cannot happen with a finished search; be safe
+                best, proven = names, False
         if best is None:
             raise InfeasibleBudgetError(
                 f"no checkpointing plan fits {format_bytes(budget_bytes)}: the smallest budget "
@@ -271,25 +251,260 @@ class Solver:
             module_names=best,
             predicted_peak_bytes=self.peak(best),
             recompute_ms=self.cost(best),
-            proven_optimal=finished,
+            proven_optimal=proven,
             evaluations=self.evaluations - start,
         )
 
+    def _program(self) -> _IntegerProgram:
+        if self._integer_program is None:
+            self._integer_program = _IntegerProgram(self)
+        return self._integer_program
 
-def _tree_key(name: str) -> tuple[object, ...]:
-    """Sort key that puts a module right before its descendants, numbered children in order."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in name.split("."))
+
+class _IntegerProgram:
+    """The lazy-constraint integer program of the module docstring."""
+
+    def __init__(self, solver: Solver) -> None:
+        self.solver = solver
+        memory = solver.memory
+        self.units = list(solver.names)
+        self.index = {unit: i for i, unit in enumerate(self.units)}
+        self.base = memory.memory_curve(())  # live bytes after each event (index 0: start)
+        # Per unit: intervals [start, end) of curve indices and the bytes they add (+) or
+        # remove (-) when the unit is checkpointed alone; and its recompute spikes.
+        self.intervals: list[list[tuple[int, int, int]]] = []
+        self.spikes: list[list[tuple[int, int]]] = []
+        storages = memory.timeline.storages
+        held: dict[int, set[int]] = {}
+        touched: list[set[int]] = []
+        for unit in self.units:
+            changes: list[tuple[int, int, int]] = []
+            spikes = []
+            storages_touched: set[int] = set()
+            for effect in memory.unit_effects(unit):
+                if effect.recompute_event < 0:
+                    continue
+                for storage, size, drop in effect.retained + effect.released_outputs:
+                    changes.append((drop + 1, effect.recompute_event + 1, -size))
+                    storages_touched.add(storage)
+                for storage in effect.input_storages:
+                    record = storages[storage]
+                    if effect.release_event > record.free_event:
+                        changes.append(
+                            (record.free_event + 1, effect.release_event + 1, record.size_bytes)
+                        )
+                        held.setdefault(storage, set()).add(self.index[unit])
+                        storages_touched.add(storage)
+                spikes.append((effect.recompute_event, effect.recompute_peak_bytes))
+            self.intervals.append(changes)
+            self.spikes.append(spikes)
+            touched.append(storages_touched)
+        # Units interact when one holds (as a checkpoint input) a storage another one also
+        # holds or drops: then the additive rows are not exact.
+        self.interacting = any(
+            len(holders) > 1
+            or any(
+                storage in touched[other]
+                for other in range(len(self.units))
+                if other not in holders
+            )
+            for storage, holders in held.items()
+        )
+        # One unit per path: a row per unit-tree leaf node.
+        nodes = sorted({solver.node_of[u] for u in self.units}, key=_tree_key)
+        leaves = [n for n in nodes if not any(_is_ancestor(n, m) and m != n for m in nodes)]
+        self.path_rows = []
+        for leaf in leaves:
+            row = np.zeros(len(self.units))
+            for i, unit in enumerate(self.units):
+                node = solver.node_of[unit]
+                if node == leaf or _is_ancestor(node, leaf):
+                    row[i] = 1.0
+            self.path_rows.append(row)
+        self.cost = np.array([solver.cost_ms[u] for u in self.units])
+        self.scale = float(self.base.max()) or 1.0
+
+    def _delta_at(self, point: int) -> np.ndarray:
+        """How each unit alone changes the live bytes at curve index ``point``."""
+        delta = np.zeros(len(self.units))
+        for i, changes in enumerate(self.intervals):
+            delta[i] = sum(size for start, end, size in changes if start <= point < end)
+        return delta
+
+    def _memory_row(self, point: int, budget: float) -> tuple[np.ndarray, float]:
+        return self._delta_at(point), budget - float(self.base[point])
+
+    def _spike_row(
+        self, unit: int, event: int, spike: int, budget: float
+    ) -> tuple[np.ndarray, float]:
+        # base(r) + sum_v delta_v(r) x_v + spike <= budget + M (1 - x_u)
+        # <=>  sum_v delta_v(r) x_v + M x_u <= budget - base(r) - spike + M
+        delta = self._delta_at(event)
+        big = max(
+            0.0, float(self.base[event]) + float(np.clip(delta, 0, None).sum()) + spike - budget
+        )
+        row = delta.copy()
+        row[unit] += big
+        return row, budget - float(self.base[event]) - spike + big
+
+    def _violation(self, chosen: Sequence[str], budget: float) -> tuple[str, int, int] | None:
+        """Where the exact replay of ``chosen`` exceeds ``budget`` the most, or None."""
+        memory = self.solver.memory
+        curve = memory.memory_curve(chosen)
+        worst_point = int(curve.argmax())
+        worst: tuple[float, tuple[str, int, int]] = (
+            float(curve[worst_point]),
+            ("point", worst_point, -1),
+        )
+        for unit in chosen:
+            for event, spike in self.spikes[self.index[unit]]:
+                value = float(curve[event]) + spike
+                if value > worst[0]:
+                    worst = (value, ("spike", event, self.index[unit]))
+        return worst[1] if worst[0] > budget else None
+
+    def _milp(
+        self,
+        objective: np.ndarray,
+        rows: list[np.ndarray],
+        upper: list[float],
+        integrality: np.ndarray,
+    ) -> np.ndarray | None:
+        from scipy.optimize import LinearConstraint, milp
+
+        constraints = [LinearConstraint(np.array(rows), -np.inf, np.array(upper))] if rows else []
+        bounds_low = np.zeros(len(objective))
+        bounds_high = np.ones(len(objective))
+        if len(objective) > len(self.units):  # the peak variable of lowest_peak
+            bounds_high[-1] = np.inf
+        from scipy.optimize import Bounds
+
+        result = milp(
+            objective,
+            constraints=constraints,
+            integrality=integrality,
+            bounds=Bounds(bounds_low, bounds_high),
+            options={"mip_rel_gap": 0.0, "time_limit": 60},
+        )
+        if result.x is None:
+            return None
+        return np.asarray(result.x)
+
+    def solve(self, budget_bytes: int) -> tuple[tuple[str, ...] | None, bool]:
+        budget = float(budget_bytes)
+        count = len(self.units)
+        rows = list(self.path_rows)
+        upper = [1.0] * len(rows)
+        added: set[tuple[str, int, int]] = set()
+        first = self._violation((), budget)
+        if first is None:
+            return (), True
+        self._add(first, budget, rows, upper, added, count)
+        interacted = False
+        for _ in range(500):
+            x = self._milp(self.cost, rows, upper, np.ones(count))
+            if x is None:
+                return None, not interacted
+            chosen = tuple(sorted(u for u, value in zip(self.units, x, strict=True) if value > 0.5))
+            violation = self._violation(chosen, budget)
+            if violation is None:
+                return chosen, not (interacted or self.interacting)
+            if violation in added:
+                interacted = True  # additive rows hold but the replay does not: cut this plan
+                row = np.zeros(count)
+                for unit in chosen:
+                    row[self.index[unit]] = 1.0
+                rows.append(row)
+                upper.append(len(chosen) - 1.0)
+            else:
+                self._add(violation, budget, rows, upper, added, count)
+        logger.warning("integer program did not converge; no plan returned")
+        return None, False
+
+    def _add(
+        self,
+        violation: tuple[str, int, int],
+        budget: float,
+        rows: list[np.ndarray],
+        upper: list[float],
+        added: set[tuple[str, int, int]],
+        count: int,
+    ) -> None:
+        kind, point, unit = violation
+        added.add(violation)
+        if kind == "point":
+            row, bound = self._memory_row(point, budget)
+        else:
+            event = point
+            spike = dict(self.spikes[unit])[event]
+            row, bound = self._spike_row(unit, event, spike, budget)
+        # Memory rows in units of the unplanned peak, so HiGHS's tolerances are relative.
+        rows.append(row[:count] / self.scale)
+        upper.append(bound / self.scale)
+
+    def lowest_peak(self) -> tuple[str, ...]:
+        """Minimise the peak: variables x and z; z >= each lazily added memory/spike row.
+
+        Each round solves for the lowest ``z``, replays the answer exactly and adds the row
+        where the replay exceeds ``z``. It stops when the replay equals ``z`` (with no
+        interacting units, the lowest peak) or when ``z`` reaches the best replay found.
+        A plan whose replay exceeds a row already added (interacting units) is cut off by a
+        no-good row; its exact peak is already counted in the best found.
+        """
+        count = len(self.units)
+        scale = self.scale
+        # Objective: the peak (in units of the unplanned peak), plus a tiny cost term that
+        # prefers the cheaper of two plans with the same peak.
+        objective = np.concatenate([self.cost / (self.cost.sum() + 1.0) * 1e-9, [1.0]])
+        integrality = np.concatenate([np.ones(count), [0]])
+        rows = [np.concatenate([row, [0.0]]) for row in self.path_rows]
+        upper = [1.0] * len(rows)
+        added: set[tuple[str, int, int]] = set()
+        best: tuple[int, tuple[str, ...]] = (self.solver.peak(()), ())
+        violation: tuple[str, int, int] = ("point", int(self.base.argmax()), -1)
+        chosen: tuple[str, ...] = ()
+        for _ in range(200):
+            if violation in added:
+                row = np.zeros(count + 1)
+                for name in chosen:
+                    row[self.index[name]] = 1.0
+                rows.append(row)
+                upper.append(len(chosen) - 1.0)
+            else:
+                added.add(violation)
+                kind, point, unit = violation
+                if kind == "point":
+                    delta, bound = self._memory_row(point, 0.0)  # delta.x - z <= -base(t)
+                else:
+                    delta, bound = self._spike_row(unit, point, dict(self.spikes[unit])[point], 0.0)
+                rows.append(np.concatenate([delta / scale, [-1.0]]))
+                upper.append(bound / scale)
+            x = self._milp(objective, rows, upper, integrality)
+            if x is None:
+                break
+            chosen = tuple(u for u, value in zip(self.units, x[:count], strict=True) if value > 0.5)
+            lower = float(x[-1]) * scale
+            peak = self.solver.peak(chosen)
+            if peak < best[0]:
+                best = (peak, chosen)
+            if best[0] <= lower + 0.5:
+                break
+            found = self._violation(chosen, lower + 0.5)
+            violation = found if found is not None else ("point", -1, -1)
+            if found is None:  # replay within z yet above the best: cannot happen; be safe
+                break
+        return tuple(sorted(best[1]))
 
 
-def solve(profile: Profile, budget_bytes: int, max_evaluations: int = 20_000) -> Solution:
+def solve(profile: Profile, budget_bytes: int, max_evaluations: int | None = None) -> Solution:
     """The cheapest plan (least recompute time) whose predicted peak is within the budget.
 
-    Raises :class:`InfeasibleBudgetError` (with the smallest budget found to fit) when no
-    plan fits.
+    Raises :class:`InfeasibleBudgetError` (with the smallest budget that fits) when no plan
+    fits.
     """
     return Solver(profile).solve(budget_bytes, max_evaluations)
 
 
 def lowest_peak(profile: Profile) -> int:
-    """The lowest predicted peak of any plan the solver finds (the smallest usable budget)."""
+    """The lowest predicted peak of any plan (the smallest usable budget)."""
     return Solver(profile).lowest_peak()[1]

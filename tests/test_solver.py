@@ -450,6 +450,30 @@ def test_search_cut_short_does_not_declare_a_feasible_budget_infeasible() -> Non
     profile = random_profile(43)
     lowest = min(peak for _, peak, _ in _brute_force(profile))
     assert solve(profile, lowest).proven_optimal  # default search: finished
+    # Cut the exhaustive search short: the integer program must still find the optimum.
     solution = solve(profile, lowest, max_evaluations=1)
     assert solution.predicted_peak_bytes <= lowest
-    assert not solution.proven_optimal
+    assert solution.recompute_ms == solve(profile, lowest).recompute_ms
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_integer_program_matches_brute_force(seed: int) -> None:
+    """Force the large-tree path (no exhaustive search) on small trees we can enumerate."""
+    profile = random_profile(seed)
+    plans = _brute_force(profile)
+    solver = Solver(profile, exhaustive_evaluations=0)
+    lowest_names, lowest = solver.lowest_peak()
+    exact = not solver._program().interacting
+    true_lowest = min(peak for _, peak, _ in plans)
+    assert lowest == true_lowest if exact else lowest >= true_lowest
+    _assert_antichain(lowest_names)
+    peaks = sorted({peak for _, peak, _ in plans})
+    for budget in peaks[:: max(1, len(peaks) // 6)]:
+        best = min(cost for cost, peak, _ in plans if peak <= budget)
+        solution = solver.solve(budget)
+        assert solution.predicted_peak_bytes <= budget
+        _assert_antichain(solution.module_names)
+        if solution.proven_optimal:
+            assert solution.recompute_ms == pytest.approx(best)
+        else:  # interacting units: a feasible plan, possibly dearer
+            assert solution.recompute_ms >= best - 1e-9
