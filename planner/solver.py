@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.errors import InfeasibleBudgetError
-from planner.memory_model import MemoryModel, parse_unit, sequential_segments
+from planner.memory_model import MemoryModel, sequential_segments
 from planner.records import Profile
 from planner.units import format_bytes
 
