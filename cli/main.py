@@ -208,11 +208,10 @@ def profile(
 
             if not torch.cuda.is_available():
                 _fail("--device cuda: no CUDA device is available here; use --device cpu", 2)
-        from planner.fileio import atomic_path
         from planner.pipeline import profile_and_plan
         from planner.plan import save_plan
         from planner.profile_io import save_profile, save_profile_table
-        from planner.report import memory_timeline_figure
+        from planner.report import write_report
 
         with _progress() as progress:
             result = profile_and_plan(
@@ -225,14 +224,168 @@ def profile(
             save_profile(result.profile, plan_path.parent / "profile.json"),
             save_profile_table(result.profile, plan_path.parent / "profile.csv"),
         ]
-        chart_path = charts / "memory_timeline.png"
-        with atomic_path(chart_path) as temp_path:
-            memory_timeline_figure(result.profile, result.plan).savefig(
-                temp_path, dpi=120, format="png"
-            )
-        wrote.append(chart_path)
+        # The check ran the unplanned step too: its peak is a measured point on the charts.
+        measured = {"none": result.check.unplanned_peak_bytes} if result.check else {}
+        wrote += write_report(result.profile, result.plan, charts, measured=measured)
         wrote.append(save_plan(result.plan, plan_path))  # last: a plan file means a complete run
         _print_plan_summary(result, wrote)
+
+
+@app.command()
+def report(
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="A plan.json (its profile.json is read from beside it) or a profile.json, "
+            "both written by `ckpt-plan profile`.",
+            show_default=False,
+            metavar="PLAN_OR_PROFILE.json",
+        ),
+    ],
+    profile_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--profile",
+            help="The profile the plan was made from, if not profile.json beside the plan.",
+            show_default="profile.json beside the plan",
+        ),
+    ] = None,
+    budget: Annotated[
+        str | None,
+        typer.Option(
+            "--budget",
+            "-b",
+            help="Only with a profile: plan for this budget (solved, not run), e.g. 800MiB. "
+            "Without it a profile is reported as it is, with no plan.",
+            show_default=False,
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out-dir",
+            "-o",
+            help="Folder for the charts and summary.md.",
+            show_default="reports/<model name>/",
+        ),
+    ] = None,
+    svg: Annotated[bool, typer.Option("--svg", help="Also write the charts as SVG.")] = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Write the charts (trade-off, modules, memory timeline) and summary.md for a plan or a
+    profile, without profiling again."""
+    _configure_logging(verbose)
+    budget_bytes = _budget(budget) if budget is not None else None
+    with _errors_to_exit_codes(verbose):
+        from planner.report import load_report_inputs, write_report
+
+        loaded, plan = load_report_inputs(
+            source, profile_path=profile_path, budget_bytes=budget_bytes
+        )
+        folder = out_dir or Path("reports") / loaded.model_name
+        with _progress() as progress:
+            progress("solving budgets for the trade-off curve and drawing", 0, 0)
+            wrote = write_report(loaded, plan, folder, formats=("png", "svg") if svg else ("png",))
+        for path in wrote:
+            stdout.print(f"wrote {path}")
+
+
+ProfileArgument = Annotated[
+    Path,
+    typer.Argument(
+        help="A profile.json written by `ckpt-plan profile` (beside its plan).",
+        show_default=False,
+        metavar="PROFILE.json",
+    ),
+]
+
+
+@app.command()
+def solve(
+    profile_path: ProfileArgument,
+    budget: BudgetOption,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Where to write the plan JSON.",
+            show_default="plan.json beside the profile",
+        ),
+    ] = None,
+    check: Annotated[
+        Path | None,
+        typer.Option(help="Also check the plan by running this model file (as `profile` does)."),
+    ] = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Re-plan for another BUDGET from a saved profile, without profiling again."""
+    _configure_logging(verbose)
+    budget_bytes = _budget(budget)
+    with _errors_to_exit_codes(verbose):
+        from planner.pipeline import plan_checked
+        from planner.plan import save_plan
+        from planner.profile_io import load_profile
+
+        loaded = load_profile(profile_path)
+        with _progress() as progress:
+            result = plan_checked(
+                loaded, budget_bytes, model_path=check, device=loaded.device, progress=progress
+            )
+        plan_path = out or profile_path.parent / "plan.json"
+        _print_plan_summary(result, [save_plan(result.plan, plan_path)])
+
+
+@app.command()
+def tradeoff(
+    profile_path: ProfileArgument,
+    points: Annotated[int, typer.Option(min=2, max=1000, help="How many budgets to solve.")] = 50,
+    csv: Annotated[
+        Path | None, typer.Option(help="Also write the frontier as CSV to this path.")
+    ] = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """The memory/time frontier: the cheapest plan at POINTS budgets from the smallest
+    that fits to the unplanned peak, and the usual baselines for comparison."""
+    _configure_logging(verbose)
+    with _errors_to_exit_codes(verbose):
+        import time
+
+        import pandas as pd
+
+        from planner.fileio import atomic_path
+        from planner.planning import baseline_plans, frontier
+        from planner.profile_io import load_profile
+
+        loaded = load_profile(profile_path)
+        started = time.perf_counter()
+        with _progress() as progress:
+            progress(f"solving {points} budgets", 0, points)
+            plans = frontier(loaded, points)
+        seconds = time.perf_counter() - started
+        rows = [
+            {
+                "strategy": plan.strategy,
+                "budget_mib": round(plan.budget_bytes / 2**20, 2) if plan.budget_bytes else "-",
+                "predicted_peak_mib": round(plan.predicted_peak_bytes / 2**20, 2),
+                "recompute_ms": round(plan.recompute_ms, 2),
+                "overhead_pct": round(100 * plan.predicted_overhead, 1),
+                "units": len(plan.modules),
+            }
+            for plan in [*baseline_plans(loaded).values(), *plans]
+        ]
+        frame = pd.DataFrame(rows)
+        table = Table(title=f"memory/time trade-off of {loaded.model_name}", title_justify="left")
+        for column in frame.columns:
+            table.add_column(column, justify="left" if column == "strategy" else "right")
+        for row in frame.itertuples(index=False):
+            table.add_row(*map(str, row))
+        stdout.print(table)
+        stdout.print(f"solved {len(plans)} budgets in {seconds:.2f} s")
+        if csv is not None:
+            with atomic_path(csv) as temp_path:
+                frame.to_csv(temp_path, index=False)
+            stdout.print(f"wrote {csv}")
 
 
 @app.callback()

@@ -126,6 +126,34 @@ class Solver:
         self.evaluations = 0
         self._cache: dict[frozenset[str], int] = {}
         self._integer_program: _IntegerProgram | None = None
+        self.plan_count = self._count_plans()
+
+    def _count_plans(self) -> float:
+        """How many plans there are (antichains of units): per node, its own units plus
+        the product over its nearest unit-bearing descendants; a product over the roots."""
+        nodes = sorted(set(self.node_of.values()), key=_tree_key)
+        options = {node: sum(1 for u in self.names if self.node_of[u] == node) for node in nodes}
+        count: dict[str, float] = {}
+        for node in reversed(nodes):  # children before parents
+            children = [
+                other
+                for other in nodes
+                if _is_ancestor(node, other)
+                and other != node
+                and not any(
+                    _is_ancestor(m, other) and _is_ancestor(node, m) and m not in (node, other)
+                    for m in nodes
+                )
+            ]
+            product = 1.0
+            for child in children:
+                product *= count[child]
+            count[node] = options[node] + product
+        total = 1.0
+        for node in nodes:
+            if not any(_is_ancestor(other, node) and other != node for other in nodes):
+                total *= count[node]
+        return total
 
     def _sequential_units(self, name: str) -> list[tuple[str, float]]:
         """``name#k`` units for each distinct segmentation of a Sequential's children."""
@@ -220,7 +248,9 @@ class Solver:
     # -- answers -----------------------------------------------------------------------
     def lowest_peak(self) -> tuple[tuple[str, ...], int]:
         """The plan with the lowest predicted peak (ties: the cheapest)."""
-        best, finished = self._exhaustive(None, self.exhaustive_evaluations)
+        best, finished = None, False
+        if self.plan_count <= self.exhaustive_evaluations:
+            best, finished = self._exhaustive(None, self.exhaustive_evaluations)
         if not finished:
             best = self._program().lowest_peak()
         assert best is not None
@@ -230,7 +260,9 @@ class Solver:
         """The cheapest plan whose predicted peak is within ``budget_bytes``."""
         start = self.evaluations
         limit = self.exhaustive_evaluations if max_evaluations is None else max_evaluations
-        best, proven = self._exhaustive(budget_bytes, limit)
+        best, proven = None, False
+        if self.plan_count <= limit:
+            best, proven = self._exhaustive(budget_bytes, limit)
         if not proven:
             best, proven = self._program().solve(budget_bytes)
         if best is None:
@@ -321,8 +353,14 @@ class _IntegerProgram:
                 if node == leaf or _is_ancestor(node, leaf):
                     row[i] = 1.0
             self.path_rows.append(row)
-        self.cost = np.array([solver.cost_ms[u] for u in self.units])
+        # Costs in whole 10-microsecond units: an integral objective lets HiGHS round its
+        # bounds, which closes the tiny gaps between near-identical blocks quickly. The
+        # answer is exact at that resolution, far below the timing noise of a profile.
+        self.cost = np.round(np.array([solver.cost_ms[u] for u in self.units]) * 100.0)
         self.scale = float(self.base.max()) or 1.0
+        self.rounds = 0
+        self.time_limit_s = 20.0
+        self.timed_out = False
 
     def _delta_at(self, point: int) -> np.ndarray:
         """How each unit alone changes the live bytes at curve index ``point``."""
@@ -384,8 +422,11 @@ class _IntegerProgram:
             constraints=constraints,
             integrality=integrality,
             bounds=Bounds(bounds_low, bounds_high),
-            options={"mip_rel_gap": 0.0, "time_limit": 60},
+            options={"mip_rel_gap": 0.0, "time_limit": self.time_limit_s},
         )
+        self.rounds += 1
+        if result.status == 1:  # time limit: the answer (if any) is not proven optimal
+            self.timed_out = True
         if result.x is None:
             return None
         return np.asarray(result.x)
@@ -401,6 +442,7 @@ class _IntegerProgram:
             return (), True
         self._add(first, budget, rows, upper, added, count)
         interacted = False
+        self.timed_out = False
         for _ in range(500):
             x = self._milp(self.cost, rows, upper, np.ones(count))
             if x is None:
@@ -408,7 +450,7 @@ class _IntegerProgram:
             chosen = tuple(sorted(u for u, value in zip(self.units, x, strict=True) if value > 0.5))
             violation = self._violation(chosen, budget)
             if violation is None:
-                return chosen, not (interacted or self.interacting)
+                return chosen, not (interacted or self.interacting or self.timed_out)
             if violation in added:
                 interacted = True  # additive rows hold but the replay does not: cut this plan
                 row = np.zeros(count)
