@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck pytest clean
+.PHONY: setup demo test lint typecheck pytest bench clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml Makefile
 
 demo: setup
 	$(BIN)/ckpt-plan profile examples/gpt.py --budget 80MiB
+
+bench: setup
+	$(BIN)/python benchmarks/bench.py
 
 lint: setup
 	$(BIN)/ruff check planner cli tests examples benchmarks
