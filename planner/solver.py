@@ -294,7 +294,20 @@ class Solver:
 
 
 class _IntegerProgram:
-    """The lazy-constraint integer program of the module docstring."""
+    """The lazy-constraint integer program of the module docstring.
+
+    Columns are the unit variables ``x_u`` (binary), then helper columns made as rows need
+    them, which keep the rows exact where units interact through one storage:
+
+    * ``OR(V)`` for a storage several chosen checkpoints hold as an input: it stays alive
+      while any of them holds it, so it counts once (``OR >= x_v`` for each ``v`` in V);
+    * ``AND(u, OR(V))`` for a storage unit ``u`` would drop, whose drop a checkpoint in V
+      delays by holding it (``AND >= x_u + OR - 1``).
+
+    Both appear only with positive coefficients in ``<=`` rows, so at an optimum they take
+    their least feasible values: exactly the OR and the AND. The rows then equal the exact
+    replay of :class:`~planner.memory_model.MemoryModel` at every event they cover.
+    """
 
     def __init__(self, solver: Solver) -> None:
         self.solver = solver
@@ -302,57 +315,62 @@ class _IntegerProgram:
         self.units = list(solver.names)
         self.index = {unit: i for i, unit in enumerate(self.units)}
         self.base = memory.memory_curve(())  # live bytes after each event (index 0: start)
-        # Per unit: intervals [start, end) of curve indices and the bytes they add (+) or
-        # remove (-) when the unit is checkpointed alone; and its recompute spikes.
-        self.intervals: list[list[tuple[int, int, int]]] = []
-        self.spikes: list[list[tuple[int, int]]] = []
         storages = memory.timeline.storages
-        held: dict[int, set[int]] = {}
-        touched: list[set[int]] = []
-        for unit in self.units:
-            changes: list[tuple[int, int, int]] = []
+        # Per storage: the unit that would drop it [start, end) and the units holding it as
+        # a checkpoint input until curve index ``until``. All in curve indices.
+        # (A storage made inside a child is dropped by the child and by its parent: one
+        # entry per unit; the two are never chosen together.)
+        gaps: dict[int, list[tuple[int, int, int]]] = {}
+        holders: dict[int, list[tuple[int, int]]] = {}
+        self.spikes: list[list[tuple[int, int]]] = []
+        for unit_index, unit in enumerate(self.units):
             spikes = []
-            storages_touched: set[int] = set()
             for effect in memory.unit_effects(unit):
                 if effect.recompute_event < 0:
                     continue
-                for storage, size, drop in effect.retained + effect.released_outputs:
-                    changes.append((drop + 1, effect.recompute_event + 1, -size))
-                    storages_touched.add(storage)
+                for storage, _size, drop in effect.retained + effect.released_outputs:
+                    gaps.setdefault(storage, []).append(
+                        (unit_index, drop + 1, effect.recompute_event + 1)
+                    )
                 for storage in effect.input_storages:
-                    record = storages[storage]
-                    if effect.release_event > record.free_event:
-                        changes.append(
-                            (record.free_event + 1, effect.release_event + 1, record.size_bytes)
-                        )
-                        held.setdefault(storage, set()).add(self.index[unit])
-                        storages_touched.add(storage)
+                    holders.setdefault(storage, []).append((unit_index, effect.release_event + 1))
                 spikes.append((effect.recompute_event, effect.recompute_peak_bytes))
-            self.intervals.append(changes)
             self.spikes.append(spikes)
-            touched.append(storages_touched)
-        # Units interact when one holds (as a checkpoint input) a storage another one also
-        # holds or drops: then the additive rows are not exact.
-        self.interacting = any(
-            len(holders) > 1
-            or any(
-                storage in touched[other]
-                for other in range(len(self.units))
-                if other not in holders
-            )
-            for storage, holders in held.items()
-        )
+        # Plain (additive) intervals: (unit, start, end, bytes) in numpy arrays for speed.
+        plain: list[tuple[int, int, int, int]] = []
+        self.coupled: list[tuple[int, int, tuple[int, int, int] | None, list[tuple[int, int]]]] = []
+        for storage in gaps.keys() | holders.keys():
+            size = storages[storage].size_bytes
+            held = holders.get(storage, [])
+            for owner, start, end in gaps.get(storage, ()):
+                delaying = [(v, until) for v, until in held if until > start]
+                if delaying:
+                    self.coupled.append((storage, size, (owner, start, end), delaying))
+                else:
+                    plain.append((owner, start, end, -size))
+            # Holders extend its life past its free. (A unit that would drop it is then
+            # never chosen with them: it contains them, or its drop starts after they let go.)
+            if held:
+                free = storages[storage].free_event + 1
+                extending = [(v, until) for v, until in held if until > free]
+                if len(extending) == 1:
+                    plain.append((extending[0][0], free, extending[0][1], size))
+                elif extending:
+                    self.coupled.append((storage, size, None, extending))
+        self.plain = np.array(plain, dtype=np.int64).reshape(-1, 4)
+        self.free_of = {storage: storages[storage].free_event + 1 for storage in holders}
         # One unit per path: a row per unit-tree leaf node.
         nodes = sorted({solver.node_of[u] for u in self.units}, key=_tree_key)
         leaves = [n for n in nodes if not any(_is_ancestor(n, m) and m != n for m in nodes)]
-        self.path_rows = []
+        self.path_rows: list[dict[int, float]] = []
         for leaf in leaves:
-            row = np.zeros(len(self.units))
-            for i, unit in enumerate(self.units):
-                node = solver.node_of[unit]
-                if node == leaf or _is_ancestor(node, leaf):
-                    row[i] = 1.0
-            self.path_rows.append(row)
+            self.path_rows.append(
+                {
+                    i: 1.0
+                    for i, unit in enumerate(self.units)
+                    if solver.node_of[unit] == leaf or _is_ancestor(solver.node_of[unit], leaf)
+                }
+            )
         # Costs in whole 10-microsecond units: an integral objective lets HiGHS round its
         # bounds, which closes the tiny gaps between near-identical blocks quickly. The
         # answer is exact at that resolution, far below the timing noise of a profile.
@@ -361,34 +379,74 @@ class _IntegerProgram:
         self.rounds = 0
         self.time_limit_s = 20.0
         self.timed_out = False
+        self.interacting = False  # kept for callers; the rows are exact
+        # Helper columns: key -> column index, and the linking rows they need.
+        self.helpers: dict[tuple[object, ...], int] = {}
+        self.link_rows: list[tuple[dict[int, float], float]] = []
 
-    def _delta_at(self, point: int) -> np.ndarray:
-        """How each unit alone changes the live bytes at curve index ``point``."""
-        delta = np.zeros(len(self.units))
-        for i, changes in enumerate(self.intervals):
-            delta[i] = sum(size for start, end, size in changes if start <= point < end)
-        return delta
+    # -- rows ----------------------------------------------------------------------------
+    def _or(self, members: list[int]) -> int:
+        if len(members) == 1:
+            return members[0]
+        key = ("or", *sorted(members))
+        column = self.helpers.get(key)
+        if column is None:
+            column = self.helpers[key] = len(self.units) + len(self.helpers)
+            for member in members:  # OR >= x_member
+                self.link_rows.append(({member: 1.0, column: -1.0}, 0.0))
+        return column
 
-    def _memory_row(self, point: int, budget: float) -> tuple[np.ndarray, float]:
+    def _and(self, owner: int, other: int) -> int:
+        key = ("and", owner, other)
+        column = self.helpers.get(key)
+        if column is None:
+            column = self.helpers[key] = len(self.units) + len(self.helpers)
+            # AND >= x_owner + other - 1
+            self.link_rows.append(({owner: 1.0, other: 1.0, column: -1.0}, 1.0))
+        return column
+
+    def _delta_at(self, point: int) -> dict[int, float]:
+        """How the chosen plan changes the live bytes at curve index ``point``, as
+        coefficients over unit and helper columns (exact, see the class docstring)."""
+        row: dict[int, float] = {}
+        if len(self.plain):
+            units, starts, ends, sizes = self.plain.T
+            mask = (starts <= point) & (point < ends)
+            for unit, size in zip(units[mask].tolist(), sizes[mask].tolist(), strict=True):
+                row[unit] = row.get(unit, 0.0) + size
+        for storage, size, gap, held in self.coupled:
+            active = [v for v, until in held if point < until]
+            if gap is not None:
+                owner, start, end = gap
+                if start <= point < end:
+                    row[owner] = row.get(owner, 0.0) - size
+                    if active:
+                        column = self._and(owner, self._or(active))
+                        row[column] = row.get(column, 0.0) + size
+            elif point >= self.free_of[storage] and active:
+                column = self._or(active)
+                row[column] = row.get(column, 0.0) + size
+        return row
+
+    def _memory_row(self, point: int, budget: float) -> tuple[dict[int, float], float]:
         return self._delta_at(point), budget - float(self.base[point])
 
     def _spike_row(
         self, unit: int, event: int, spike: int, budget: float
-    ) -> tuple[np.ndarray, float]:
-        # base(r) + sum_v delta_v(r) x_v + spike <= budget + M (1 - x_u)
-        # <=>  sum_v delta_v(r) x_v + M x_u <= budget - base(r) - spike + M
-        delta = self._delta_at(event)
+    ) -> tuple[dict[int, float], float]:
+        # base(r) + delta(r).x + spike <= budget + M (1 - x_u)
+        # <=>  delta(r).x + M x_u <= budget - base(r) - spike + M
+        row = self._delta_at(event)
         big = max(
-            0.0, float(self.base[event]) + float(np.clip(delta, 0, None).sum()) + spike - budget
+            0.0,
+            float(self.base[event]) + sum(c for c in row.values() if c > 0) + spike - budget,
         )
-        row = delta.copy()
-        row[unit] += big
+        row[unit] = row.get(unit, 0.0) + big
         return row, budget - float(self.base[event]) - spike + big
 
     def _violation(self, chosen: Sequence[str], budget: float) -> tuple[str, int, int] | None:
         """Where the exact replay of ``chosen`` exceeds ``budget`` the most, or None."""
-        memory = self.solver.memory
-        curve = memory.memory_curve(chosen)
+        curve = self.solver.memory.memory_curve(chosen)
         worst_point = int(curve.argmax())
         worst: tuple[float, tuple[str, int, int]] = (
             float(curve[worst_point]),
@@ -401,27 +459,53 @@ class _IntegerProgram:
                     worst = (value, ("spike", event, self.index[unit]))
         return worst[1] if worst[0] > budget else None
 
+    def _row_for(
+        self, violation: tuple[str, int, int], budget: float
+    ) -> tuple[dict[int, float], float]:
+        kind, point, unit = violation
+        if kind == "point":
+            return self._memory_row(point, budget)
+        return self._spike_row(unit, point, dict(self.spikes[unit])[point], budget)
+
+    # -- solving -------------------------------------------------------------------------
     def _milp(
         self,
         objective: np.ndarray,
-        rows: list[np.ndarray],
-        upper: list[float],
-        integrality: np.ndarray,
+        rows: list[tuple[dict[int, float], float]],
+        *,
+        peak_column: bool = False,
     ) -> np.ndarray | None:
-        from scipy.optimize import LinearConstraint, milp
+        """Solve with the given rows (plus path and helper-link rows). Columns: units,
+        helpers, then the peak variable when ``peak_column``."""
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_array
 
-        constraints = [LinearConstraint(np.array(rows), -np.inf, np.array(upper))] if rows else []
-        bounds_low = np.zeros(len(objective))
-        bounds_high = np.ones(len(objective))
-        if len(objective) > len(self.units):  # the peak variable of lowest_peak
-            bounds_high[-1] = np.inf
-        from scipy.optimize import Bounds
-
+        helpers = len(self.helpers)
+        count = len(self.units) + helpers + (1 if peak_column else 0)
+        all_rows = [(row, 1.0) for row in self.path_rows] + self.link_rows + rows
+        data, row_index, column_index, upper = [], [], [], []
+        for number, (row, bound) in enumerate(all_rows):
+            for column, value in row.items():
+                if value:
+                    row_index.append(number)
+                    column_index.append(column)
+                    data.append(value)
+            upper.append(bound)
+        matrix = coo_array((data, (row_index, column_index)), shape=(len(all_rows), count)).tocsr()
+        full_objective = np.zeros(count)
+        full_objective[: len(self.units)] = objective[: len(self.units)]
+        if peak_column:
+            full_objective[-1] = objective[-1]
+        integrality = np.zeros(count)
+        integrality[: len(self.units)] = 1
+        high = np.ones(count)
+        if peak_column:
+            high[-1] = np.inf
         result = milp(
-            objective,
-            constraints=constraints,
+            full_objective,
+            constraints=[LinearConstraint(matrix, -np.inf, np.array(upper))],
             integrality=integrality,
-            bounds=Bounds(bounds_low, bounds_high),
+            bounds=Bounds(np.zeros(count), high),
             options={"mip_rel_gap": 0.0, "time_limit": self.time_limit_s},
         )
         self.rounds += 1
@@ -431,111 +515,80 @@ class _IntegerProgram:
             return None
         return np.asarray(result.x)
 
+    def _chosen(self, x: np.ndarray) -> tuple[str, ...]:
+        return tuple(sorted(u for u, value in zip(self.units, x, strict=False) if value > 0.5))
+
+    def _scaled(self, row: dict[int, float], bound: float) -> tuple[dict[int, float], float]:
+        # Memory rows in units of the unplanned peak, so HiGHS's tolerances are relative.
+        return {c: v / self.scale for c, v in row.items()}, bound / self.scale
+
     def solve(self, budget_bytes: int) -> tuple[tuple[str, ...] | None, bool]:
         budget = float(budget_bytes)
-        count = len(self.units)
-        rows = list(self.path_rows)
-        upper = [1.0] * len(rows)
+        rows: list[tuple[dict[int, float], float]] = []
         added: set[tuple[str, int, int]] = set()
-        first = self._violation((), budget)
-        if first is None:
+        violation = self._violation((), budget)
+        if violation is None:
             return (), True
-        self._add(first, budget, rows, upper, added, count)
-        interacted = False
         self.timed_out = False
+        exact = True
+        chosen: tuple[str, ...] = ()
         for _ in range(500):
-            x = self._milp(self.cost, rows, upper, np.ones(count))
+            if violation in added:
+                # Cannot happen with exact rows; kept as a safety net: cut off this plan.
+                exact = False
+                rows.append(({self.index[u]: 1.0 for u in chosen}, len(chosen) - 1.0))
+            else:
+                added.add(violation)
+                rows.append(self._scaled(*self._row_for(violation, budget)))
+            x = self._milp(self.cost, rows)
             if x is None:
-                return None, not interacted
-            chosen = tuple(sorted(u for u, value in zip(self.units, x, strict=True) if value > 0.5))
+                return None, exact and not self.timed_out
+            chosen = self._chosen(x)
             violation = self._violation(chosen, budget)
             if violation is None:
-                return chosen, not (interacted or self.interacting or self.timed_out)
-            if violation in added:
-                interacted = True  # additive rows hold but the replay does not: cut this plan
-                row = np.zeros(count)
-                for unit in chosen:
-                    row[self.index[unit]] = 1.0
-                rows.append(row)
-                upper.append(len(chosen) - 1.0)
-            else:
-                self._add(violation, budget, rows, upper, added, count)
+                return chosen, exact and not self.timed_out
         logger.warning("integer program did not converge; no plan returned")
         return None, False
 
-    def _add(
-        self,
-        violation: tuple[str, int, int],
-        budget: float,
-        rows: list[np.ndarray],
-        upper: list[float],
-        added: set[tuple[str, int, int]],
-        count: int,
-    ) -> None:
-        kind, point, unit = violation
-        added.add(violation)
-        if kind == "point":
-            row, bound = self._memory_row(point, budget)
-        else:
-            event = point
-            spike = dict(self.spikes[unit])[event]
-            row, bound = self._spike_row(unit, event, spike, budget)
-        # Memory rows in units of the unplanned peak, so HiGHS's tolerances are relative.
-        rows.append(row[:count] / self.scale)
-        upper.append(bound / self.scale)
-
     def lowest_peak(self) -> tuple[str, ...]:
-        """Minimise the peak: variables x and z; z >= each lazily added memory/spike row.
+        """Minimise the peak: a column z with z >= each lazily added memory/spike row.
 
         Each round solves for the lowest ``z``, replays the answer exactly and adds the row
-        where the replay exceeds ``z``. It stops when the replay equals ``z`` (with no
-        interacting units, the lowest peak) or when ``z`` reaches the best replay found.
-        A plan whose replay exceeds a row already added (interacting units) is cut off by a
-        no-good row; its exact peak is already counted in the best found.
+        where the replay exceeds ``z``; it stops when the replay equals ``z``.
         """
         count = len(self.units)
-        scale = self.scale
         # Objective: the peak (in units of the unplanned peak), plus a tiny cost term that
         # prefers the cheaper of two plans with the same peak.
         objective = np.concatenate([self.cost / (self.cost.sum() + 1.0) * 1e-9, [1.0]])
-        integrality = np.concatenate([np.ones(count), [0]])
-        rows = [np.concatenate([row, [0.0]]) for row in self.path_rows]
-        upper = [1.0] * len(rows)
+        peak_rows: list[tuple[dict[int, float], float]] = []  # delta.x - z <= -base
+        cuts: list[tuple[dict[int, float], float]] = []
         added: set[tuple[str, int, int]] = set()
         best: tuple[int, tuple[str, ...]] = (self.solver.peak(()), ())
-        violation: tuple[str, int, int] = ("point", int(self.base.argmax()), -1)
+        violation: tuple[str, int, int] | None = ("point", int(self.base.argmax()), -1)
         chosen: tuple[str, ...] = ()
         for _ in range(200):
-            if violation in added:
-                row = np.zeros(count + 1)
-                for name in chosen:
-                    row[self.index[name]] = 1.0
-                rows.append(row)
-                upper.append(len(chosen) - 1.0)
+            assert violation is not None
+            if violation in added:  # safety net, as in solve()
+                cuts.append(({self.index[u]: 1.0 for u in chosen}, len(chosen) - 1.0))
             else:
                 added.add(violation)
-                kind, point, unit = violation
-                if kind == "point":
-                    delta, bound = self._memory_row(point, 0.0)  # delta.x - z <= -base(t)
-                else:
-                    delta, bound = self._spike_row(unit, point, dict(self.spikes[unit])[point], 0.0)
-                rows.append(np.concatenate([delta / scale, [-1.0]]))
-                upper.append(bound / scale)
-            x = self._milp(objective, rows, upper, integrality)
+                peak_rows.append(self._scaled(*self._row_for(violation, 0.0)))
+            peak_column = count + len(self.helpers)
+            rows = [({**row, peak_column: -1.0}, bound) for row, bound in peak_rows] + cuts
+            x = self._milp(objective, rows, peak_column=True)
             if x is None:
                 break
-            chosen = tuple(u for u, value in zip(self.units, x[:count], strict=True) if value > 0.5)
-            lower = float(x[-1]) * scale
+            chosen = self._chosen(x[:count])
+            lower = float(x[-1]) * self.scale
             peak = self.solver.peak(chosen)
             if peak < best[0]:
                 best = (peak, chosen)
             if best[0] <= lower + 0.5:
                 break
-            found = self._violation(chosen, lower + 0.5)
-            violation = found if found is not None else ("point", -1, -1)
-            if found is None:  # replay within z yet above the best: cannot happen; be safe
+            violation = self._violation(chosen, lower + 0.5)
+            if violation is None:
                 break
-        return tuple(sorted(best[1]))
+        return best[1]
 
 
 def solve(profile: Profile, budget_bytes: int, max_evaluations: int | None = None) -> Solution:
