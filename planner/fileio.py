@@ -34,6 +34,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield temp_path
         with open(temp_path, "rb") as written:
             os.fsync(written.fileno())
+        # mkstemp makes the file private (0600); give it the mode a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temp_path, 0o666 & ~umask)
         os.replace(temp_path, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -72,3 +72,14 @@ def test_atomic_path_interrupted_before_writing_anything(tmp_path: Path) -> None
         raise KeyboardInterrupt
     assert target.read_text() == "previous"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_written_files_get_the_usual_permissions(tmp_path: Path) -> None:
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "plan.json", "{}")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "plan.json").stat().st_mode & 0o777 == 0o644
