@@ -17,10 +17,11 @@ The search
 The peak is not additive over units (recompute spikes, and where the peak falls, move with
 the plan), so every answer is checked with the exact replay (``MemoryModel.peak_bytes``).
 
-* **Small trees: exhaustive branch and bound.** Depth-first over the units in tree pre-order,
-  each either taken (its subtree is then skipped) or not; a branch whose cost reaches the
-  best known is cut; a plan that fits ends its branch. If the search finishes within
-  ``exhaustive_evaluations`` replays the answer is the cheapest under the memory model.
+* **Small trees: exhaustive branch and bound.** When there are at most
+  ``exhaustive_evaluations`` plans (counted first by a product over the tree): depth-first
+  over the units in tree pre-order, each either taken (its subtree is then skipped) or not;
+  a branch whose cost reaches the best known is cut; a plan that fits ends its branch. The
+  answer is the cheapest under the memory model.
 * **Large trees: an integer program with lazy constraints** (scipy's HiGHS ``milp``).
   Binary ``x_u`` per unit; minimise ``sum_u cost_u x_u`` subject to
 
@@ -31,12 +32,14 @@ the plan), so every answer is checked with the exact replay (``MemoryModel.peak_
   - *recompute spike of unit u at event r* (only if ``x_u = 1``):
     ``base(r) + sum_v delta_v(r) x_v + spike_u <= budget + M (1 - x_u)``.
 
-  Memory rows are added lazily: solve, replay the answer exactly, add the row of the event
-  (or spike) where the replay exceeds the budget, repeat. A plan whose exact replay still
-  exceeds the budget at an event already constrained shows the units interact (two
-  checkpoints holding one storage); it is cut off by a no-good row. The loop ends with a
-  plan whose exact replay fits. It is the cheapest under the memory model when no two units
-  interact (``proven_optimal``); otherwise it is the cheapest under the additive model.
+  Where units interact through one storage (several checkpoints holding the same input,
+  or a checkpoint's input that another unit would drop), helper columns make the rows exact
+  (see :class:`_IntegerProgram`). Memory rows are added lazily: solve, replay the answer
+  exactly, add the row of the event (or spike) where the replay exceeds the budget, repeat;
+  the loop ends with a plan whose exact replay fits, the cheapest under the memory model
+  (``proven_optimal``) at the program's cost resolution of 10 microseconds, unless HiGHS
+  hit its time limit. Tests check the rows against the replay and the answers against
+  brute force.
 
 The lowest feasible peak (the smallest budget any plan fits, for the "budget too small"
 error) is searched the same two ways, minimising the peak instead of the cost.
@@ -93,7 +96,7 @@ class Solver:
         memory: MemoryModel | None = None,
         *,
         sequential: bool = True,
-        exhaustive_evaluations: int = 20_000,
+        exhaustive_evaluations: int = 2_000,
     ) -> None:
         self.profile = profile
         self.memory = memory or MemoryModel(profile.timeline)
