@@ -226,7 +226,9 @@ def profile(
         ]
         # The check ran the unplanned step too: its peak is a measured point on the charts.
         measured = {"none": result.check.unplanned_peak_bytes} if result.check else {}
-        wrote += write_report(result.profile, result.plan, charts, measured=measured)
+        wrote += write_report(
+            result.profile, result.plan, charts, measured=measured, frontier_points=20
+        )
         wrote.append(save_plan(result.plan, plan_path))  # last: a plan file means a complete run
         _print_plan_summary(result, wrote)
 
@@ -386,6 +388,121 @@ def tradeoff(
             with atomic_path(csv) as temp_path:
                 frame.to_csv(temp_path, index=False)
             stdout.print(f"wrote {csv}")
+
+
+@app.command()
+def verify(
+    model: Annotated[
+        Path,
+        typer.Argument(
+            help="The model file the plan was made for.",
+            show_default=False,
+            metavar="MODEL.py",
+        ),
+    ],
+    plan_path: Annotated[
+        Path,
+        typer.Argument(
+            help="A plan.json written by `ckpt-plan profile`.", show_default=False, metavar="PLAN"
+        ),
+    ],
+    device: Annotated[
+        Device | None,
+        typer.Option("--device", help="Device to run on.", show_default="the plan's device"),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed for the model, batch and random ops.")] = 0,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="Run the planned step under torch.utils.checkpoint's debug mode: if a "
+            "recomputation differs from the forward, print both runs' operations.",
+        ),
+    ] = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Run the unplanned and the planned step from the same seed and compare loss, gradients,
+    buffers and peak memory: exit 0 if equal and within budget, 5 if not."""
+    _configure_logging(verbose)
+    with _errors_to_exit_codes(verbose):
+        if device is Device.cuda:
+            import torch
+
+            if not torch.cuda.is_available():
+                _fail("--device cuda: no CUDA device is available here; use --device cpu", 2)
+        from rich.markup import escape
+
+        from planner.verify import verify_plan
+
+        def warn(message: str) -> None:
+            stderr.print(f"[bold yellow]warning:[/] {escape(message)}", markup=True)
+
+        try:
+            with _progress() as progress:
+                progress("running the unplanned and the planned step", 0, 0)
+                result = verify_plan(
+                    model,
+                    plan_path,
+                    device=device.value if device else None,
+                    seed=seed,
+                    debug=debug,
+                    on_warning=warn,
+                )
+        except errors.PlanCheckError as error:
+            # With --debug the message is one line, a blank line, then checkpoint's trace.
+            summary, _, trace = str(error).partition("\n\n")
+            if trace:
+                stderr.out(trace, highlight=False)
+            elif not debug:
+                summary += "; run again with --debug to trace the recomputation"
+            raise errors.PlanCheckError(summary) from error
+        check, plan = result.check, result.plan
+
+        def verdict(equal: bool, detail: str = "") -> str:
+            return ("equal" if equal else "DIFFERENT") + (f" ({detail})" if detail else "")
+
+        rows = [
+            ("loss", verdict(check.loss_equal)),
+            (
+                "gradients",
+                verdict(
+                    check.gradients_equal, f"max difference {check.max_gradient_difference:.3g}"
+                ),
+            ),
+            ("buffers", verdict(check.buffers_equal)),
+            ("state_dict keys", "unchanged" if check.state_dict_keys_equal else "CHANGED"),
+            (
+                "peak with plan (measured)",
+                f"{format_bytes(check.measured_peak_bytes)} "
+                + ("<=" if check.within_budget else "OVER")
+                + f" budget {format_bytes(plan.budget_bytes)}",
+            ),
+            (
+                "peak with plan (predicted)",
+                f"{format_bytes(plan.predicted_peak_bytes)} "
+                f"(measured differs by {result.prediction_error:+.2%})",
+            ),
+            ("unplanned peak (measured)", format_bytes(check.unplanned_peak_bytes)),
+        ]
+        summary_table = Table(
+            title=escape(
+                f"verify {plan_path} on {model} ({result.device}, seed {seed}, "
+                f"{len(plan.modules)} modules checkpointed)"
+            ),
+            title_justify="left",
+            show_header=False,
+            box=None,
+            pad_edge=False,
+        )
+        summary_table.add_column(style="bold")
+        summary_table.add_column()
+        for key, value in rows:
+            summary_table.add_row(key, value)
+        stdout.print(summary_table)
+        failures = result.failures()
+        if failures:
+            raise errors.PlanCheckError("the plan failed verification: " + "; ".join(failures))
+        stdout.print("verified: the plan fits its budget and leaves the training step unchanged")
 
 
 @app.callback()

@@ -5,6 +5,14 @@ unplanned step and the planned step from the same seed, and compares their loss,
 gradient and every buffer, and measures the planned step's peak with
 :class:`~planner.tracking.PeakMemoryTracker`. A separate process means the measurement
 sees only what a training script would: the model file, the plan JSON and ``apply_plan``.
+
+Errors keep their type across the process boundary: a plan that does not fit the model is a
+:class:`PlanMismatchError` (found before any step runs), a model file whose own step fails
+is a :class:`ProfilingError`, and a planned step that fails where the unplanned one ran (a
+recomputation that differs from the forward: ``CheckpointError``) is a
+:class:`PlanCheckError`. ``debug=True`` runs the planned step under
+``torch.utils.checkpoint.set_checkpoint_debug_enabled(True)``, so such an error lists the
+operations of the original forward and of the recomputation.
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PlannerError, ProfilingError
+from planner import errors
+from planner.errors import PlanCheckError, PlannerError, ProfilingError
 from planner.plan import Plan, save_plan
 
 __all__ = ["PlanCheck", "check_plan", "run_check"]
@@ -55,13 +64,30 @@ class PlanCheck:
         return self.within_budget and self.training_unchanged and self.state_dict_keys_equal
 
 
-def run_check(
-    model_path: str, plan: Plan | str | Path, *, device: str = "cpu", seed: int = 0
-) -> PlanCheck:
-    """Run the comparison in this process (``check_plan`` calls this in a child process)."""
-    import torch
+def _summary(message: str) -> str:
+    """The first paragraph of a (possibly multi-line) error message, on one line."""
+    paragraph = message.strip().split("\n\n")[0]
+    return " ".join(line.strip() for line in paragraph.splitlines() if line.strip())
 
-    from planner.apply import apply_plan
+
+def run_check(
+    model_path: str | Path,
+    plan: Plan | str | Path,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    debug: bool = False,
+) -> PlanCheck:
+    """Run the comparison in this process (``check_plan`` calls this in a child process).
+
+    ``debug`` turns on ``torch.utils.checkpoint``'s debug mode for the planned step; if that
+    step fails, the :class:`PlanCheckError`'s message is one line, a blank line, then the
+    whole of torch's error (the traced operations of the forward and the recomputation).
+    """
+    import torch
+    from torch.utils.checkpoint import set_checkpoint_debug_enabled
+
+    from planner.apply import apply_plan, remove_plan
     from planner.measure import measure_step
     from planner.plan import load_plan
     from planner.workload import build_workload, load_model_file
@@ -69,6 +95,8 @@ def run_check(
     plan_value = plan if isinstance(plan, Plan) else load_plan(plan)
     model_file = load_model_file(model_path)
     reference_workload = build_workload(model_file, device=device, seed=seed)
+    # Fail fast on a plan made for another model, before any step runs.
+    remove_plan(apply_plan(reference_workload.model, plan_value))
     keys_before = list(reference_workload.model.state_dict().keys())
     reference = measure_step(reference_workload, seed=seed)
     del reference_workload
@@ -76,7 +104,16 @@ def run_check(
     planned_workload = build_workload(model_file, device=device, seed=seed)
     apply_plan(planned_workload.model, plan_value)
     keys_after = list(planned_workload.model.state_dict().keys())
-    planned = measure_step(planned_workload, seed=seed)
+    try:
+        with set_checkpoint_debug_enabled(True if debug else None):
+            planned = measure_step(planned_workload, seed=seed)
+    except ProfilingError as error:
+        # The unplanned step ran: the plan is what breaks it. The first paragraph says so on
+        # one line; with debug, checkpoint's trace of both runs follows it.
+        message = f"the planned step fails where the unplanned one runs: {_summary(str(error))}"
+        if debug:
+            message += "\n\n" + str(error.__cause__ or error)
+        raise PlanCheckError(message) from error
 
     differences = []
     loss_equal = bool(torch.equal(reference.loss_tensor, planned.loss_tensor))
@@ -116,9 +153,12 @@ def check_plan(
     *,
     device: str = "cpu",
     seed: int = 0,
+    debug: bool = False,
     timeout_s: float = 3600,
 ) -> PlanCheck:
-    """Run :func:`run_check` in a fresh Python process and return its result."""
+    """Run :func:`run_check` in a fresh Python process and return its result.
+
+    Errors raised there are raised here with the same :class:`PlannerError` subclass."""
     with tempfile.TemporaryDirectory(prefix="ckpt-plan-check-") as folder:
         plan_path = save_plan(plan, Path(folder) / "plan.json")
         command = [
@@ -131,6 +171,7 @@ def check_plan(
             device,
             "--seed",
             str(seed),
+            *(["--debug"] if debug else []),
         ]
         environment = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
@@ -147,6 +188,11 @@ def check_plan(
         raise ProfilingError(f"checking the plan in a separate process failed: {detail}")
     data: dict[str, Any] = json.loads(lines[-1])
     if "error" in data:
+        kind = getattr(errors, str(data.get("error_type")), None)
+        if kind in (PlanCheckError, errors.PlanMismatchError, errors.PlanFileError):
+            raise kind(data["error"])
+        if kind is errors.ModelFileError:
+            raise errors.ModelFileError(f"checking the plan failed: {data['error']}")
         raise ProfilingError(f"checking the plan failed: {data['error']}")
     data["differences"] = tuple(data["differences"])
     return PlanCheck(**data)
@@ -158,13 +204,18 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("plan_path")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--debug", action="store_true")
     arguments = parser.parse_args(argv)
     try:
         result = run_check(
-            arguments.model_path, arguments.plan_path, device=arguments.device, seed=arguments.seed
+            arguments.model_path,
+            arguments.plan_path,
+            device=arguments.device,
+            seed=arguments.seed,
+            debug=arguments.debug,
         )
     except PlannerError as error:
-        print(json.dumps({"error": str(error)}))
+        print(json.dumps({"error": str(error), "error_type": type(error).__name__}))
         return 0
     print(json.dumps(asdict(result)))
     return 0

@@ -1,0 +1,348 @@
+"""Every bad input we know of, run through the real CLI; the table of what each one got.
+
+Each case runs ``python -m cli.main ...`` in a fresh empty folder (its own process group, so
+a real Ctrl-C can be sent to it), and records the exit code, what it printed on stderr, and
+which files it left behind (it should leave none). ``apply_plan`` cases run in this process
+and record the exception. Broken model files and plans are made here, in a temporary folder.
+
+    python benchmarks/bad_inputs.py                  # writes docs/bad_inputs.md, prints it
+
+The table is the closing note of issue 6: every bad input tried, the message and exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from planner.apply import apply_plan, model_fingerprint  # noqa: E402
+from planner.fileio import atomic_write_text  # noqa: E402
+from planner.plan import plan_to_dict, save_plan  # noqa: E402
+from planner.planning import build_plan  # noqa: E402
+from planner.profiler import profile_workload  # noqa: E402
+from planner.workload import build_workload, describe_batch, load_model_file  # noqa: E402
+
+DATA = ROOT / "tests" / "data"
+SMALL_CNN = DATA / "small_cnn.py"
+
+# Model files that break the contract in one way each (written into the case's folder).
+MODEL_SOURCES = {
+    "syntax_error.py": "import torch\n\ndef build_model(:\n    pass\n",
+    "no_build_model.py": "import torch\n\ndef sample_batch():\n    return torch.zeros(2, 3)\n",
+    "no_sample_batch.py": "import torch\n\ndef build_model():\n    return torch.nn.Linear(2, 2)\n",
+    "raises_on_import.py": "import torch\nraise RuntimeError('no GPU here')\n",
+    "not_a_loss.py": (
+        "import torch\n\ndef build_model():\n    return torch.nn.Linear(8, 10)\n\n"
+        "def sample_batch():\n    return torch.randn(4, 8)\n"
+    ),
+    # Sends a real SIGINT (what Ctrl-C does) to its process group on its 3rd forward: during
+    # profiling's timing pass, before any file is written.
+    "ctrl_c_while_profiling.py": (
+        "import os, signal\nfrom small_cnn import build_model as _build, sample_batch, "
+        "training_step\n\ncalls = 0\n\ndef _count(module, args):\n    global calls\n"
+        "    calls += 1\n    if calls == 3:\n        os.killpg(os.getpgrp(), signal.SIGINT)\n\n"
+        "def build_model():\n    model = _build()\n    model.register_forward_pre_hook(_count)\n"
+        "    return model\n"
+    ),
+    # Sends SIGINT to its process group from the plan check's child process (python -m
+    # planner.check), as Ctrl-C in a terminal reaches both processes.
+    "ctrl_c_while_checking.py": (
+        "import os, signal, sys\nfrom small_cnn import build_model as _build, sample_batch, "
+        "training_step\n\ndef _interrupt(module, args):\n"
+        "    if sys.argv[0].endswith(os.path.join('planner', 'check.py')):\n"
+        "        os.killpg(os.getpgrp(), signal.SIGINT)\n\n"
+        "def build_model():\n    model = _build()\n"
+        "    model.register_forward_pre_hook(_interrupt)\n    return model\n"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    command: str  # "profile", "verify" or "apply_plan"
+    bad_input: str
+    arguments: tuple[str, ...]  # after the command; {data} and {plans} are filled in
+    expected_exit: int
+
+
+PROFILE = "profile"
+VERIFY = "verify"
+OUT = ("-o", "out/plan.json", "--report-dir", "out/report")
+CASES = [
+    Case(PROFILE, "model file missing", ("no_such_model.py", "-b", "1GB", *OUT), 4),
+    Case(PROFILE, "model file with a syntax error", ("syntax_error.py", "-b", "1GB", *OUT), 4),
+    Case(PROFILE, "model file without build_model", ("no_build_model.py", "-b", "1GB", *OUT), 4),
+    Case(PROFILE, "model file without sample_batch", ("no_sample_batch.py", "-b", "1GB", *OUT), 4),
+    Case(PROFILE, "model file raising on import", ("raises_on_import.py", "-b", "1GB", *OUT), 4),
+    Case(
+        PROFILE,
+        "forward that raises",
+        ("{data}/raising_forward.py", "-b", "1GB", *OUT),
+        4,
+    ),
+    Case(PROFILE, "output that is not a loss", ("not_a_loss.py", "-b", "1GB", *OUT), 4),
+    Case(PROFILE, "budget 12XB", ("{data}/small_cnn.py", "--budget", "12XB", *OUT), 2),
+    Case(PROFILE, "budget -3GB", ("{data}/small_cnn.py", "--budget", "-3GB", *OUT), 2),
+    Case(PROFILE, "budget 0", ("{data}/small_cnn.py", "--budget", "0", *OUT), 2),
+    Case(PROFILE, "budget abc", ("{data}/small_cnn.py", "--budget", "abc", *OUT), 2),
+    Case(PROFILE, "no budget", ("{data}/small_cnn.py", *OUT), 2),
+    Case(
+        PROFILE,
+        "budget too small for any plan (100KiB)",
+        ("{data}/small_cnn.py", "--budget", "100KiB", *OUT),
+        3,
+    ),
+    Case(
+        PROFILE,
+        "--device cuda on a machine without CUDA",
+        ("{data}/small_cnn.py", "-b", "1GB", "--device", "cuda", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "Ctrl-C (SIGINT) while profiling",
+        ("ctrl_c_while_profiling.py", "-b", "1GB", *OUT),
+        130,
+    ),
+    Case(
+        PROFILE,
+        "Ctrl-C (SIGINT) while the plan is checked",
+        ("ctrl_c_while_checking.py", "-b", "1GB", *OUT),
+        130,
+    ),
+    Case(VERIFY, "plan file missing", ("{data}/small_cnn.py", "no_such_plan.json"), 6),
+    Case(VERIFY, "plan file empty", ("{data}/small_cnn.py", "{plans}/empty.json"), 6),
+    Case(
+        VERIFY, "plan file corrupt (cut short)", ("{data}/small_cnn.py", "{plans}/corrupt.json"), 6
+    ),
+    Case(VERIFY, "plan file not a plan (a list)", ("{data}/small_cnn.py", "{plans}/list.json"), 6),
+    Case(VERIFY, "plan file missing fields", ("{data}/small_cnn.py", "{plans}/no_fields.json"), 6),
+    Case(VERIFY, "plan from a future schema", ("{data}/small_cnn.py", "{plans}/future.json"), 6),
+    Case(
+        VERIFY, "plan made for another model", ("{data}/cache_decoder.py", "{plans}/good.json"), 6
+    ),
+    Case(
+        VERIFY,
+        "plan made for another batch shape (warning)",
+        ("{data}/small_cnn_batch4.py", "{plans}/good.json"),
+        0,
+    ),
+    Case(VERIFY, "model file missing", ("no_such_model.py", "{plans}/good.json"), 4),
+    Case(VERIFY, "model file with a syntax error", ("syntax_error.py", "{plans}/good.json"), 4),
+    Case(VERIFY, "model file without build_model", ("no_build_model.py", "{plans}/good.json"), 4),
+    Case(
+        VERIFY,
+        "forward that raises",
+        ("{data}/raising_forward.py", "{plans}/raising_forward.json"),
+        4,
+    ),
+    Case(
+        VERIFY,
+        "plan that changes training (BatchNorm statistics not restored)",
+        ("{data}/small_cnn.py", "{plans}/no_restore.json"),
+        5,
+    ),
+    Case(VERIFY, "plan over its budget", ("{data}/small_cnn.py", "{plans}/over_budget.json"), 5),
+    Case(
+        VERIFY,
+        "plan whose recomputation differs (cached cross-attention)",
+        ("{data}/cache_decoder.py", "{plans}/cached_attention.json"),
+        5,
+    ),
+]
+
+
+def write_plans(folder: Path) -> None:
+    """The plans the verify cases read: a good one for small_cnn.py and broken variants."""
+    folder.mkdir(parents=True, exist_ok=True)
+    profile = profile_workload(build_workload(load_model_file(SMALL_CNN)), timing_passes=1)
+    good = build_plan(profile, ["0", "1"], profile.measured_peak_bytes, strategy="test")
+    save_plan(good, folder / "good.json")
+    data = plan_to_dict(good)
+    (folder / "empty.json").write_text("")
+    (folder / "corrupt.json").write_text(json.dumps(data)[:200])
+    (folder / "list.json").write_text("[1, 2, 3]\n")
+    (folder / "no_fields.json").write_text('{"schema_version": 1}\n')
+    (folder / "future.json").write_text(json.dumps({**data, "schema_version": 2}))
+    no_restore = tuple(dataclasses.replace(d, restore_buffers=()) for d in good.modules)
+    save_plan(dataclasses.replace(good, modules=no_restore), folder / "no_restore.json")
+    save_plan(dataclasses.replace(good, budget_bytes=100_000), folder / "over_budget.json")
+    broken = load_model_file(DATA / "raising_forward.py")
+    matching_broken = dataclasses.replace(
+        good,
+        modules=(),
+        fingerprint=model_fingerprint(broken.build_model()),
+        batch=describe_batch(broken.sample_batch()),
+        model_name="raising_forward",
+    )
+    save_plan(matching_broken, folder / "raising_forward.json")
+    decoder = load_model_file(DATA / "cache_decoder.py")
+    decoder_profile = profile_workload(build_workload(decoder), timing_passes=1)
+    cached = build_plan(decoder_profile, ["decoder.layers.0.cross"], 10**9, strategy="test")
+    save_plan(cached, folder / "cached_attention.json")
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def _clean(text: str, replacements: dict[str, str]) -> str:
+    for old, new in replacements.items():
+        text = text.replace(old, new)
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def run_cli_case(case: Case, plans: Path, scratch: Path) -> dict[str, object]:
+    folder = Path(tempfile.mkdtemp(prefix="case-", dir=scratch))
+    for name, source in MODEL_SOURCES.items():
+        (folder / name).write_text(source)
+    # The model files that import small_cnn find it beside them, as a user's would.
+    (folder / "small_cnn.py").write_text(SMALL_CNN.read_text())
+    inputs = set(_files(folder))
+    arguments = [a.format(data=DATA, plans=plans) for a in case.arguments]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "400"}
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", case.command, *arguments],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=environment,
+        start_new_session=True,  # its own process group: the SIGINT cases stay inside it
+        timeout=600,
+        check=False,
+    )
+    written = [name for name in _files(folder) if name not in inputs]
+    replacements = {str(plans): "<plans>", str(DATA): "tests/data", str(folder): "."}
+    # One-line errors and warnings, and the text of a usage error's box (typer draws one).
+    messages = [
+        _clean(line.strip("│ "), replacements)
+        for line in result.stderr.splitlines()
+        if line.startswith(("error:", "warning:")) or line.startswith("│")
+    ]
+    shown = " ".join(case.arguments).format(data="tests/data", plans="<plans>")
+    return {
+        "command": f"ckpt-plan {case.command} {shown}",
+        "bad input": case.bad_input,
+        "exit": result.returncode,
+        "expected": case.expected_exit,
+        "message": " / ".join(messages) or "(none)",
+        "files written": ", ".join(written) or "none",
+    }
+
+
+def run_apply_cases(plans: Path) -> list[dict[str, object]]:
+    """apply_plan in Python: the exception each bad plan raises, and the model untouched."""
+    cases: list[tuple[str, Path, Callable[[], object]]] = [
+        ("plan file missing", plans / "no_such_plan.json", load_model_file(SMALL_CNN).build_model),
+        ("plan file empty", plans / "empty.json", load_model_file(SMALL_CNN).build_model),
+        ("plan file corrupt", plans / "corrupt.json", load_model_file(SMALL_CNN).build_model),
+        (
+            "plan from a future schema",
+            plans / "future.json",
+            load_model_file(SMALL_CNN).build_model,
+        ),
+        (
+            "plan made for another model",
+            plans / "good.json",
+            load_model_file(DATA / "cache_decoder.py").build_model,
+        ),
+    ]
+    rows = []
+    for bad_input, path, build in cases:
+        model = build()
+        before = {name: value.clone() for name, value in model.state_dict().items()}  # type: ignore[attr-defined]
+        try:
+            apply_plan(model, path)  # type: ignore[arg-type]
+            outcome = "no error"
+        except Exception as error:
+            outcome = f"{type(error).__name__}: {error}"
+        after = model.state_dict()  # type: ignore[attr-defined]
+        untouched = after.keys() == before.keys() and not any(
+            "forward" in vars(module)
+            for module in model.modules()  # type: ignore[attr-defined]
+        )
+        rows.append(
+            {
+                "command": f"apply_plan(model, {path.name!r})",
+                "bad input": bad_input,
+                "exit": "raises",
+                "expected": "raises",
+                "message": _clean(outcome, {str(plans): "<plans>"}),
+                "files written": "none (model untouched)" if untouched else "MODEL CHANGED",
+            }
+        )
+    return rows
+
+
+def markdown(rows: list[dict[str, object]]) -> str:
+    columns = ["bad input", "command", "exit", "message", "files written"]
+    lines = [
+        "| # | " + " | ".join(columns) + " |",
+        "|---|" + "|".join("---" for _ in columns) + "|",
+    ]
+    for number, row in enumerate(rows, 1):
+        cells = []
+        for column in columns:
+            text = str(row[column]).replace("|", "\\|")
+            cells.append(f"`{text}`" if column == "command" else text)
+        lines.append(f"| {number} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+HEADER = """# Bad inputs: what each one gets
+
+Generated by `python benchmarks/bad_inputs.py` (do not edit by hand): every case runs the real
+CLI (`python -m cli.main`) in an empty folder and records its exit code, the lines it printed
+on stderr (`error:`/`warning:`), and the files it left behind. Exit codes are the README's
+("Exit codes"): 2 bad command line, 3 no plan fits, 4 model file, 5 plan failed its check,
+6 plan file, 130 interrupted. `<plans>` is the folder of plan files the script makes; the
+Ctrl-C cases send a real SIGINT to the command's process group from inside the model's
+forward. No case prints a traceback (that needs `--verbose`).
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bad_inputs.md")
+    arguments = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="ckpt-plan-bad-inputs-") as scratch:
+        plans = Path(scratch) / "plans"
+        write_plans(plans)
+        rows = []
+        for case in CASES:
+            rows.append(run_cli_case(case, plans, Path(scratch)))
+            print(rows[-1], flush=True)
+        rows += run_apply_cases(plans)
+    wrong = [
+        row for row in rows if row["exit"] != row["expected"] or row["files written"] != "none"
+    ]
+    wrong = [row for row in wrong if row["files written"] != "none (model untouched)"]
+    table = markdown(rows)
+    summary = (
+        f"\n{len(rows)} cases; "
+        + (
+            f"{len(wrong)} with an unexpected exit code or files written"
+            if wrong
+            else "all as expected"
+        )
+        + ".\n"
+    )
+    atomic_write_text(arguments.out, HEADER + "\n" + table + "\n" + summary)
+    print(table + summary)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Verify a written plan against its model file: what ``ckpt-plan verify`` runs.
+
+:func:`verify_plan` reads the plan, loads the model file, warns when the model file's batch is
+not the one the plan was measured with, and runs :func:`planner.check.check_plan` (the
+unplanned and the planned step from the same seed, in a separate process). The result,
+:class:`Verification`, says whether the plan passed and, if not, what differs, one item per
+problem, in words a person can act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.check import PlanCheck, check_plan
+from planner.errors import PlanMismatchError, PlannerError
+from planner.plan import Plan, load_plan
+from planner.units import format_bytes
+from planner.workload import _user_code, describe_batch, load_model_file
+
+__all__ = ["Verification", "batch_mismatch_warning", "format_batch", "verify_plan"]
+
+WarningCallback = Callable[[str], None]
+"""Called with each one-line warning once the check has run (unless the plan turned out to be
+for another model, which makes the warnings moot)."""
+
+
+@dataclass(frozen=True)
+class Verification:
+    """A plan run against its model file. ``check`` holds the measurements."""
+
+    model_path: Path
+    plan_path: Path
+    plan: Plan
+    check: PlanCheck
+    device: str
+    seed: int
+    warnings: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return self.check.passed
+
+    @property
+    def prediction_error(self) -> float:
+        """(measured - predicted) / predicted peak of the planned step."""
+        predicted = self.plan.predicted_peak_bytes
+        return (self.check.measured_peak_bytes - predicted) / predicted if predicted else 0.0
+
+    def failures(self) -> tuple[str, ...]:
+        """What differs from the unplanned step or the budget, one item each; empty if passed."""
+        check = self.check
+        found = []
+        if not check.loss_equal:
+            losses = [d for d in check.differences if d.startswith("loss ")]
+            found.append(f"the loss differs ({losses[0]})" if losses else "the loss differs")
+        if not check.gradients_equal:
+            found.append(
+                f"gradients differ (max difference {check.max_gradient_difference:.3g}): "
+                + _some(_named(check.differences, "gradient of "))
+            )
+        if not check.buffers_equal:
+            found.append("buffers differ: " + _some(_named(check.differences, "buffer ")))
+        if not check.state_dict_keys_equal:
+            found.append("applying the plan changed the state_dict keys")
+        if not check.within_budget:
+            over = check.measured_peak_bytes - check.budget_bytes
+            found.append(
+                f"the measured peak {format_bytes(check.measured_peak_bytes)} is "
+                f"{format_bytes(over)} over the budget {format_bytes(check.budget_bytes)}"
+            )
+        return tuple(found)
+
+
+def _named(differences: tuple[str, ...], prefix: str) -> list[str]:
+    """The names in ``PlanCheck.differences`` entries that start with ``prefix``."""
+    return [d.removeprefix(prefix) for d in differences if d.startswith(prefix)]
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    if not names:
+        return "(not named)"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def format_batch(batch: dict[str, Any]) -> str:
+    """``describe_batch`` output on one line: ``input_ids=[8, 128] int64, labels=[8] int64``."""
+
+    def one(value: Any) -> str:
+        if isinstance(value, dict) and "shape" in value:
+            return f"{value['shape']} {value.get('dtype', '')}".strip()
+        if isinstance(value, list):
+            return "(" + ", ".join(one(item) for item in value) + ")"
+        return str(value)
+
+    return ", ".join(f"{key}={one(value)}" for key, value in batch.items()) or "(empty)"
+
+
+def batch_mismatch_warning(plan: Plan, batch: dict[str, Any]) -> str | None:
+    """A one-line warning if ``batch`` (as ``describe_batch`` gives it) is not the plan's."""
+    if plan.batch == batch:
+        return None
+    return (
+        f"the plan was measured with batch {format_batch(plan.batch)} but sample_batch() now "
+        f"gives {format_batch(batch)}; peaks depend on the batch: re-run `ckpt-plan profile` "
+        "for this batch"
+    )
+
+
+def verify_plan(
+    model_path: str | Path,
+    plan_path: str | Path,
+    *,
+    device: str | None = None,
+    seed: int = 0,
+    debug: bool = False,
+    on_warning: WarningCallback | None = None,
+) -> Verification:
+    """Run the plan at ``plan_path`` against the model file at ``model_path``.
+
+    ``device`` defaults to the plan's. ``debug`` runs the planned step under
+    ``torch.utils.checkpoint.set_checkpoint_debug_enabled(True)``. Raises
+    :class:`PlanFileError` (unreadable plan), :class:`ModelFileError` or
+    :class:`ProfilingError` (the model file, or its unplanned step, fails),
+    :class:`PlanMismatchError` (a plan for another model), :class:`PlanCheckError` (the
+    planned step fails where the unplanned one runs). A plan that runs but changes the step
+    or overshoots its budget is not an error: see :meth:`Verification.failures`.
+    """
+    plan = load_plan(plan_path)
+    model_file = load_model_file(model_path)
+    target = device or plan.device
+    warnings = []
+    with _user_code("sample_batch()", model_file.path):
+        batch = describe_batch(model_file.sample_batch())
+    batch_warning = batch_mismatch_warning(plan, batch)
+    if batch_warning:
+        warnings.append(batch_warning)
+    if target.split(":")[0] != plan.device.split(":")[0]:
+        warnings.append(
+            f"the plan was made on {plan.device} and is run on {target}: its predicted peak "
+            "is for the other device"
+        )
+
+    def report_warnings() -> None:
+        for warning in warnings:
+            if on_warning:
+                on_warning(warning)
+
+    try:
+        check = check_plan(model_file.path, plan, device=target, seed=seed, debug=debug)
+    except PlanMismatchError:
+        raise  # a plan for another model: its batch and device do not matter
+    except PlannerError:
+        report_warnings()  # context for the failure (another batch can explain it)
+        raise
+    report_warnings()
+    return Verification(
+        model_path=model_file.path,
+        plan_path=Path(plan_path),
+        plan=plan,
+        check=check,
+        device=target,
+        seed=seed,
+        warnings=tuple(warnings),
+    )
