@@ -44,7 +44,7 @@ import pandas as pd  # noqa: E402
 from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.plan import Plan, load_plan, save_plan  # noqa: E402
 
-DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit"]
+DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 COLUMNS = [
     "model",
     "strategy",

@@ -34,7 +34,7 @@ from planner.profiler import profile_model_file  # noqa: E402
 from planner.solver import Solver  # noqa: E402
 from planner.workload import load_model_file  # noqa: E402
 
-DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit"]
+DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)
 SWEEP_BUDGETS = 40
 MIB = 2**20

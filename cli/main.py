@@ -17,6 +17,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -71,7 +72,7 @@ VerboseOption = Annotated[
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    stderr.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    stderr.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
     raise typer.Exit(code)
 
 
@@ -119,7 +120,7 @@ def _budget(text: str) -> int:
 def _print_plan_summary(result: Any, wrote: list[Path]) -> None:
     plan, profile = result.plan, result.profile
     table = Table(title=f"checkpointed modules of {profile.model_name}", title_justify="left")
-    table.add_column("module")
+    table.add_column("module", overflow="fold")
     table.add_column("type")
     table.add_column("calls", justify="right")
     table.add_column("saved (MiB)", justify="right")

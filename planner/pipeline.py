@@ -3,6 +3,12 @@
 Rule: a plan is returned only after it has been run in a separate process with its peak
 within the budget and its loss, gradients and buffers equal to the unplanned step's. If the
 measured peak overshoots, the solver aims lower by the overshoot and tries again.
+
+Before that run, the modules a plan chose are tried once for recomputation mismatches
+(:func:`planner.safety.find_recompute_mismatches`: a module that fills a cache in forward and
+reads it back when recomputed, say). Any found are excluded from the profile, with the
+reason, and the plan is solved again. Only chosen modules are tried, so profiling itself
+stays a constant number of steps.
 """
 
 from __future__ import annotations
@@ -14,17 +20,35 @@ from pathlib import Path
 
 from planner.check import PlanCheck, check_plan
 from planner.errors import InfeasibleBudgetError, PlanCheckError
-from planner.plan import Plan
-from planner.planning import plan_for_budget
+from planner.plan import CheckpointMethod, Plan
+from planner.planning import plan_for_budget, unit_children
 from planner.profiler import ProgressCallback, profile_model_file
 from planner.records import Profile
+from planner.safety import exclude_modules, find_recompute_mismatches
 from planner.solver import Solution, Solver
 from planner.units import format_bytes
-from planner.workload import load_model_file
+from planner.workload import build_workload, load_model_file
 
 __all__ = ["PlanningResult", "plan_checked", "profile_and_plan"]
 
 logger = logging.getLogger(__name__)
+
+
+def _probe_names(profile: Profile, plan: Plan) -> list[str]:
+    """The modules to try for recomputation: each wrapped module, and for
+    ``checkpoint_sequential`` the children it runs in checkpointed segments."""
+    names: list[str] = []
+    for decision in plan.modules:
+        if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
+            names.extend(
+                child
+                for child in unit_children(profile, decision.module_name)
+                if any(True for m in profile.modules if m.module_name.startswith(child + "."))
+                or profile.module(child).is_candidate
+            )
+        else:
+            names.append(decision.module_name)
+    return names
 
 
 @dataclass(frozen=True)
@@ -49,7 +73,11 @@ def plan_checked(
     """Solve for ``budget_bytes`` and, if ``model_path`` is given, check the plan by running it."""
     solver = Solver(profile)
     target = budget_bytes
-    for attempt in range(1, max_attempts + 1):
+    probed: set[str] = set()
+    workload = None
+    attempt = 0
+    while attempt < max_attempts:
+        attempt += 1
         try:
             plan, solution = plan_for_budget(
                 profile, budget_bytes, solver=solver, plan_budget_bytes=target
@@ -63,6 +91,24 @@ def plan_checked(
             ) from None
         if model_path is None:
             return PlanningResult(profile, plan, solution, None, attempt)
+        untried = [name for name in _probe_names(profile, plan) if name not in probed]
+        if untried:
+            if progress:
+                progress(f"trying recomputation of {len(untried)} chosen modules", 0, 1)
+            if workload is None:
+                workload = build_workload(load_model_file(model_path), device=device, seed=seed)
+            mismatches = find_recompute_mismatches(workload, untried, seed=seed)
+            probed.update(untried)
+            if mismatches:
+                logger.warning(
+                    "excluding %d modules whose recomputation differs from their forward: %s",
+                    len(mismatches),
+                    ", ".join(sorted(mismatches)),
+                )
+                profile = exclude_modules(profile, mismatches)
+                solver = Solver(profile, solver.memory)
+                attempt -= 1  # not a measured attempt
+                continue
         if progress:
             progress(f"checking the plan by running it (attempt {attempt})", 0, 1)
         check = check_plan(model_path, plan, device=device, seed=seed)

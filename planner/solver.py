@@ -107,7 +107,9 @@ class Solver:
         for record in candidates:
             self.cost_ms[record.module_name] = record.forward_ms
             self.node_of[record.module_name] = record.module_name
-            if sequential and record.module_type == "Sequential":
+            # checkpoint_sequential cannot restore buffers after recomputing (a wrapped
+            # module can), so a Sequential whose forward changes buffers gets no segments.
+            if sequential and record.module_type == "Sequential" and not record.mutated_buffers:
                 for unit, cost in self._sequential_units(record.module_name):
                     self.cost_ms[unit] = cost
                     self.node_of[unit] = record.module_name

@@ -15,7 +15,7 @@ from planner.units import parse_bytes
 from planner.workload import build_workload, load_model_file, run_training_step
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-ALL = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama"]
+ALL = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 
 
 @pytest.mark.parametrize("name", ALL)
