@@ -62,7 +62,8 @@ COLUMNS = [
 
 # -- parent: profile, solve, then hand every plan to one measuring process per model -------
 def plan_model(path: Path, full: bool) -> tuple[list[dict[str, Any]], dict[str, Plan]]:
-    from planner.planning import baseline_plans, plan_for_budget
+    from planner.pipeline import plan_checked
+    from planner.planning import baseline_plans
     from planner.profiler import profile_model_file
     from planner.solver import Solver
     from planner.workload import load_model_file
@@ -79,9 +80,14 @@ def plan_model(path: Path, full: bool) -> tuple[list[dict[str, Any]], dict[str, 
     plans: dict[str, Plan] = dict(baselines)
     rows = []
     for label, budget in budgets.items():
+        # The plan the tool would write: solved, its modules' recomputation tried, and run
+        # once in a separate process (plan_checked, as `ckpt-plan profile` does).
+        result = plan_checked(profile, budget, model_path=path)
+        profile = result.profile  # keeps modules excluded on the way
         started = time.perf_counter()
-        plan, _ = plan_for_budget(profile, budget, solver=solver)
+        Solver(profile, solver.memory).solve(budget)  # the solver's own time, fresh cache
         solve_ms = (time.perf_counter() - started) * 1000
+        plan = result.plan
         plans[f"ckpt-plan@{label}"] = plan
         for strategy in [f"ckpt-plan@{label}", *baselines]:
             rows.append(
@@ -157,12 +163,16 @@ def measure(spec_path: Path) -> None:
     workloads = {}
     results: dict[str, dict[str, Any]] = {}
     for name, plan_path in spec["plans"].items():
-        workload = build_workload(model_file, seed=0)
-        apply_plan(workload.model, load_plan(plan_path))
-        measured = measure_step(workload, seed=0)  # warm-up + one tracked step
-        flops = FlopCounterMode(display=False)
-        with flops:
-            run_training_step(workload, seed=1)
+        try:
+            workload = build_workload(model_file, seed=0)
+            apply_plan(workload.model, load_plan(plan_path))
+            measured = measure_step(workload, seed=0)  # warm-up + one tracked step
+            flops = FlopCounterMode(display=False)
+            with flops:
+                run_training_step(workload, seed=1)
+        except Exception as error:
+            results[name] = {"error": f"fails: {type(error).__name__}: {error}"[:160]}
+            continue
         results[name] = {
             "measured_peak_bytes": measured.peak_bytes,
             "flops": flops.get_total_flops(),

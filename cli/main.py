@@ -194,13 +194,16 @@ def profile(
     device: DeviceOption = Device.cpu,
     report_dir: Annotated[
         Path | None,
-        typer.Option(help="Folder for charts.", show_default="reports/<model name>/"),
+        typer.Option(
+            help="Folder for the report (charts and summary.md).",
+            show_default="reports/<model name>/",
+        ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed for the model, batch and random ops.")] = 0,
     verbose: VerboseOption = False,
 ) -> None:
     """Measure one training step, choose the cheapest checkpointing plan that fits BUDGET,
-    check it by running it, and write the plan, the profile and a memory chart."""
+    check it by running it, and write the plan, the profile and a report with charts."""
     _configure_logging(verbose)
     budget_bytes = _budget(budget)
     with _errors_to_exit_codes(verbose):

@@ -1,0 +1,69 @@
+"""Solver speed on a large profile: one budget, and a sweep of the whole frontier.
+
+    python benchmarks/solver_speed.py                    # the 334-block GPT: ~1,000 candidates
+    python benchmarks/solver_speed.py MODEL.py --points 50
+
+Targets (issue 4): solve <= 1 s for a 1,000-candidate profile; a 50-budget sweep <= 5 s.
+Profiles the model once (not timed), then times the smallest feasible budget search, single
+solves at budgets spread between it and the unplanned peak, and a sweep, all with a fresh
+Solver so no cache carries over. Prints whether each answer was proven optimal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from planner.planning import frontier  # noqa: E402
+from planner.profiler import profile_model_file  # noqa: E402
+from planner.solver import Solver  # noqa: E402
+from planner.workload import load_model_file  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", type=Path, default=ROOT / "benchmarks/models/gpt334.py")
+    parser.add_argument("--points", type=int, default=50)
+    arguments = parser.parse_args(argv)
+    profile = profile_model_file(load_model_file(arguments.model))
+    solver = Solver(profile)
+    print(
+        f"{profile.model_name}: {len(profile.candidates)} candidates, {len(solver.names)} units, "
+        f"{profile.timeline.event_count} events"
+    )
+    started = time.perf_counter()
+    _, lowest = solver.lowest_peak()
+    print(
+        f"lowest feasible peak: {lowest / 2**20:.2f} MiB in {time.perf_counter() - started:.2f} s"
+    )
+    times, proven = [], []
+    for fraction in (0.05, 0.25, 0.5, 0.75, 0.95):
+        budget = int(lowest + fraction * (profile.measured_peak_bytes - lowest))
+        fresh = Solver(profile, solver.memory)
+        started = time.perf_counter()
+        solution = fresh.solve(budget)
+        times.append(time.perf_counter() - started)
+        proven.append(solution.proven_optimal)
+        print(
+            f"  budget at {fraction:.0%}: {times[-1]:.3f} s, {len(solution.units)} units, "
+            f"proven optimal: {solution.proven_optimal}"
+        )
+    print(
+        f"single solve: median {statistics.median(times):.3f} s, max {max(times):.3f} s "
+        f"(target <= 1 s)"
+    )
+    started = time.perf_counter()
+    plans = frontier(profile, arguments.points, solver=Solver(profile, solver.memory))
+    sweep = time.perf_counter() - started
+    print(f"{arguments.points}-budget sweep: {sweep:.2f} s for {len(plans)} plans (target <= 5 s)")
+    return 0 if max(times) <= 1 and sweep <= 5 and all(proven) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
