@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-from planner.errors import PlanMismatchError
+from planner.errors import PlanFileError, PlanMismatchError
 from planner.plan import CheckpointMethod, ModuleDecision, Plan, load_plan
 
 __all__ = ["apply_plan", "is_wrapped", "model_fingerprint", "remove_plan", "wrapped_modules"]
@@ -205,6 +205,12 @@ def apply_plan(model: torch.nn.Module, plan_or_path: Plan | str | Path) -> torch
         if module is None or not decision.module_name:
             raise PlanMismatchError(
                 f"the plan wraps {decision.module_name!r}, which is not a submodule of this model"
+            )
+        if decision.policy is not None:
+            raise PlanFileError(
+                f"the plan asks for selective checkpointing policy {decision.policy!r} on "
+                f"{decision.module_name}, which this version of ckpt-plan cannot apply; "
+                "upgrade ckpt-plan or re-create the plan"
             )
         if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
             if not isinstance(module, torch.nn.Sequential):
