@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
 
+from benchmarks.common import markdown_table  # noqa: E402
 from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.plan import Plan, load_plan, save_plan  # noqa: E402
 
@@ -211,16 +212,6 @@ def measure(spec_path: Path) -> None:
 
 
 # -- report ---------------------------------------------------------------------------------
-def markdown_table(frame: pd.DataFrame) -> str:
-    header = "| " + " | ".join(map(str, frame.columns)) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = [
-        "| " + " | ".join("" if pd.isna(v) else str(v) for v in row) + " |"
-        for row in frame.itertuples(index=False)
-    ]
-    return "\n".join([header, rule, *body])
-
-
 def chart(frame: pd.DataFrame, path: Path) -> None:
     from matplotlib.figure import Figure
 

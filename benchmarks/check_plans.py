@@ -25,6 +25,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import markdown_table  # noqa: E402
 from planner.check import check_plan  # noqa: E402
 from planner.errors import PlanCheckError  # noqa: E402
 from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
@@ -113,14 +114,6 @@ def predicted_peak_is_monotone(solver: Solver, unplanned_peak: int) -> bool:
     budgets = range(unplanned_peak, lowest - 1, -step)
     peaks = [solver.solve(budget).predicted_peak_bytes for budget in budgets]
     return all(later <= earlier for earlier, later in itertools.pairwise(peaks))
-
-
-def markdown_table(frame: pd.DataFrame) -> str:
-    """A GitHub Markdown table (pandas' to_markdown needs an extra package)."""
-    header = "| " + " | ".join(map(str, frame.columns)) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(map(str, row)) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([header, rule, *body])
 
 
 def main(argv: list[str] | None = None) -> int:

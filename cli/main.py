@@ -110,6 +110,14 @@ def _progress() -> Iterator[Callable[[str, int, int], None]]:
         yield update
 
 
+def _require_device(device: Device | None) -> None:
+    if device is Device.cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            _fail("--device cuda: no CUDA device is available here; use --device cpu", 2)
+
+
 def _budget(text: str) -> int:
     try:
         return parse_bytes(text)
@@ -207,11 +215,7 @@ def profile(
     _configure_logging(verbose)
     budget_bytes = _budget(budget)
     with _errors_to_exit_codes(verbose):
-        if device is Device.cuda:
-            import torch
-
-            if not torch.cuda.is_available():
-                _fail("--device cuda: no CUDA device is available here; use --device cpu", 2)
+        _require_device(device)
         from planner.pipeline import profile_and_plan
         from planner.plan import save_plan
         from planner.profile_io import save_profile, save_profile_table
@@ -429,11 +433,7 @@ def verify(
     buffers and peak memory: exit 0 if equal and within budget, 5 if not."""
     _configure_logging(verbose)
     with _errors_to_exit_codes(verbose):
-        if device is Device.cuda:
-            import torch
-
-            if not torch.cuda.is_available():
-                _fail("--device cuda: no CUDA device is available here; use --device cpu", 2)
+        _require_device(device)
         from rich.markup import escape
 
         from planner.verify import verify_plan

@@ -212,12 +212,16 @@ class _EffectBuilder:
         )
 
 
+def _call_effects(builder: _EffectBuilder) -> tuple[CheckpointEffect, ...]:
+    return tuple(
+        builder.span(index, index, call.module_name)
+        for index, call in enumerate(builder.timeline.calls)
+    )
+
+
 def checkpoint_effects(timeline: MemoryTimeline) -> tuple[CheckpointEffect, ...]:
     """Derive, for every module call in the timeline, what checkpointing it would change."""
-    builder = _EffectBuilder(timeline)
-    return tuple(
-        builder.span(index, index, call.module_name) for index, call in enumerate(timeline.calls)
-    )
+    return _call_effects(_EffectBuilder(timeline))
 
 
 def sequential_segments(child_count: int, segments: int) -> list[tuple[int, int]]:
@@ -246,10 +250,7 @@ class MemoryModel:
     def __init__(self, timeline: MemoryTimeline) -> None:
         self.timeline = timeline
         self._builder = _EffectBuilder(timeline)
-        self.effects = tuple(
-            self._builder.span(index, index, call.module_name)
-            for index, call in enumerate(timeline.calls)
-        )
+        self.effects = _call_effects(self._builder)
         self._unit_effects: dict[str, tuple[CheckpointEffect, ...]] = {}
         self._calls_by_module: dict[str, list[int]] = {}
         for index, call in enumerate(timeline.calls):

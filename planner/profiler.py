@@ -38,7 +38,7 @@ from planner.records import (
     SavedTensor,
     StorageLifetime,
 )
-from planner.tracking import StorageWatcher, iter_tensors, workload_tensors
+from planner.tracking import StorageWatcher, iter_tensors, workload_tensors, written_arguments
 from planner.workload import (
     ModelFile,
     Workload,
@@ -129,15 +129,6 @@ def _time_forward(
     }
 
 
-_WRITE_POSITIONS: dict[Any, tuple[tuple[int, str], ...]] = {}
-# Older batch-norm ops update running statistics in place without declaring it in their
-# schema (``Tensor? running_mean``, no ``(a!)``); in training mode they write args 3 and 4.
-_UNDECLARED_WRITES = {
-    name: ((3, "running_mean"), (4, "running_var"))
-    for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
-}
-
-
 _RANDOM: dict[Any, bool] = {}
 
 
@@ -147,26 +138,6 @@ def _is_random(func: Any) -> bool:
     if random is None:
         random = _RANDOM[func] = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
     return random
-
-
-def _written_arguments(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
-    """The tensor arguments an op writes in place, from its schema (``Tensor(a!)``)."""
-    positions = _WRITE_POSITIONS.get(func)
-    if positions is None:
-        schema = getattr(func, "_schema", None)
-        positions = tuple(
-            (position, argument.name)
-            for position, argument in enumerate(schema.arguments if schema else ())
-            if argument.alias_info is not None and argument.alias_info.is_write
-        )
-        if schema is not None and schema.name.removeprefix("aten::") in _UNDECLARED_WRITES:
-            positions += _UNDECLARED_WRITES[schema.name.removeprefix("aten::")]
-        _WRITE_POSITIONS[func] = positions
-    written: list[torch.Tensor] = []
-    for position, name in positions:
-        value = args[position] if position < len(args) else kwargs.get(name)
-        written.extend(iter_tensors(value))
-    return written
 
 
 class TimelineRecorder(StorageWatcher):
@@ -211,15 +182,11 @@ class TimelineRecorder(StorageWatcher):
             return
         random = _is_random(func)
         foreign = [str(t.device) for t in outputs if t.device.type != self.device_type]
-        written = (
-            [
-                index
-                for tensor in _written_arguments(func, args, kwargs)
-                if (index := self.storage_index(tensor)) is not None
-            ]
-            if _WRITE_POSITIONS.get(func, True)
-            else []
-        )
+        written = [
+            index
+            for tensor in written_arguments(func, args, kwargs)
+            if (index := self.storage_index(tensor)) is not None
+        ]
         if not (random or foreign or written):
             return
         for call_index in self._stack:
@@ -417,10 +384,13 @@ def _unique_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 def _module_profiles(
-    workload: Workload, timeline: MemoryTimeline, forward_ms: dict[str, float]
+    workload: Workload,
+    timeline: MemoryTimeline,
+    forward_ms: dict[str, float],
+    memory: MemoryModel | None = None,
 ) -> tuple[ModuleProfile, ...]:
     model = workload.model
-    memory = MemoryModel(timeline)
+    memory = memory or MemoryModel(timeline)
     storages = timeline.storages
     records = []
     for name, module in model.named_modules():
@@ -511,7 +481,7 @@ def profile_workload(
         )
 
     model = workload.model
-    module_profiles = _module_profiles(workload, timeline, forward_ms)
+    module_profiles = _module_profiles(workload, timeline, forward_ms, memory)
     if progress:
         progress("done", total, total)
     return Profile(

@@ -62,7 +62,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.errors import ProfilingError
 from planner.records import Profile
-from planner.tracking import iter_tensors
+from planner.tracking import iter_tensors, written_arguments
 from planner.workload import Workload, compute_loss, user_code_errors
 
 __all__ = ["exclude_modules", "find_recompute_mismatches"]
@@ -118,9 +118,6 @@ def _compare_saved(original: list[torch.Tensor], recomputed: list[torch.Tensor])
     return ""
 
 
-_WRITE_POSITIONS: dict[Any, tuple[tuple[int, str], ...]] = {}
-
-
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
     try:
         pointer = tensor.untyped_storage().data_ptr()
@@ -152,21 +149,11 @@ class _ForeignWrites(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        positions = _WRITE_POSITIONS.get(func)
-        if positions is None:
-            schema = func._schema
-            positions = _WRITE_POSITIONS[func] = tuple(
-                (index, argument.name)
-                for index, argument in enumerate(schema.arguments)
-                if argument.alias_info is not None and argument.alias_info.is_write
-            )
-        for index, name in positions:
-            value = args[index] if index < len(args) else kwargs.get(name)
-            for tensor in iter_tensors(value):
-                if _storage_key(tensor) not in self.made:
-                    if all(tensor is not other for other in self.written):
-                        self._originals.append((tensor, tensor.detach().clone()))
-                    self.written.append(tensor)
+        for tensor in written_arguments(func, args, kwargs):
+            if _storage_key(tensor) not in self.made:
+                if all(tensor is not other for other in self.written):
+                    self._originals.append((tensor, tensor.detach().clone()))
+                self.written.append(tensor)
         out = func(*args, **kwargs)
         inputs = {_storage_key(t) for t in iter_tensors((args, kwargs))}
         for tensor in iter_tensors(out):

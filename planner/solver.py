@@ -217,7 +217,6 @@ class Solver:
         best: tuple[str, ...] | None = None
         best_key: tuple[float, float] = (float("inf"), float("inf"))
         finished = True
-        seen: set[frozenset[str]] = set()
 
         def visit(position: int, chosen: list[str], cost: float) -> None:
             nonlocal best, best_key, finished
@@ -227,7 +226,6 @@ class Solver:
             if key not in self._cache and self.evaluations >= limit:
                 finished = False
                 return
-            seen.add(key)
             peak = self.peak(chosen)
             if budget_bytes is None:
                 if (peak, cost) < best_key:
@@ -384,7 +382,6 @@ class _IntegerProgram:
         self.rounds = 0
         self.time_limit_s = 20.0
         self.timed_out = False
-        self.interacting = False  # kept for callers; the rows are exact
         # Helper columns: key -> column index, and the linking rows they need.
         self.helpers: dict[tuple[object, ...], int] = {}
         self.link_rows: list[tuple[dict[int, float], float]] = []

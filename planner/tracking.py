@@ -21,7 +21,13 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["PeakMemoryTracker", "StorageWatcher", "iter_tensors", "workload_tensors"]
+__all__ = [
+    "PeakMemoryTracker",
+    "StorageWatcher",
+    "iter_tensors",
+    "workload_tensors",
+    "written_arguments",
+]
 
 
 def iter_tensors(
@@ -50,6 +56,36 @@ def iter_tensors(
         return
     for child in children:
         yield from iter_tensors(child, _depth=_depth + 1, _seen=_seen)
+
+
+_WRITE_POSITIONS: dict[Any, tuple[tuple[int, str], ...]] = {}
+# Older batch-norm ops update running statistics in place without declaring it in their
+# schema (``Tensor? running_mean``, no ``(a!)``); in training mode they write args 3 and 4.
+_UNDECLARED_WRITES = {
+    name: ((3, "running_mean"), (4, "running_var"))
+    for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
+}
+
+
+def written_arguments(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
+    """The tensor arguments an op writes in place: those its schema marks ``Tensor(a!)``,
+    and the running statistics of the batch-norm ops that do not declare them."""
+    positions = _WRITE_POSITIONS.get(func)
+    if positions is None:
+        schema = getattr(func, "_schema", None)
+        positions = tuple(
+            (position, argument.name)
+            for position, argument in enumerate(schema.arguments if schema else ())
+            if argument.alias_info is not None and argument.alias_info.is_write
+        )
+        if schema is not None and schema.name.removeprefix("aten::") in _UNDECLARED_WRITES:
+            positions += _UNDECLARED_WRITES[schema.name.removeprefix("aten::")]
+        _WRITE_POSITIONS[func] = positions
+    written: list[torch.Tensor] = []
+    for position, name in positions:
+        value = args[position] if position < len(args) else kwargs.get(name)
+        written.extend(iter_tensors(value))
+    return written
 
 
 def workload_tensors(
