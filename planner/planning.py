@@ -195,8 +195,7 @@ def frontier(profile: Profile, points: int = 50, *, solver: Solver | None = None
         {int(lowest + (highest - lowest) * i / max(1, points - 1)) for i in range(points)},
         reverse=True,
     )
-    plans = []
-    for budget in budgets:
-        plan, _ = plan_for_budget(profile, budget, solver=solver)
-        plans.append(plan)
-    return plans
+    # Solved from the lowest budget up: each answer fits every higher budget, so its cost
+    # bounds the next search (the solver keeps the plans it found).
+    plans = [plan_for_budget(profile, budget, solver=solver)[0] for budget in reversed(budgets)]
+    return plans[::-1]

@@ -22,7 +22,18 @@ the plan), so every answer is checked with the exact replay (``MemoryModel.peak_
   over the units in tree pre-order, each either taken (its subtree is then skipped) or not;
   a branch whose cost reaches the best known is cut; a plan that fits ends its branch. The
   answer is the cheapest under the memory model.
-* **Large trees: an integer program with lazy constraints** (scipy's HiGHS ``milp``).
+* **Large trees: a dynamic program over the unit tree with lazy rows** (:class:`_TreeDP`).
+  Its state, after visiting the nodes in the order they ran, is per recompute cost (in
+  quanta of 10 microseconds) the least change in live bytes any antichain of the visited
+  units makes. Memory rows (the live bytes at one event, or at one unit's recompute spike)
+  are added lazily, as below, and act as filters at the place in the visiting order where
+  the row's event falls. That is exact when every row has the prefix form a chain of
+  blocks gives (the units that ran before the event and are not yet recomputed count in
+  full, the ones after not at all, the running module's ancestors freely; see the class).
+  O(units x cost range) per round; a sweep reuses the rows found at earlier budgets.
+* **Otherwise an integer program with lazy constraints** (scipy's HiGHS ``milp``), for the
+  budgets whose rows the dynamic program cannot represent (one input storage shared by
+  several blocks that could each be checkpointed, say).
   Binary ``x_u`` per unit; minimise ``sum_u cost_u x_u`` subject to
 
   - *one unit per path*: for every leaf of the unit tree, ``sum of x over its path <= 1``;
@@ -42,14 +53,17 @@ the plan), so every answer is checked with the exact replay (``MemoryModel.peak_
   brute force.
 
 The lowest feasible peak (the smallest budget any plan fits, for the "budget too small"
-error) is searched the same two ways, minimising the peak instead of the cost.
+error) is searched the same three ways: exhaustively; by bisection over budgets with the
+dynamic program (cost ignored); or by the integer program minimising the peak.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -128,36 +142,43 @@ class Solver:
             ):
                 end += 1
             self.skip_to.append(end)
+        # The tree of unit-bearing nodes (a node's parent: its nearest unit-bearing ancestor;
+        # None stands for the root). Nodes in tree pre-order, children in the same order.
+        self.nodes: list[str] = sorted(set(self.node_of.values()), key=_tree_key)
+        self.node_units: dict[str, list[int]] = {node: [] for node in self.nodes}
+        for index, unit in enumerate(self.names):
+            self.node_units[self.node_of[unit]].append(index)
+        self.node_parent: dict[str, str | None] = {}
+        self.node_children: dict[str | None, list[str]] = {None: []}
+        stack: list[str] = []
+        for node in self.nodes:
+            while stack and not _is_ancestor(stack[-1], node):
+                stack.pop()
+            parent = stack[-1] if stack else None
+            self.node_parent[node] = parent
+            self.node_children[parent].append(node)
+            self.node_children[node] = []
+            stack.append(node)
         self.evaluations = 0
         self._cache: dict[frozenset[str], int] = {}
         self._integer_program: _IntegerProgram | None = None
+        self._tree_dp: _TreeDP | None = None
+        self._known: list[tuple[int, float, tuple[str, ...]]] = []
+        self._integer_program_used = False
         self.plan_count = self._count_plans()
 
     def _count_plans(self) -> float:
         """How many plans there are (antichains of units): per node, its own units plus
-        the product over its nearest unit-bearing descendants; a product over the roots."""
-        nodes = sorted(set(self.node_of.values()), key=_tree_key)
-        options = {node: sum(1 for u in self.names if self.node_of[u] == node) for node in nodes}
+        the product over its child nodes; a product over the roots."""
         count: dict[str, float] = {}
-        for node in reversed(nodes):  # children before parents
-            children = [
-                other
-                for other in nodes
-                if _is_ancestor(node, other)
-                and other != node
-                and not any(
-                    _is_ancestor(m, other) and _is_ancestor(node, m) and m not in (node, other)
-                    for m in nodes
-                )
-            ]
+        for node in reversed(self.nodes):  # children before parents
             product = 1.0
-            for child in children:
+            for child in self.node_children[node]:
                 product *= count[child]
-            count[node] = options[node] + product
+            count[node] = len(self.node_units[node]) + product
         total = 1.0
-        for node in nodes:
-            if not any(_is_ancestor(other, node) and other != node for other in nodes):
-                total *= count[node]
+        for node in self.node_children[None]:
+            total *= count[node]
         return total
 
     def _sequential_units(self, name: str) -> list[tuple[str, float]]:
@@ -255,8 +276,14 @@ class Solver:
         if self.plan_count <= self.exhaustive_evaluations:
             best, finished = self._exhaustive(None, self.exhaustive_evaluations)
         if not finished:
-            best = self._program().lowest_peak()
+            try:
+                best = self._dp().lowest_peak()
+                # Among the plans with that peak, the cheapest.
+                best = self._dp().solve(self.peak(best), fitting=best) or best
+            except _Incompatible:
+                best = self._program().lowest_peak()
         assert best is not None
+        self._remember(best)
         return best, self.peak(best)
 
     def solve(self, budget_bytes: int, max_evaluations: int | None = None) -> Solution:
@@ -267,7 +294,13 @@ class Solver:
         if self.plan_count <= limit:
             best, proven = self._exhaustive(budget_bytes, limit)
         if not proven:
-            best, proven = self._program().solve(budget_bytes)
+            try:
+                best = self._dp().solve(budget_bytes, fitting=self._fitting(budget_bytes))
+                proven = True
+            except _Incompatible as error:
+                logger.debug("tree DP cannot take row %s; solving the integer program", error)
+                self._integer_program_used = True
+                best, proven = self._program().solve(budget_bytes)
         if best is None:
             names, lowest = self.lowest_peak()
             if lowest <= budget_bytes:  # cannot happen with a finished search; be safe
@@ -282,6 +315,7 @@ class Solver:
                 budget_bytes=budget_bytes,
                 min_budget_bytes=lowest,
             )
+        self._remember(best)
         return Solution(
             module_names=best,
             predicted_peak_bytes=self.peak(best),
@@ -290,10 +324,417 @@ class Solver:
             evaluations=self.evaluations - start,
         )
 
+    def _remember(self, plan: tuple[str, ...]) -> None:
+        self._known.append((self.peak(plan), self.cost(plan), plan))
+
+    def _fitting(self, budget_bytes: int) -> tuple[str, ...] | None:
+        """The cheapest plan solved before whose peak fits this budget (bounds the DP)."""
+        fitting = [(cost, plan) for peak, cost, plan in self._known if peak <= budget_bytes]
+        return min(fitting)[1] if fitting else None
+
+    def _dp(self) -> _TreeDP:
+        if self._tree_dp is None:
+            self._tree_dp = _TreeDP(self, self._program())
+        return self._tree_dp
+
     def _program(self) -> _IntegerProgram:
         if self._integer_program is None:
             self._integer_program = _IntegerProgram(self)
         return self._integer_program
+
+
+class _Incompatible(Exception):
+    """A memory row the tree dynamic program cannot represent exactly (see :class:`_TreeDP`);
+    the integer program takes over."""
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One lazily added memory row: ``offset + coefficients . x <= budget`` (a spike row only
+    when ``unit`` is chosen), and where it sits in the program's traversal."""
+
+    coefficients: np.ndarray
+    offset: float
+    anchor: str  # "end", "before" (node), "at" (a leaf node) or "spike" (the unit's node)
+    node: str | None
+    unit: int
+
+
+class _TreeDP:
+    """Exact dynamic program over the unit tree, for memory rows of prefix form.
+
+    **State.** Nodes are visited in the order they first ran (parents before children).
+    After visiting a prefix of that order, ``g[c]`` is the least *delta* (the change in live
+    bytes the chosen units make, ``sum_u w_u x_u``) of any antichain of the visited units
+    whose recompute cost is ``c`` cost quanta (``inf``: none). ``w_u`` is unit ``u``'s own
+    change at the end of the forward pass: what it drops minus the inputs it holds. A node
+    combines two branches: its children visited one after another from the incoming ``g``
+    (no unit of the node chosen), or one of its own units on top of the incoming ``g``
+    (``g`` shifted by the unit's cost, plus ``w_u``; its subtree then stays unchosen).
+
+    **Rows.** The memory at an event is ``base(t) + sum_u a_u(t) x_u``. In a chain of
+    blocks a unit that ran forward before ``t`` and has not been recomputed by ``t``
+    contributes its whole ``w_u``, and a unit that has not run yet, or was already
+    recomputed and freed, contributes 0: ``a(t)`` is ``w`` on a prefix of the visiting order
+    and 0 after it, except on the units whose calls are open at ``t`` (the module running
+    then and its ancestors). Such a row is *anchored*: ``before`` node N (N and its subtree
+    after the prefix; N's ancestors open), ``at`` leaf node N (N's units open too), or at the
+    ``end``. It becomes a filter on ``g`` at its anchor: states whose delta exceeds
+    ``budget - base(t)`` are dropped there, and an open unit ``v``'s branch keeps only
+    incoming states with delta ``<= budget - base(t) - a_v(t)``. A recompute spike of unit
+    ``u`` filters ``u``'s branch alone. Because every row anchored later has the same
+    coefficients ``w`` on the earlier units, the least delta dominates every other state of
+    the same cost, so keeping one number per cost is exact: the answer is the cheapest
+    antichain that satisfies every row, at the cost resolution ``quantum_ms``.
+
+    Rows are added lazily, as in :class:`_IntegerProgram`: solve, replay the answer exactly,
+    add the row where the replay exceeds the budget. A row not of that form (or one that
+    needs the integer program's helper columns) raises :class:`_Incompatible` and the
+    integer program solves that budget instead. Rows do not depend on the budget (only
+    their bound does), so they are kept for later budgets: a sweep reuses them.
+    """
+
+    resolution_steps = 30_000
+
+    def __init__(self, solver: Solver, program: _IntegerProgram) -> None:
+        self.solver = solver
+        self.program = program
+        memory = solver.memory
+        calls = memory.timeline.calls
+
+        def first_run(node: str) -> tuple[int, tuple[object, ...]]:
+            indices = memory.calls_of(node)
+            return (calls[indices[0]].forward_start_event if indices else -1, _tree_key(node))
+
+        self.children = {
+            parent: sorted(nodes, key=first_run) for parent, nodes in solver.node_children.items()
+        }
+        # Positions: units in visiting order. first/last: a node's own units; end: its subtree.
+        self.order: list[int] = []
+        self.first: dict[str, int] = {}
+        self.end: dict[str, int] = {}
+        self.ancestor_units: dict[str, list[int]] = {}
+        stack: list[tuple[str, bool]] = [(n, False) for n in reversed(self.children[None])]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                self.end[node] = len(self.order)
+                continue
+            parent = solver.node_parent[node]
+            self.ancestor_units[node] = (
+                [] if parent is None else self.ancestor_units[parent] + solver.node_units[parent]
+            )
+            self.first[node] = len(self.order)
+            self.order.extend(solver.node_units[node])
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(self.children[node]))
+        self.position = np.empty(len(self.order), dtype=np.int64)
+        self.position[self.order] = np.arange(len(self.order))
+        # w: each unit's change at the end of the forward pass.
+        forward_end = memory.timeline.phase_end_events.get("forward")
+        point = forward_end + 1 if forward_end is not None else int(program.base.argmax())
+        self.w = np.zeros(len(solver.names))
+        for column, value in program._delta_at(point).items():
+            if column < len(solver.names):
+                self.w[column] = value
+        # Costs in whole quanta: 10 microseconds, coarser if the costliest plan would need
+        # more than resolution_steps of them.
+        most = self._costliest(np.array([solver.cost_ms[u] for u in solver.names]))
+        self.quantum_ms = max(0.01, most / self.resolution_steps)
+        self.cost = np.round(
+            np.array([solver.cost_ms[u] for u in solver.names]) / self.quantum_ms
+        ).astype(np.int64)
+        self.length = int(self._costliest(self.cost.astype(float))) + 1
+        self.rows: dict[tuple[str, int, int], _Row | None] = {}
+        self.rounds = 0
+
+    def _costliest(self, cost: np.ndarray) -> float:
+        """The largest total cost of an antichain (the DP's cost range)."""
+        best: dict[str, float] = {}
+        for node in reversed(self.solver.nodes):
+            below = sum(best[child] for child in self.children[node])
+            own = max((float(cost[u]) for u in self.solver.node_units[node]), default=0.0)
+            best[node] = max(below, own)
+        return sum(best[node] for node in self.children[None])
+
+    # -- rows ------------------------------------------------------------------------------
+    def _row(self, key: tuple[str, int, int]) -> _Row:
+        if key in self.rows:
+            row = self.rows[key]
+        else:
+            row = self.rows[key] = self._make_row(key)
+        if row is None:
+            raise _Incompatible(key)
+        return row
+
+    def _make_row(self, key: tuple[str, int, int]) -> _Row | None:
+        kind, point, unit = key
+        program = self.program
+        delta = program._delta_at(point)
+        count = len(self.solver.names)
+        if any(column >= count for column in delta):
+            return None  # storages shared between units: needs the helper columns
+        a = np.zeros(count)
+        for column, value in delta.items():
+            a[column] = value
+        offset = float(program.base[point])
+        if kind == "spike":
+            offset += dict(program.spikes[unit])[point]
+            node = self.solver.node_of[self.solver.names[unit]]
+            ignored = set(self.ancestor_units[node])
+            ignored.update(self.order[self.first[node] : self.end[node]])
+            if self._fits(a, self.first[node], self.end[node], ignored):
+                return _Row(a, offset, "spike", node, unit)
+            return None
+        return self._anchor(a, offset)
+
+    def _fits(self, a: np.ndarray, before: int, after: int, open_units: set[int]) -> bool:
+        """Whether ``a`` is ``w`` on the positions before ``before`` and 0 from ``after`` on,
+        outside the open units."""
+        by_position = a[self.order]
+        w = self.w[self.order]
+        keep = np.ones(len(self.order), dtype=bool)
+        if open_units:
+            keep[self.position[list(open_units)]] = False
+        head, tail = keep[:before], keep[after:]
+        return bool(
+            np.array_equal(by_position[:before][head], w[:before][head])
+            and not np.any(by_position[after:][tail])
+        )
+
+    def _anchor(self, a: np.ndarray, offset: float) -> _Row | None:
+        """Where a point row sits in the visiting order, or None if it has no such place."""
+        mismatched = np.flatnonzero(a[self.order] != self.w[self.order])
+        if not len(mismatched):
+            return _Row(a, offset, "end", None, -1)
+        solver = self.solver
+        node = solver.node_of[solver.names[self.order[int(mismatched[0])]]]
+        while True:
+            ancestors = set(self.ancestor_units[node])
+            if self._fits(a, self.first[node], self.first[node], ancestors):
+                return _Row(a, offset, "before", node, -1)
+            own = solver.node_units[node]
+            if not self.children[node]:
+                if self._fits(a, self.first[node], self.end[node], ancestors | set(own)):
+                    return _Row(a, offset, "at", node, -1)
+                return None
+            # The node's call is open at the row's event: look inside it.
+            inside = [
+                p for p in mismatched.tolist() if self.first[node] + len(own) <= p < self.end[node]
+            ]
+            if not inside:
+                return None
+            node = solver.node_of[solver.names[self.order[inside[0]]]]
+
+    def _filters(
+        self, budget: float
+    ) -> tuple[dict[str, float], dict[str, float], dict[int, float], float]:
+        before: dict[str, float] = {}
+        unchosen: dict[str, float] = {}
+        branch: dict[int, float] = {}
+        final = math.inf
+
+        def tighten(table: dict[Any, float], key: Any, bound: float) -> None:
+            if bound < table.get(key, math.inf):
+                table[key] = bound
+
+        for row in self.rows.values():
+            if row is None:
+                continue
+            bound = budget - row.offset
+            if row.anchor == "end":
+                final = min(final, bound)
+                continue
+            assert row.node is not None
+            if row.anchor == "spike":
+                tighten(branch, row.unit, bound - row.coefficients[row.unit])
+                continue
+            if row.anchor == "before":
+                tighten(before, row.node, bound)
+            else:  # "at" a leaf: its own units are open
+                tighten(unchosen, row.node, bound)
+                for unit in self.solver.node_units[row.node]:
+                    tighten(branch, unit, bound - row.coefficients[unit])
+            for unit in self.ancestor_units[row.node]:
+                tighten(branch, unit, bound - row.coefficients[unit])
+        return before, unchosen, branch, final
+
+    # -- the program -----------------------------------------------------------------------
+    def _run(self, budget: float, length: int) -> list[int] | None:
+        """The cheapest antichain satisfying every kept row at ``budget`` (unit indices), or
+        None when none does."""
+        before, unchosen, branch, final = self._filters(budget)
+        solver, cost, w = self.solver, self.cost, self.w
+        choices: dict[str, np.ndarray] = {}
+        inf = math.inf
+
+        def visit(node: str, g: np.ndarray) -> np.ndarray:
+            bound = before.get(node)
+            if bound is not None:
+                g = np.where(g > bound, inf, g)
+            g_sub = g
+            for child in self.children[node]:
+                g_sub = visit(child, g_sub)
+            bound = unchosen.get(node)
+            if bound is not None:
+                g_sub = np.where(g_sub > bound, inf, g_sub)
+            units = solver.node_units[node]
+            if not units:
+                return g_sub
+            best = g_sub.copy()
+            choice = np.full(length, -1, dtype=np.int8 if len(units) < 127 else np.int16)
+            for k, unit in enumerate(units):
+                c = int(cost[unit])
+                if c >= length:
+                    continue
+                source = g[: length - c]
+                bound = branch.get(unit)
+                if bound is not None:
+                    source = np.where(source > bound, inf, source)
+                candidate = source + w[unit]
+                target = best[c:]
+                better = candidate < target
+                target[better] = candidate[better]
+                choice[c:][better] = k
+            choices[node] = choice
+            return best
+
+        g = np.full(length, inf)
+        g[0] = 0.0
+        for root in self.children[None]:
+            g = visit(root, g)
+        if final < inf:
+            g = np.where(g > final, inf, g)
+        finite = np.flatnonzero(np.isfinite(g))
+        if not len(finite):
+            return None
+        chosen: list[int] = []
+
+        def back(node: str, c: int) -> int:
+            choice = choices.get(node)
+            if choice is not None and choice[c] >= 0:
+                unit = solver.node_units[node][int(choice[c])]
+                chosen.append(unit)
+                return c - int(cost[unit])
+            for child in reversed(self.children[node]):
+                c = back(child, c)
+            return c
+
+        c = int(finite[0])
+        for root in reversed(self.children[None]):
+            c = back(root, c)
+        assert c == 0, "tree DP backtracking lost its way"
+        return chosen
+
+    def _feasible(self, budget: float) -> list[int] | None:
+        """Any antichain satisfying every kept row at ``budget`` (cost ignored): the same
+        program with one state, the least delta."""
+        before, unchosen, branch, final = self._filters(budget)
+        solver, w = self.solver, self.w
+        choices: dict[str, int] = {}
+        inf = math.inf
+
+        def visit(node: str, g: float) -> float:
+            if g > before.get(node, inf):
+                g = inf
+            g_sub = g
+            for child in self.children[node]:
+                g_sub = visit(child, g_sub)
+            if g_sub > unchosen.get(node, inf):
+                g_sub = inf
+            best, pick = g_sub, -1
+            for k, unit in enumerate(solver.node_units[node]):
+                if g <= branch.get(unit, inf) and g + w[unit] < best:
+                    best, pick = g + float(w[unit]), k
+            if pick >= 0:
+                choices[node] = pick
+            return best
+
+        g = 0.0
+        for root in self.children[None]:
+            g = visit(root, g)
+        if g > final or g == inf:
+            return None
+        chosen: list[int] = []
+
+        def back(node: str) -> None:
+            if node in choices:
+                chosen.append(solver.node_units[node][choices[node]])
+                return
+            for child in self.children[node]:
+                back(child)
+
+        for root in self.children[None]:
+            back(root)
+        return chosen
+
+    def _names(self, units: list[int]) -> tuple[str, ...]:
+        return tuple(sorted(self.solver.names[u] for u in units))
+
+    def solve(
+        self, budget_bytes: int, fitting: Sequence[str] | None = None
+    ) -> tuple[str, ...] | None:
+        """The cheapest plan within the budget, or None if no plan fits. ``fitting``: a plan
+        known to fit (its cost bounds the search). Raises :class:`_Incompatible` when a
+        needed row is not of prefix form."""
+        budget = float(budget_bytes)
+        length = self.length
+        if fitting is not None:
+            index = {unit: i for i, unit in enumerate(self.solver.names)}
+            length = min(length, int(sum(self.cost[index[u]] for u in fitting)) + 1)
+        violation = self.program._violation((), budget)
+        if violation is None:
+            return ()
+        self._row(violation)
+        for _ in range(500):
+            self.rounds += 1
+            chosen = self._run(budget, length)
+            if chosen is None:
+                if length < self.length:  # the hint was wrong: search the whole range
+                    length = self.length
+                    chosen = self._run(budget, length)
+                if chosen is None:
+                    return None
+            names = self._names(chosen)
+            violation = self.program._violation(names, budget)
+            if violation is None:
+                return names
+            if violation in self.rows:
+                raise _Incompatible(violation)  # cannot happen with exact rows; be safe
+            self._row(violation)
+        raise _Incompatible(("rounds", 0, 0))
+
+    def lowest_peak(self) -> tuple[str, ...]:
+        """The plan with the lowest peak: the least budget at which the kept rows admit a
+        plan (a bisection over bytes), replayed exactly; a violated row is added and the
+        bisection resumes above the last answer (a lower bound, since rows only tighten)."""
+        best_plan: tuple[str, ...] = ()
+        high = self.solver.peak(())
+        low = 0
+        for _ in range(500):
+            # Least budget in [low, high] the kept rows admit; high always admits best_plan.
+            lo, hi = low, high
+            while lo < hi:
+                middle = (lo + hi) // 2
+                if self._feasible(float(middle)) is None:
+                    lo = middle + 1
+                else:
+                    hi = middle
+            low = lo
+            chosen = self._feasible(float(low))
+            assert chosen is not None
+            names = self._names(chosen)
+            peak = self.solver.peak(names)
+            if peak < high:
+                high, best_plan = peak, names
+            if peak <= low:
+                return best_plan
+            violation = self.program._violation(names, float(low))
+            assert violation is not None
+            if violation in self.rows:
+                raise _Incompatible(violation)
+            self._row(violation)
+        raise _Incompatible(("rounds", 0, 0))
 
 
 class _IntegerProgram:
@@ -346,7 +787,13 @@ class _IntegerProgram:
             size = storages[storage].size_bytes
             held = holders.get(storage, [])
             for owner, start, end in gaps.get(storage, ()):
-                delaying = [(v, until) for v, until in held if until > start]
+                # A holder never chosen with the owner (its ancestor or descendant) cannot
+                # delay the drop.
+                delaying = [
+                    (v, until)
+                    for v, until in held
+                    if until > start and not solver.conflicts(self.units[owner], self.units[v])
+                ]
                 if delaying:
                     self.coupled.append((storage, size, (owner, start, end), delaying))
                 else:
@@ -356,24 +803,28 @@ class _IntegerProgram:
             if held:
                 free = storages[storage].free_event + 1
                 extending = [(v, until) for v, until in held if until > free]
-                if len(extending) == 1:
-                    plain.append((extending[0][0], free, extending[0][1], size))
+                if all(
+                    solver.conflicts(self.units[v], self.units[other])
+                    for v, _ in extending
+                    for other, _ in extending
+                ):
+                    # At most one of them is chosen (one path of the tree): additive.
+                    plain.extend((v, free, until, size) for v, until in extending)
                 elif extending:
                     self.coupled.append((storage, size, None, extending))
         self.plain = np.array(plain, dtype=np.int64).reshape(-1, 4)
         self.free_of = {storage: storages[storage].free_event + 1 for storage in holders}
-        # One unit per path: a row per unit-tree leaf node.
-        nodes = sorted({solver.node_of[u] for u in self.units}, key=_tree_key)
-        leaves = [n for n in nodes if not any(_is_ancestor(n, m) and m != n for m in nodes)]
+        # One unit per path: a row per unit-tree leaf node (its units and its ancestors').
         self.path_rows: list[dict[int, float]] = []
-        for leaf in leaves:
-            self.path_rows.append(
-                {
-                    i: 1.0
-                    for i, unit in enumerate(self.units)
-                    if solver.node_of[unit] == leaf or _is_ancestor(solver.node_of[unit], leaf)
-                }
-            )
+        for leaf in solver.nodes:
+            if solver.node_children[leaf]:
+                continue
+            row: dict[int, float] = {}
+            node: str | None = leaf
+            while node is not None:
+                row.update((i, 1.0) for i in solver.node_units[node])
+                node = solver.node_parent[node]
+            self.path_rows.append(row)
         # Costs in whole 10-microsecond units: an integral objective lets HiGHS round its
         # bounds, which closes the tiny gaps between near-identical blocks quickly. The
         # answer is exact at that resolution, far below the timing noise of a profile.
