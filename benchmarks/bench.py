@@ -100,6 +100,7 @@ def plan_model(path: Path, full: bool) -> tuple[list[dict[str, Any]], dict[str, 
                     "profile_s": round(profile_s, 2),
                     "solve_ms": round(solve_ms, 2) if strategy.startswith("ckpt-plan") else None,
                     "predicted_peak_bytes": plans[strategy].predicted_peak_bytes,
+                    "plan": _describe(plans[strategy]),
                 }
             )
     half = budgets["50%"]
@@ -119,6 +120,49 @@ def plan_model(path: Path, full: bool) -> tuple[list[dict[str, Any]], dict[str, 
         }
     )
     return rows, plans
+
+
+def _describe(plan: Plan) -> str:
+    """What a plan wraps, short: ``blocks.0 blocks.2 blocks#3``."""
+    names = [f"{d.module_name}#{d.segments}" if d.segments else d.module_name for d in plan.modules]
+    text = " ".join(names) or "(nothing)"
+    return text if len(text) <= 60 else f"{len(names)} modules: {text[:50]}..."
+
+
+def targets(frame: pd.DataFrame) -> pd.DataFrame:
+    """Issue 4's targets per model, from one run: at the every-block budget (0%) ckpt-plan's
+    overhead is no higher than every-block's; at the halfway budget (50%) it is at most 0.6x
+    every-block's. Both as step time and as extra FLOPs."""
+    rows = []
+    for model, group in frame.groupby("model", sort=False):
+        every = group[(group.strategy == "every-block") & (group.budget_label == "0%")]
+        if every.empty or pd.isna(every.iloc[0]["step_ms"]):
+            continue
+        every_time, every_flops = every.iloc[0]["overhead_pct"], every.iloc[0]["extra_flops_pct"]
+        row: dict[str, Any] = {
+            "model": model,
+            "every_block_time_pct": every_time,
+            "every_block_flops_pct": every_flops,
+        }
+        for label in ("0%", "50%"):
+            ours = group[group.strategy == f"ckpt-plan@{label}"]
+            if ours.empty:
+                continue
+            time_pct, flops_pct = ours.iloc[0]["overhead_pct"], ours.iloc[0]["extra_flops_pct"]
+            row[f"ours@{label}_time_pct"] = time_pct
+            row[f"ours@{label}_flops_pct"] = flops_pct
+            if label == "50%":
+                row["time_ratio@50%"] = round(time_pct / every_time, 2)
+                row["flops_ratio@50%"] = round(flops_pct / every_flops, 2)
+        row["meets@0%"] = bool(
+            row.get("ours@0%_time_pct", 1e9) <= every_time
+            and row.get("ours@0%_flops_pct", 1e9) <= every_flops
+        )
+        row["meets@50%"] = bool(
+            row.get("time_ratio@50%", 1e9) <= 0.6 and row.get("flops_ratio@50%", 1e9) <= 0.6
+        )
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def measure_in_subprocess(
@@ -253,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import tempfile
 
-    repeats = arguments.repeats or (9 if arguments.full else 5)
+    repeats = arguments.repeats or (15 if arguments.full else 11)
     names = arguments.models or DEFAULT_MODELS
     all_rows = []
     for name in names:
@@ -295,9 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     shown = ordered.drop(columns=[c for c in ("compile_budget",) if c in ordered.columns]).copy()
     for column in ("budget_bytes", "measured_peak_bytes", "predicted_peak_bytes"):
         shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else f"{v / 2**20:.2f} MiB")
-    atomic_write_text(arguments.out / "results.md", markdown_table(shown) + "\n")
+    verdicts = targets(ordered)
+    atomic_write_text(
+        arguments.out / "results.md",
+        markdown_table(shown) + "\n\n## Targets (issue 4)\n\n" + markdown_table(verdicts) + "\n",
+    )
     chart(ordered, arguments.out / "results.png")
     print(markdown_table(shown))
+    print()
+    print(markdown_table(verdicts))
     return 0
 
 
