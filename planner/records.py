@@ -9,6 +9,7 @@ or unpacked. Events order things; they are not a clock.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -161,10 +162,12 @@ class Profile:
         )
 
     def module(self, name: str) -> ModuleProfile:
-        for record in self.modules:
-            if record.module_name == name:
-                return record
-        raise KeyError(name)
+        return self._by_name[name]
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, ModuleProfile]:
+        # Built once per (immutable) profile: plans look modules up thousands of times.
+        return {record.module_name: record for record in self.modules}
 
     @property
     def candidates(self) -> tuple[ModuleProfile, ...]:

@@ -350,10 +350,11 @@ class _Incompatible(Exception):
 
 @dataclass(frozen=True)
 class _Row:
-    """One lazily added memory row: ``offset + coefficients . x <= budget`` (a spike row only
-    when ``unit`` is chosen), and where it sits in the program's traversal."""
+    """One lazily added memory row: ``offset + coefficients . x + shared . flags <= budget``
+    (a spike row only when ``unit`` is chosen), and where it sits in the visiting order."""
 
     coefficients: np.ndarray
+    shared: np.ndarray  # bytes per shared-input class whose flag the row counts
     offset: float
     anchor: str  # "end", "before" (node), "at" (a leaf node) or "spike" (the unit's node)
     node: str | None
@@ -364,37 +365,47 @@ class _TreeDP:
     """Exact dynamic program over the unit tree, for memory rows of prefix form.
 
     **State.** Nodes are visited in the order they first ran (parents before children).
-    After visiting a prefix of that order, ``g[c]`` is the least *delta* (the change in live
-    bytes the chosen units make, ``sum_u w_u x_u``) of any antichain of the visited units
-    whose recompute cost is ``c`` cost quanta (``inf``: none). ``w_u`` is unit ``u``'s own
-    change at the end of the forward pass: what it drops minus the inputs it holds. A node
-    combines two branches: its children visited one after another from the incoming ``g``
-    (no unit of the node chosen), or one of its own units on top of the incoming ``g``
-    (``g`` shifted by the unit's cost, plus ``w_u``; its subtree then stays unchosen).
+    After visiting a prefix of that order, ``g[f, c]`` is the least *delta* (the change in
+    live bytes the chosen units make, ``sum_u w_u x_u``) of any antichain of the visited
+    units whose recompute cost is ``c`` cost quanta and whose shared-input flags are ``f``
+    (``inf``: none). ``w_u`` is unit ``u``'s own change at the end of the forward pass: what
+    it drops minus the inputs it alone holds. A node combines two branches: its children
+    visited one after another from the incoming ``g`` (no unit of the node chosen), or one
+    of its own units on top of the incoming ``g`` (shifted by the unit's cost, plus
+    ``w_u``, its flags set; its subtree then stays unchosen).
 
-    **Rows.** The memory at an event is ``base(t) + sum_u a_u(t) x_u``. In a chain of
-    blocks a unit that ran forward before ``t`` and has not been recomputed by ``t``
-    contributes its whole ``w_u``, and a unit that has not run yet, or was already
-    recomputed and freed, contributes 0: ``a(t)`` is ``w`` on a prefix of the visiting order
-    and 0 after it, except on the units whose calls are open at ``t`` (the module running
-    then and its ancestors). Such a row is *anchored*: ``before`` node N (N and its subtree
-    after the prefix; N's ancestors open), ``at`` leaf node N (N's units open too), or at the
-    ``end``. It becomes a filter on ``g`` at its anchor: states whose delta exceeds
-    ``budget - base(t)`` are dropped there, and an open unit ``v``'s branch keeps only
-    incoming states with delta ``<= budget - base(t) - a_v(t)``. A recompute spike of unit
-    ``u`` filters ``u``'s branch alone. Because every row anchored later has the same
+    **Shared inputs.** A storage that several blocks take as input (an attention mask, a
+    rotary table) lives, under a plan, until the last chosen one of them lets it go: it
+    counts once, while *any* chosen holder still holds it. Holders of the same storages
+    form a class; bit ``k`` of ``f`` says whether a holder of class ``k`` was chosen among
+    the visited units (at most three classes, eight flag states).
+
+    **Rows.** The memory at an event is ``base(t) + sum_u a_u(t) x_u`` (plus the shared
+    inputs). In a chain of blocks a unit that ran forward before ``t`` and has not been
+    recomputed by ``t`` contributes its whole ``w_u``, and a unit that has not run yet, or
+    was already recomputed and freed, contributes 0: ``a(t)`` is ``w`` on a prefix of the
+    visiting order and 0 after it, except on the units whose calls are open at ``t`` (the
+    module running then and its ancestors); likewise a shared input is held at ``t`` by
+    exactly the chosen holders in that prefix (or open). Such a row is *anchored*:
+    ``before`` node N (N and its subtree after the prefix; N's ancestors open), ``at`` leaf
+    node N (N's units open too), or at the ``end``. It becomes a filter at its anchor:
+    states whose delta exceeds ``budget - base(t) - shared(t) . f`` are dropped there, and an
+    open unit ``v``'s branch keeps only incoming states with delta
+    ``<= budget - base(t) - a_v(t) - shared(t) . (f | flags(v))``. A recompute spike of
+    unit ``u`` filters ``u``'s branch alone. Because every row anchored later has the same
     coefficients ``w`` on the earlier units, the least delta dominates every other state of
-    the same cost, so keeping one number per cost is exact: the answer is the cheapest
-    antichain that satisfies every row, at the cost resolution ``quantum_ms``.
+    the same cost and flags, so keeping one number per (flags, cost) is exact: the answer is
+    the cheapest antichain that satisfies every row, at the cost resolution ``quantum_ms``.
 
     Rows are added lazily, as in :class:`_IntegerProgram`: solve, replay the answer exactly,
-    add the row where the replay exceeds the budget. A row not of that form (or one that
-    needs the integer program's helper columns) raises :class:`_Incompatible` and the
-    integer program solves that budget instead. Rows do not depend on the budget (only
-    their bound does), so they are kept for later budgets: a sweep reuses them.
+    add the row where the replay exceeds the budget. A row not of that form raises
+    :class:`_Incompatible` and the integer program solves that budget instead. Rows do not
+    depend on the budget (only their bound does), so they are kept for later budgets: a
+    sweep reuses them.
     """
 
     resolution_steps = 30_000
+    max_shared_classes = 3
 
     def __init__(self, solver: Solver, program: _IntegerProgram) -> None:
         self.solver = solver
@@ -409,7 +420,7 @@ class _TreeDP:
         self.children = {
             parent: sorted(nodes, key=first_run) for parent, nodes in solver.node_children.items()
         }
-        # Positions: units in visiting order. first/last: a node's own units; end: its subtree.
+        # Positions: units in visiting order. first: a node's first unit; end: past its subtree.
         self.order: list[int] = []
         self.first: dict[str, int] = {}
         self.end: dict[str, int] = {}
@@ -428,22 +439,39 @@ class _TreeDP:
             self.order.extend(solver.node_units[node])
             stack.append((node, True))
             stack.extend((child, False) for child in reversed(self.children[node]))
-        self.position = np.empty(len(self.order), dtype=np.int64)
-        self.position[self.order] = np.arange(len(self.order))
+        count = len(solver.names)
+        self.position = np.empty(count, dtype=np.int64)
+        self.position[self.order] = np.arange(count)
+        # Shared-input classes: the holder sets of the integer program's OR columns.
+        classes: list[frozenset[int]] = []
+        for _storage, _size, gap, held in program.coupled:
+            members = frozenset(v for v, _ in held)
+            if gap is None and members not in classes:
+                classes.append(members)
+        self.classes = classes if len(classes) <= self.max_shared_classes else []
+        self.flags = np.zeros(count, dtype=np.int64)
+        for k, members in enumerate(self.classes):
+            for unit in members:
+                self.flags[unit] |= 1 << k
+        self.states = 1 << len(self.classes)
+        # bit[f, k]: whether flag state f has class k set.
+        self.bit = np.array(
+            [[(f >> k) & 1 for k in range(len(self.classes))] for f in range(self.states)],
+            dtype=float,
+        ).reshape(self.states, len(self.classes))
+        self.helper_keys = program.helpers
         # w: each unit's change at the end of the forward pass.
         forward_end = memory.timeline.phase_end_events.get("forward")
         point = forward_end + 1 if forward_end is not None else int(program.base.argmax())
-        self.w = np.zeros(len(solver.names))
+        self.w = np.zeros(count)
         for column, value in program._delta_at(point).items():
-            if column < len(solver.names):
+            if column < count:
                 self.w[column] = value
         # Costs in whole quanta: 10 microseconds, coarser if the costliest plan would need
         # more than resolution_steps of them.
-        most = self._costliest(np.array([solver.cost_ms[u] for u in solver.names]))
-        self.quantum_ms = max(0.01, most / self.resolution_steps)
-        self.cost = np.round(
-            np.array([solver.cost_ms[u] for u in solver.names]) / self.quantum_ms
-        ).astype(np.int64)
+        cost_ms = np.array([solver.cost_ms[u] for u in solver.names])
+        self.quantum_ms = max(0.01, self._costliest(cost_ms) / self.resolution_steps)
+        self.cost = np.round(cost_ms / self.quantum_ms).astype(np.int64)
         self.length = int(self._costliest(self.cost.astype(float))) + 1
         self.rows: dict[tuple[str, int, int], _Row | None] = {}
         self.rounds = 0
@@ -472,51 +500,47 @@ class _TreeDP:
         program = self.program
         delta = program._delta_at(point)
         count = len(self.solver.names)
-        if any(column >= count for column in delta):
-            return None  # storages shared between units: needs the helper columns
+        columns = {column: key for key, column in program.helpers.items()}
         a = np.zeros(count)
+        shared = np.zeros(len(self.classes))
+        holding: dict[int, frozenset[int]] = {}  # class -> the holders the row counts
         for column, value in delta.items():
-            a[column] = value
+            if column < count:
+                a[column] = value
+                continue
+            helper = columns[column]
+            members = frozenset(int(m) for m in helper[1:])  # type: ignore[call-overload]
+            k = next((k for k, c in enumerate(self.classes) if members <= c), None)
+            if helper[0] != "or" or k is None or holding.get(k, members) != members:
+                return None  # a storage one unit drops and another holds: not of this form
+            holding[k] = members
+            shared[k] += value
         offset = float(program.base[point])
+        solver = self.solver
         if kind == "spike":
             offset += dict(program.spikes[unit])[point]
-            node = self.solver.node_of[self.solver.names[unit]]
+            node = solver.node_of[solver.names[unit]]
             ignored = set(self.ancestor_units[node])
             ignored.update(self.order[self.first[node] : self.end[node]])
-            if self._fits(a, self.first[node], self.end[node], ignored):
-                return _Row(a, offset, "spike", node, unit)
+            ignored.discard(unit)
+            if self._fits(a, holding, self.first[node], self.end[node], ignored, {unit}):
+                return _Row(a, shared, offset, "spike", node, unit)
             return None
-        return self._anchor(a, offset)
-
-    def _fits(self, a: np.ndarray, before: int, after: int, open_units: set[int]) -> bool:
-        """Whether ``a`` is ``w`` on the positions before ``before`` and 0 from ``after`` on,
-        outside the open units."""
-        by_position = a[self.order]
-        w = self.w[self.order]
-        keep = np.ones(len(self.order), dtype=bool)
-        if open_units:
-            keep[self.position[list(open_units)]] = False
-        head, tail = keep[:before], keep[after:]
-        return bool(
-            np.array_equal(by_position[:before][head], w[:before][head])
-            and not np.any(by_position[after:][tail])
-        )
-
-    def _anchor(self, a: np.ndarray, offset: float) -> _Row | None:
-        """Where a point row sits in the visiting order, or None if it has no such place."""
         mismatched = np.flatnonzero(a[self.order] != self.w[self.order])
         if not len(mismatched):
-            return _Row(a, offset, "end", None, -1)
-        solver = self.solver
+            if self._fits(a, holding, count, count, set(), set()):
+                return _Row(a, shared, offset, "end", None, -1)
+            return None
         node = solver.node_of[solver.names[self.order[int(mismatched[0])]]]
         while True:
             ancestors = set(self.ancestor_units[node])
-            if self._fits(a, self.first[node], self.first[node], ancestors):
-                return _Row(a, offset, "before", node, -1)
+            if self._fits(a, holding, self.first[node], self.first[node], set(), ancestors):
+                return _Row(a, shared, offset, "before", node, -1)
             own = solver.node_units[node]
             if not self.children[node]:
-                if self._fits(a, self.first[node], self.end[node], ancestors | set(own)):
-                    return _Row(a, offset, "at", node, -1)
+                open_units = ancestors | set(own)
+                if self._fits(a, holding, self.first[node], self.end[node], set(), open_units):
+                    return _Row(a, shared, offset, "at", node, -1)
                 return None
             # The node's call is open at the row's event: look inside it.
             inside = [
@@ -526,146 +550,214 @@ class _TreeDP:
                 return None
             node = solver.node_of[solver.names[self.order[inside[0]]]]
 
+    def _fits(
+        self,
+        a: np.ndarray,
+        holding: dict[int, frozenset[int]],
+        before: int,
+        after: int,
+        ignored: set[int],
+        open_units: set[int],
+    ) -> bool:
+        """Whether a row is of prefix form for this anchor: ``a`` is ``w`` on the positions
+        before ``before`` and 0 from ``after`` on (outside the open and ignored units), and
+        each shared input it counts is held by exactly its class's holders in that prefix
+        and among the open units."""
+        skip = ignored | open_units
+        keep = np.ones(len(self.order), dtype=bool)
+        if skip:
+            keep[self.position[list(skip)]] = False
+        by_position, w = a[self.order], self.w[self.order]
+        head, tail = keep[:before], keep[after:]
+        if not np.array_equal(by_position[:before][head], w[:before][head]):
+            return False
+        if np.any(by_position[after:][tail]):
+            return False
+        for k, members in holding.items():
+            expected = {
+                v
+                for v in self.classes[k]
+                if v not in ignored and (v in open_units or self.position[v] < before)
+            }
+            if members - ignored != expected:
+                return False
+        return True
+
     def _filters(
         self, budget: float
-    ) -> tuple[dict[str, float], dict[str, float], dict[int, float], float]:
-        before: dict[str, float] = {}
-        unchosen: dict[str, float] = {}
-        branch: dict[int, float] = {}
-        final = math.inf
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[int, np.ndarray], np.ndarray]:
+        """Per anchor, the largest delta each flag state may have there (per incoming flag
+        state for a unit's branch)."""
+        before: dict[str, np.ndarray] = {}
+        unchosen: dict[str, np.ndarray] = {}
+        branch: dict[int, np.ndarray] = {}
+        final = np.full(self.states, math.inf)
+        states = np.arange(self.states)
 
-        def tighten(table: dict[Any, float], key: Any, bound: float) -> None:
-            if bound < table.get(key, math.inf):
-                table[key] = bound
+        def tighten(table: dict[Any, np.ndarray], key: Any, bound: np.ndarray) -> None:
+            table[key] = np.minimum(table[key], bound) if key in table else bound
+
+        def open_branch(row: _Row, unit: int, bound: float) -> None:
+            after = states | self.flags[unit]
+            tighten(branch, unit, bound - row.coefficients[unit] - self.bit[after] @ row.shared)
 
         for row in self.rows.values():
             if row is None:
                 continue
             bound = budget - row.offset
+            if row.anchor == "spike":
+                open_branch(row, row.unit, bound)
+                continue
+            here = bound - self.bit @ row.shared
             if row.anchor == "end":
-                final = min(final, bound)
+                final = np.minimum(final, here)
                 continue
             assert row.node is not None
-            if row.anchor == "spike":
-                tighten(branch, row.unit, bound - row.coefficients[row.unit])
-                continue
             if row.anchor == "before":
-                tighten(before, row.node, bound)
+                tighten(before, row.node, here)
             else:  # "at" a leaf: its own units are open
-                tighten(unchosen, row.node, bound)
+                tighten(unchosen, row.node, here)
                 for unit in self.solver.node_units[row.node]:
-                    tighten(branch, unit, bound - row.coefficients[unit])
+                    open_branch(row, unit, bound)
             for unit in self.ancestor_units[row.node]:
-                tighten(branch, unit, bound - row.coefficients[unit])
+                open_branch(row, unit, bound)
         return before, unchosen, branch, final
 
     # -- the program -----------------------------------------------------------------------
     def _run(self, budget: float, length: int) -> list[int] | None:
         """The cheapest antichain satisfying every kept row at ``budget`` (unit indices), or
-        None when none does."""
+        None when none does. ``length``: the cost range searched, in quanta (plus one)."""
         before, unchosen, branch, final = self._filters(budget)
-        solver, cost, w = self.solver, self.cost, self.w
-        choices: dict[str, np.ndarray] = {}
+        solver, cost, w, flags = self.solver, self.cost, self.w, self.flags
+        states = np.arange(self.states)
+        choices: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
         inf = math.inf
 
+        def cut(g: np.ndarray, bound: np.ndarray | None) -> np.ndarray:
+            return g if bound is None else np.where(g > bound[:, None], inf, g)
+
         def visit(node: str, g: np.ndarray) -> np.ndarray:
-            bound = before.get(node)
-            if bound is not None:
-                g = np.where(g > bound, inf, g)
+            g = cut(g, before.get(node))
             g_sub = g
             for child in self.children[node]:
                 g_sub = visit(child, g_sub)
-            bound = unchosen.get(node)
-            if bound is not None:
-                g_sub = np.where(g_sub > bound, inf, g_sub)
+            g_sub = cut(g_sub, unchosen.get(node))
             units = solver.node_units[node]
             if not units:
                 return g_sub
             best = g_sub.copy()
-            choice = np.full(length, -1, dtype=np.int8 if len(units) < 127 else np.int16)
+            pick = np.full(best.shape, -1, dtype=np.int8 if len(units) < 127 else np.int16)
+            # The flag state each pick came from (with one state, always 0).
+            source = np.zeros(best.shape, dtype=np.int8) if self.states > 1 else None
             for k, unit in enumerate(units):
                 c = int(cost[unit])
                 if c >= length:
                     continue
-                source = g[: length - c]
-                bound = branch.get(unit)
-                if bound is not None:
-                    source = np.where(source > bound, inf, source)
-                candidate = source + w[unit]
-                target = best[c:]
-                better = candidate < target
-                target[better] = candidate[better]
-                choice[c:][better] = k
-            choices[node] = choice
+                incoming = cut(g[:, : length - c], branch.get(unit)) + w[unit]
+                for state in states.tolist():
+                    target_state = state | int(flags[unit])
+                    target = best[target_state, c:]
+                    better = incoming[state] < target
+                    target[better] = incoming[state][better]
+                    pick[target_state, c:][better] = k
+                    if source is not None:
+                        source[target_state, c:][better] = state
+            choices[node] = (pick, source)
             return best
 
-        g = np.full(length, inf)
-        g[0] = 0.0
+        g = np.full((self.states, length), inf)
+        g[0, 0] = 0.0
         for root in self.children[None]:
             g = visit(root, g)
-        if final < inf:
-            g = np.where(g > final, inf, g)
-        finite = np.flatnonzero(np.isfinite(g))
-        if not len(finite):
+        g = cut(g, final)
+        finite = np.isfinite(g)
+        if not finite.any():
             return None
+        cheapest = int(np.flatnonzero(finite.any(axis=0))[0])
+        state = int(np.flatnonzero(finite[:, cheapest])[0])
         chosen: list[int] = []
 
-        def back(node: str, c: int) -> int:
+        def back(node: str, state: int, c: int) -> tuple[int, int]:
             choice = choices.get(node)
-            if choice is not None and choice[c] >= 0:
-                unit = solver.node_units[node][int(choice[c])]
+            if choice is not None and choice[0][state, c] >= 0:
+                unit = solver.node_units[node][int(choice[0][state, c])]
                 chosen.append(unit)
-                return c - int(cost[unit])
+                came_from = 0 if choice[1] is None else int(choice[1][state, c])
+                return came_from, c - int(cost[unit])
             for child in reversed(self.children[node]):
-                c = back(child, c)
-            return c
+                state, c = back(child, state, c)
+            return state, c
 
-        c = int(finite[0])
+        c = cheapest
         for root in reversed(self.children[None]):
-            c = back(root, c)
-        assert c == 0, "tree DP backtracking lost its way"
+            state, c = back(root, state, c)
+        assert c == 0 and state == 0, "tree DP backtracking lost its way"
         return chosen
 
     def _feasible(self, budget: float) -> list[int] | None:
         """Any antichain satisfying every kept row at ``budget`` (cost ignored): the same
-        program with one state, the least delta."""
-        before, unchosen, branch, final = self._filters(budget)
-        solver, w = self.solver, self.w
-        choices: dict[str, int] = {}
-        inf = math.inf
+        program with one entry per flag state, in plain Python (it runs many times)."""
+        filters = self._filters(budget)
+        before = {key: bound.tolist() for key, bound in filters[0].items()}
+        unchosen = {key: bound.tolist() for key, bound in filters[1].items()}
+        branch = {key: bound.tolist() for key, bound in filters[2].items()}
+        final = filters[3].tolist()
+        solver, states, inf = self.solver, range(self.states), math.inf
+        w, flags = self.w.tolist(), self.flags.tolist()
+        choices: dict[str, tuple[list[int], list[int]]] = {}
 
-        def visit(node: str, g: float) -> float:
-            if g > before.get(node, inf):
-                g = inf
+        def cut(g: list[float], bound: list[float] | None) -> list[float]:
+            return (
+                g
+                if bound is None
+                else [x if x <= b else inf for x, b in zip(g, bound, strict=True)]
+            )
+
+        def visit(node: str, g: list[float]) -> list[float]:
+            g = cut(g, before.get(node))
             g_sub = g
             for child in self.children[node]:
                 g_sub = visit(child, g_sub)
-            if g_sub > unchosen.get(node, inf):
-                g_sub = inf
-            best, pick = g_sub, -1
-            for k, unit in enumerate(solver.node_units[node]):
-                if g <= branch.get(unit, inf) and g + w[unit] < best:
-                    best, pick = g + float(w[unit]), k
-            if pick >= 0:
-                choices[node] = pick
+            best = cut(g_sub, unchosen.get(node))
+            units = solver.node_units[node]
+            if not units:
+                return best
+            best = list(best)
+            pick, source = [-1] * self.states, [0] * self.states
+            for k, unit in enumerate(units):
+                bound = branch.get(unit)
+                for state in states:
+                    value = g[state]
+                    if value == inf or (bound is not None and value > bound[state]):
+                        continue
+                    target = state | flags[unit]
+                    if value + w[unit] < best[target]:
+                        best[target] = value + w[unit]
+                        pick[target], source[target] = k, state
+            choices[node] = (pick, source)
             return best
 
-        g = 0.0
+        g = [0.0] + [inf] * (self.states - 1)
         for root in self.children[None]:
             g = visit(root, g)
-        if g > final or g == inf:
+        g = cut(g, final)
+        state = next((f for f in states if g[f] < inf), None)
+        if state is None:
             return None
         chosen: list[int] = []
 
-        def back(node: str) -> None:
-            if node in choices:
-                chosen.append(solver.node_units[node][choices[node]])
-                return
-            for child in self.children[node]:
-                back(child)
+        def back(node: str, state: int) -> int:
+            choice = choices.get(node)
+            if choice is not None and choice[0][state] >= 0:
+                chosen.append(solver.node_units[node][choice[0][state]])
+                return choice[1][state]
+            for child in reversed(self.children[node]):
+                state = back(child, state)
+            return state
 
-        for root in self.children[None]:
-            back(root)
+        for root in reversed(self.children[None]):
+            state = back(root, state)
+        assert state == 0, "tree DP backtracking lost its way"
         return chosen
 
     def _names(self, units: list[int]) -> tuple[str, ...]:
