@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import tempfile
 
-    repeats = arguments.repeats or (15 if arguments.full else 11)
+    repeats = arguments.repeats or (31 if arguments.full else 25)
     names = arguments.models or DEFAULT_MODELS
     all_rows = []
     for name in names:

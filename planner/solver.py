@@ -279,7 +279,8 @@ class Solver:
             try:
                 best = self._dp().lowest_peak()
                 # Among the plans with that peak, the cheapest.
-                best = self._dp().solve(self.peak(best), fitting=best) or best
+                cheapest = self._dp().solve(self.peak(best), fitting=best)
+                best = best if cheapest is None else cheapest
             except _Incompatible:
                 best = self._program().lowest_peak()
         assert best is not None
