@@ -59,9 +59,12 @@ dynamic program (cost ignored); or by the integer program minimising the peak.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Iterable, Sequence
+import os
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -830,6 +833,25 @@ class _TreeDP:
         raise _Incompatible(("rounds", 0, 0))
 
 
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Silence what HiGHS prints from C++ straight to file descriptor 1 (a stray debugging
+    line in some releases), which would land in the middle of the CLI's output."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no usable descriptor 1: nothing to protect
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 class _IntegerProgram:
     """The lazy-constraint integer program of the module docstring.
 
@@ -1047,13 +1069,14 @@ class _IntegerProgram:
         high = np.ones(count)
         if peak_column:
             high[-1] = np.inf
-        result = milp(
-            full_objective,
-            constraints=[LinearConstraint(matrix, -np.inf, np.array(upper))],
-            integrality=integrality,
-            bounds=Bounds(np.zeros(count), high),
-            options={"mip_rel_gap": 0.0, "time_limit": self.time_limit_s},
-        )
+        with _quiet_stdout():
+            result = milp(
+                full_objective,
+                constraints=[LinearConstraint(matrix, -np.inf, np.array(upper))],
+                integrality=integrality,
+                bounds=Bounds(np.zeros(count), high),
+                options={"mip_rel_gap": 0.0, "time_limit": self.time_limit_s},
+            )
         self.rounds += 1
         if result.status == 1:  # time limit: the answer (if any) is not proven optimal
             self.timed_out = True
