@@ -409,6 +409,7 @@ class _TreeDP:
     """
 
     resolution_steps = 30_000
+    choice_table_bytes = 200 * 2**20
     max_shared_classes = 3
 
     def __init__(self, solver: Solver, program: _IntegerProgram) -> None:
@@ -472,9 +473,12 @@ class _TreeDP:
             if column < count:
                 self.w[column] = value
         # Costs in whole quanta: 10 microseconds, coarser if the costliest plan would need
-        # more than resolution_steps of them.
+        # more than resolution_steps of them, or the backtracking tables (a byte or two per
+        # node, flag state and step) more than choice_table_bytes.
         cost_ms = np.array([solver.cost_ms[u] for u in solver.names])
-        self.quantum_ms = max(0.01, self._costliest(cost_ms) / self.resolution_steps)
+        bytes_per_step = len(solver.nodes) * self.states * (1 if self.states == 1 else 2)
+        steps = max(1_000, min(self.resolution_steps, self.choice_table_bytes // bytes_per_step))
+        self.quantum_ms = max(0.01, self._costliest(cost_ms) / steps)
         self.cost = np.round(cost_ms / self.quantum_ms).astype(np.int64)
         self.length = int(self._costliest(self.cost.astype(float))) + 1
         self.rows: dict[tuple[str, int, int], _Row | None] = {}
