@@ -70,12 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         other_ms = fresh.cost(other) if other is not None else float("nan")
         # Exactness check: at the tree program's cost resolution, no plan that fits (the
         # integer program's included) is cheaper than the tree program's answer.
-        quantum = fresh._tree_dp.quantum_ms if fresh._tree_dp else 0.01
-        rounded = [
-            sum(round(fresh.cost_ms[u] / quantum) for u in plan)
-            for plan in (solution.units, other or ())
-        ]
-        agree.append(other is None or rounded[0] <= rounded[1] or not other_proven)
+        quanta = fresh._dp().quanta
+        agree.append(other is None or quanta(solution.units) <= quanta(other) or not other_proven)
         print(
             f"  budget at {fraction:.0%}: {times[-1]:.3f} s ({path}), {len(solution.units)} "
             f"units, {solution.recompute_ms:.2f} ms recompute, proven optimal: "
