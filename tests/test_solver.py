@@ -544,20 +544,18 @@ def _tree_program_cases(seed: int, shared_input: bool = False) -> tuple[int, int
     return solved, len(budgets), flagged
 
 
-@pytest.mark.parametrize("seed", range(0, 100, 5))
-def test_the_tree_program_matches_brute_force(seed: int) -> None:
-    _tree_program_cases(seed)
-
-
-def test_the_tree_program_takes_most_random_trees() -> None:
-    """The property test above is not empty: the tree program itself answers a good share of
-    the random cases (the rest need the integer program)."""
+def test_the_tree_program_matches_brute_force() -> None:
+    """On 100 random trees every budget the tree program answers is the brute-force optimum,
+    and the property is not empty: it answers a good share of the cases itself (the rest
+    need the integer program)."""
     solved = tried = 0
     for seed in range(100):
         s, t, _ = _tree_program_cases(seed)
         solved += s
         tried += t
-    assert solved >= 0.35 * tried
+    # The cases are seeded, so the counts are fixed: 450 of 957 when written. Fewer means
+    # the program lost a form of row it took (dropping the "before" filters loses 11).
+    assert tried == 957 and solved >= 450, (solved, tried)
 
 
 def test_the_tree_program_with_inputs_shared_by_blocks_matches_brute_force() -> None:
@@ -569,7 +567,9 @@ def test_the_tree_program_with_inputs_shared_by_blocks_matches_brute_force() -> 
         solved += s
         tried += t
         flagged += f
-    assert tried >= 250 and solved >= 0.4 * tried and flagged >= 5, (solved, tried, flagged)
+    # Seeded: 187 of 353 answered and 9 rows with a flag when written; without the flags
+    # the program answers 184 and keeps 5 such rows.
+    assert tried == 353 and solved >= 187 and flagged >= 9, (solved, tried, flagged)
 
 
 def test_the_tree_program_finds_the_lowest_peak() -> None:
