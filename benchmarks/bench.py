@@ -63,9 +63,8 @@ COLUMNS = [
 
 # -- parent: profile, solve, then hand every plan to one measuring process per model -------
 def plan_model(path: Path, full: bool) -> tuple[list[dict[str, Any]], dict[str, Plan]]:
-    from planner.pipeline import plan_checked
+    from planner.pipeline import plan_checked, profile_model_file
     from planner.planning import baseline_plans
-    from planner.profiler import profile_model_file
     from planner.solver import Solver
     from planner.workload import load_model_file
 

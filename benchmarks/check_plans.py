@@ -30,10 +30,12 @@ from planner.check import check_plan  # noqa: E402
 from planner.errors import PlanCheckError  # noqa: E402
 from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.memory_model import MemoryModel  # noqa: E402
-from planner.pipeline import plan_checked  # noqa: E402
+from planner.pipeline import (
+    plan_checked,
+    profile_model_file,
+)
 from planner.plan import Plan  # noqa: E402
 from planner.planning import baseline_every_block  # noqa: E402
-from planner.profiler import profile_model_file  # noqa: E402
 from planner.solver import Solver  # noqa: E402
 from planner.workload import load_model_file  # noqa: E402
 

@@ -37,6 +37,7 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 # Exit codes: documented in the README ("Exit codes"); tests rely on them.
 EXIT_CODES: dict[type[errors.PlannerError], int] = {
     errors.BudgetError: 2,
+    errors.TargetSpecError: 2,
     errors.InfeasibleBudgetError: 3,
     errors.ModelFileError: 4,
     errors.ProfilingError: 4,
@@ -52,6 +53,17 @@ EXIT_INTERNAL = 1
 class Device(str, enum.Enum):
     cpu = "cpu"
     cuda = "cuda"
+
+
+class MemorySourceChoice(str, enum.Enum):
+    fake = "fake"
+    real = "real"
+
+
+class ReferenceChoice(str, enum.Enum):
+    auto = "auto"
+    unplanned = "unplanned"
+    recomputation = "recomputation"
 
 
 # -- shared options ---------------------------------------------------------------------
@@ -148,9 +160,13 @@ def _print_plan_summary(result: Any, wrote: list[Path]) -> None:
         stdout.print(table)
     else:
         stdout.print("No checkpointing needed: the unplanned step already fits the budget.")
+    fake = plan.memory_source == "fake"
     rows = [
         ("budget", format_bytes(plan.budget_bytes)),
-        ("unplanned peak (measured)", format_bytes(plan.baseline_peak_bytes)),
+        (
+            f"unplanned peak ({'fake-tensor step' if fake else 'measured'})",
+            format_bytes(plan.baseline_peak_bytes),
+        ),
         ("predicted peak with plan", format_bytes(plan.predicted_peak_bytes)),
     ]
     if plan.measured_peak_bytes is not None:
@@ -162,6 +178,12 @@ def _print_plan_summary(result: Any, wrote: list[Path]) -> None:
             f"{plan.recompute_ms:.1f} ms = {plan.predicted_overhead:+.1%} "
             f"of a {plan.step_ms:.1f} ms step",
         ),
+        (
+            "figures from",
+            ("fake tensors (no memory used)" if fake else "a real unplanned step")
+            + "; times "
+            + (f"estimated for {plan.target} (roofline)" if plan.target else "measured here"),
+        ),
     ]
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
@@ -169,10 +191,23 @@ def _print_plan_summary(result: Any, wrote: list[Path]) -> None:
     for key, value in rows:
         summary.add_row(key, value)
     stdout.print(summary)
-    if result.check is not None:
+    check = result.check
+    if check is not None and check.reference == "recomputation":
+        stdout.print(
+            "checked by running it in a separate process, within the budget: every "
+            f"recomputation bit-identical to its forward ({check.recomputed_ops} ops), buffers "
+            "and RNG state as without the plan, so loss and gradients are the unplanned "
+            "step's; state_dict keys unchanged"
+        )
+    elif check is not None:
         stdout.print(
             "checked by running it in a separate process: loss, gradients and buffers equal "
             "the unplanned step's; state_dict keys unchanged"
+        )
+    elif plan.target:
+        stdout.print(
+            f"not run: made for {plan.target}, which is not here; run `ckpt-plan verify "
+            "MODEL.py PLAN` on it before training"
         )
     for path in wrote:
         stdout.print(f"wrote {path}")
@@ -208,14 +243,45 @@ def profile(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed for the model, batch and random ops.")] = 0,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            help="Plan for a device that is not here: a built-in name (a100-40gb, a100-80gb, "
+            "h100-80gb, h200, l4, rtx-4090) or a spec .json. Memory from fake tensors, times "
+            "estimated (roofline); the plan is not run: check it with `ckpt-plan verify` there.",
+            show_default=False,
+        ),
+    ] = None,
+    memory: Annotated[
+        MemorySourceChoice,
+        typer.Option(
+            "--memory",
+            help="fake: record the step on fake tensors (no memory used); real: run the "
+            "unplanned step for real (it must fit this machine), as a cross-check.",
+        ),
+    ] = MemorySourceChoice.fake,
     verbose: VerboseOption = False,
 ) -> None:
-    """Measure one training step, choose the cheapest checkpointing plan that fits BUDGET,
-    check it by running it, and write the plan, the profile and a report with charts."""
+    """Profile one training step, choose the cheapest checkpointing plan that fits BUDGET,
+    check it by running it, and write the plan, the profile and a report with charts.
+
+    No pass needs more memory than BUDGET (with the default --memory fake): the step is
+    recorded on fake tensors, times are taken in steps that fit, and the check runs only
+    the planned step."""
     _configure_logging(verbose)
     budget_bytes = _budget(budget)
     with _errors_to_exit_codes(verbose):
-        _require_device(device)
+        from planner.records import MemorySource
+
+        spec = None
+        if target is not None:
+            from planner.targets import load_spec
+
+            spec = load_spec(target)
+            device = Device(spec.device_type)
+        else:
+            _require_device(device)
         from planner.pipeline import profile_and_plan
         from planner.plan import save_plan
         from planner.profile_io import save_profile, save_profile_table
@@ -223,7 +289,13 @@ def profile(
 
         with _progress() as progress:
             result = profile_and_plan(
-                model, budget_bytes, device=device.value, seed=seed, progress=progress
+                model,
+                budget_bytes,
+                device=device.value,
+                seed=seed,
+                memory=MemorySource(memory.value),
+                target=spec,
+                progress=progress,
             )
         name = result.profile.model_name
         plan_path = out or Path("profiles") / name / "plan.json"
@@ -232,8 +304,13 @@ def profile(
             save_profile(result.profile, plan_path.parent / "profile.json"),
             save_profile_table(result.profile, plan_path.parent / "profile.csv"),
         ]
-        # The check ran the unplanned step too: its peak is a measured point on the charts.
-        measured = {"none": result.check.unplanned_peak_bytes} if result.check else {}
+        # A check against the unplanned step measured it too: a point on the charts.
+        check = result.check
+        measured = (
+            {"none": check.unplanned_peak_bytes}
+            if check is not None and check.unplanned_peak_bytes is not None
+            else {}
+        )
         wrote += write_report(
             result.profile, result.plan, charts, measured=measured, frontier_points=20
         )
@@ -427,15 +504,26 @@ def verify(
             "recomputation differs from the forward, print both runs' operations.",
         ),
     ] = False,
+    reference: Annotated[
+        ReferenceChoice,
+        typer.Option(
+            "--reference",
+            help="What the planned step is compared with. unplanned: run the unplanned step "
+            "too and compare loss, gradients and buffers (needs its memory); recomputation: "
+            "compare every recomputation with its forward, op by op (needs only the plan's "
+            "memory); auto: unplanned where its peak fits the free memory here.",
+        ),
+    ] = ReferenceChoice.auto,
     verbose: VerboseOption = False,
 ) -> None:
-    """Run the unplanned and the planned step from the same seed and compare loss, gradients,
-    buffers and peak memory: exit 0 if equal and within budget, 5 if not."""
+    """Run the planned step and show it trains exactly as the unplanned step would (see
+    --reference), and that its peak is within the budget: exit 0 if so, 5 if not."""
     _configure_logging(verbose)
     with _errors_to_exit_codes(verbose):
         _require_device(device)
         from rich.markup import escape
 
+        from planner.check import CheckReference
         from planner.verify import verify_plan
 
         def warn(message: str) -> None:
@@ -443,13 +531,16 @@ def verify(
 
         try:
             with _progress() as progress:
-                progress("running the unplanned and the planned step", 0, 0)
+                progress("running the planned step and its reference", 0, 0)
                 result = verify_plan(
                     model,
                     plan_path,
                     device=device.value if device else None,
                     seed=seed,
                     debug=debug,
+                    reference=None
+                    if reference is ReferenceChoice.auto
+                    else CheckReference(reference.value),
                     on_warning=warn,
                 )
         except errors.PlanCheckError as error:
@@ -462,18 +553,44 @@ def verify(
             raise errors.PlanCheckError(summary) from error
         check, plan = result.check, result.plan
 
-        def verdict(equal: bool, detail: str = "") -> str:
+        def verdict(equal: bool | None, detail: str = "") -> str:
+            if equal is None:
+                return "not compared directly" + (f" ({detail})" if detail else "")
             return ("equal" if equal else "DIFFERENT") + (f" ({detail})" if detail else "")
 
-        rows = [
-            ("loss", verdict(check.loss_equal)),
-            (
-                "gradients",
-                verdict(
-                    check.gradients_equal, f"max difference {check.max_gradient_difference:.3g}"
+        if check.reference == "recomputation":
+            rows = [
+                (
+                    "reference",
+                    "recomputation (the unplanned step was not run; every recomputation is "
+                    "compared with its forward)",
                 ),
-            ),
-            ("buffers", verdict(check.buffers_equal)),
+                (
+                    "recomputations",
+                    verdict(check.recomputation_equal, f"{check.recomputed_ops} ops compared"),
+                ),
+                ("buffers and RNG", verdict(check.buffers_equal, "after backward")),
+                (
+                    "loss and gradients",
+                    "follow: the forward is unchanged and backward reads what it made"
+                    if check.training_unchanged
+                    else "DIFFERENT: a recomputation differs from its forward",
+                ),
+            ]
+        else:
+            rows = [
+                ("reference", "the unplanned step, run from the same seed"),
+                ("loss", verdict(check.loss_equal)),
+                (
+                    "gradients",
+                    verdict(
+                        check.gradients_equal,
+                        f"max difference {check.max_gradient_difference:.3g}",
+                    ),
+                ),
+                ("buffers", verdict(check.buffers_equal)),
+            ]
+        rows += [
             ("state_dict keys", "unchanged" if check.state_dict_keys_equal else "CHANGED"),
             (
                 "peak with plan (measured)",
@@ -486,8 +603,9 @@ def verify(
                 f"{format_bytes(plan.predicted_peak_bytes)} "
                 f"(measured differs by {result.prediction_error:+.2%})",
             ),
-            ("unplanned peak (measured)", format_bytes(check.unplanned_peak_bytes)),
         ]
+        if check.unplanned_peak_bytes is not None:
+            rows.append(("unplanned peak (measured)", format_bytes(check.unplanned_peak_bytes)))
         summary_table = Table(
             title=escape(
                 f"verify {plan_path} on {model} ({result.device}, seed {seed}, "

@@ -16,6 +16,7 @@ from planner.errors import (
     PlannerError,
     ProfileFileError,
     ProfilingError,
+    TargetSpecError,
 )
 from planner.plan import CheckpointMethod, ModuleDecision, Plan, load_plan, save_plan
 from planner.records import Profile
@@ -34,6 +35,7 @@ __all__ = [
     "Profile",
     "ProfileFileError",
     "ProfilingError",
+    "TargetSpecError",
     "apply_plan",
     "load_plan",
     "model_fingerprint",

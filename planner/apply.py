@@ -17,21 +17,51 @@ Design notes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+from torch.utils.checkpoint import checkpoint
 
 from planner.errors import PlanFileError, PlanMismatchError
 from planner.plan import CheckpointMethod, ModuleDecision, Plan, load_plan
 
-__all__ = ["apply_plan", "is_wrapped", "model_fingerprint", "remove_plan", "wrapped_modules"]
+__all__ = [
+    "apply_plan",
+    "is_wrapped",
+    "model_fingerprint",
+    "observing_recomputation",
+    "remove_plan",
+    "wrapped_modules",
+]
 
 _STATE_ATTRIBUTE = "_ckpt_plan_decision"
 _ORIGINAL_ATTRIBUTE = "_ckpt_plan_instance_forward"
+
+# Set only by planner.check while it runs a plan: it sees every checkpointed function (a
+# module's forward, or one checkpoint_sequential segment) and each of its runs (the
+# forward, then the recomputation), to compare the two op by op.
+_recompute_observer: Any = None
+
+
+@contextlib.contextmanager
+def observing_recomputation(observer: Any) -> Iterator[None]:
+    """Route every checkpointed function through ``observer.region(name, function)``,
+    which returns the function to run (used by :mod:`planner.check`)."""
+    global _recompute_observer
+    previous, _recompute_observer = _recompute_observer, observer
+    try:
+        yield
+    finally:
+        _recompute_observer = previous
+
+
+def _observed(name: str, function: Any) -> Any:
+    return function if _recompute_observer is None else _recompute_observer.region(name, function)
 
 
 def model_fingerprint(model: torch.nn.Module) -> dict[str, Any]:
@@ -85,24 +115,48 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
         original = module.__dict__[_ORIGINAL_ATTRIBUTE]
     if not torch.is_grad_enabled():
         return original(*args, **kwargs)
-    if decision.restore_buffers:
-        original = _restoring_buffers_on_recompute(module, original, decision.restore_buffers)
     if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
         assert not kwargs and len(args) == 1, "checkpoint_sequential takes one input"
-        return checkpoint_sequential(
-            module,
-            decision.segments or 1,
-            args[0],
-            use_reentrant=False,
-            preserve_rng_state=decision.preserve_rng_state,
-        )
+        return _checkpoint_sequential(module, decision, args[0])
+    function = _observed(decision.module_name, original)
+    if decision.restore_buffers:
+        function = _restoring_buffers_on_recompute(module, function, decision.restore_buffers)
     return checkpoint(
-        original,
+        function,
         *args,
         use_reentrant=False,
         preserve_rng_state=decision.preserve_rng_state,
         **kwargs,
     )
+
+
+def _run_segment(functions: list[torch.nn.Module], start: int, end: int) -> Any:
+    def forward(value: Any) -> Any:
+        for index in range(start, end + 1):
+            value = functions[index](value)
+        return value
+
+    return forward
+
+
+def _checkpoint_sequential(module: torch.nn.Module, decision: ModuleDecision, value: Any) -> Any:
+    """``torch.utils.checkpoint.checkpoint_sequential(module, segments, value,
+    use_reentrant=False)``, step for step (its segments, its last segment run plainly), with
+    each segment function visible to a recomputation observer."""
+    functions = list(module.children())
+    segments = decision.segments or 1
+    segment_size = len(functions) // segments
+    end = -1
+    for start in range(0, segment_size * (segments - 1), segment_size):
+        end = start + segment_size - 1
+        segment = _run_segment(functions, start, end)
+        value = checkpoint(
+            _observed(f"{decision.module_name}[{start}:{end + 1}]", segment),
+            value,
+            use_reentrant=False,
+            preserve_rng_state=decision.preserve_rng_state,
+        )
+    return _run_segment(functions, end + 1, len(functions) - 1)(value)
 
 
 def _restoring_buffers_on_recompute(

@@ -1,10 +1,26 @@
 """Check a plan by running it: the measured peak and an unchanged training step.
 
-:func:`check_plan` runs, in a fresh Python process (``python -m planner.check``), the
-unplanned step and the planned step from the same seed, and compares their loss, every
-gradient and every buffer, and measures the planned step's peak with
-:class:`~planner.tracking.PeakMemoryTracker`. A separate process means the measurement
-sees only what a training script would: the model file, the plan JSON and ``apply_plan``.
+:func:`check_plan` runs the planned step in a fresh Python process (``python -m
+planner.check``), measures its peak with :class:`~planner.tracking.PeakMemoryTracker`, and
+shows that it trains exactly as the unplanned step would, against one of two references
+(:class:`CheckReference`):
+
+* ``unplanned``: the unplanned step is run too, from the same seed, and the loss, every
+  gradient and every buffer are compared bit for bit. It needs the unplanned step's memory.
+* ``recomputation``: only the planned step runs (within the budget), and every
+  recomputation is compared, op by op, with the forward it repeats: each op's output is
+  hashed when the checkpointed function first runs and again when it is recomputed in
+  backward. Checkpointing changes nothing in the forward (the loss is the unplanned one),
+  and backward reads from a recomputed tensor exactly what the forward made when every
+  recomputed op's output is bit-identical; so gradients are the unplanned ones. Buffers and
+  the RNG state must also be as the forward left them once backward is done (a
+  recomputation must not update BatchNorm statistics twice, or draw random numbers the next
+  step would have drawn). Ops whose outputs are uninitialized memory (``empty``) are not
+  compared. A recomputation that differs names its module, so the pipeline can exclude it.
+
+A separate process means the measurement sees only what a training script would: the model
+file, the plan JSON and ``apply_plan``. ``limit_bytes`` stops a CPU run whose live memory
+passes it, so checking a plan never uses more than its budget.
 
 Errors keep their type across the process boundary: a plan that does not fit the model is a
 :class:`PlanMismatchError` (found before any step runs), a model file whose own step fails
@@ -18,13 +34,16 @@ operations of the original forward and of the recomputation.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import enum
 import json
 import logging
 import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +51,45 @@ from planner import errors
 from planner.errors import PlanCheckError, PlannerError, ProfilingError
 from planner.plan import Plan, save_plan
 
-__all__ = ["PlanCheck", "check_plan", "run_check"]
+__all__ = ["CheckReference", "PlanCheck", "check_plan", "run_check"]
+
+
+class CheckReference(str, enum.Enum):
+    """What a planned step is compared with (see the module docstring)."""
+
+    UNPLANNED = "unplanned"
+    RECOMPUTATION = "recomputation"
+
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class PlanCheck:
-    """The result of running a plan against the unplanned step."""
+    """The result of running a plan against a reference (:class:`CheckReference`).
+
+    Against the unplanned step, ``loss_equal``, ``gradients_equal`` and ``buffers_equal``
+    compare the two steps and ``unplanned_peak_bytes`` is the unplanned step's peak. Against
+    the recomputation, ``recomputation_equal`` says whether every recomputed op matched its
+    forward (``recompute_mismatches`` names the modules that did not), ``buffers_equal``
+    whether backward left buffers and the RNG state as the forward did; loss and gradients
+    follow from those (``loss_equal``/``gradients_equal`` are None: not compared directly),
+    and ``unplanned_peak_bytes`` is None (the unplanned step was not run).
+    """
 
     budget_bytes: int
     measured_peak_bytes: int
-    unplanned_peak_bytes: int
-    loss_equal: bool
-    gradients_equal: bool
-    buffers_equal: bool
+    unplanned_peak_bytes: int | None
+    loss_equal: bool | None
+    gradients_equal: bool | None
+    buffers_equal: bool | None
     max_gradient_difference: float
     differences: tuple[str, ...]
     state_dict_keys_equal: bool
+    reference: str = CheckReference.UNPLANNED.value
+    recomputation_equal: bool | None = None
+    recomputed_ops: int = 0
+    recompute_mismatches: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def within_budget(self) -> bool:
@@ -57,7 +97,13 @@ class PlanCheck:
 
     @property
     def training_unchanged(self) -> bool:
-        return self.loss_equal and self.gradients_equal and self.buffers_equal
+        compared = (
+            self.loss_equal,
+            self.gradients_equal,
+            self.buffers_equal,
+            self.recomputation_equal,
+        )
+        return all(value is not False for value in compared)
 
     @property
     def passed(self) -> bool:
@@ -70,6 +116,164 @@ def _summary(message: str) -> str:
     return " ".join(line.strip() for line in paragraph.splitlines() if line.strip())
 
 
+class _RecomputeComparison:
+    """Hashes every op output of each checkpointed function's runs (see the module
+    docstring). Installed as a dispatch mode *below* the memory tracker, so the tracker
+    neither sees nor counts the hashing, and as :mod:`planner.apply`'s recomputation
+    observer, which tells it which function (region) and which run is executing."""
+
+    def __init__(self, model: Any) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        comparison = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                out = func(*args, **(kwargs or {}))
+                if comparison._open:
+                    comparison._record(func, out)
+                return out
+
+        self.mode = Mode()
+        self.model = model
+        self._buffer_storages = {b.untyped_storage().data_ptr() for b in model.buffers()}
+        self.regions: list[tuple[str, list[list[tuple[str, tuple[Any, ...]]]]]] = []
+        self._open: list[list[tuple[str, tuple[Any, ...]]]] = []
+        self._state_after_forward: tuple[Any, ...] | None = None
+
+    # -- what the planned step shows us ---------------------------------------------------
+    def region(self, name: str, function: Any) -> Any:
+        runs: list[list[tuple[str, tuple[Any, ...]]]] = []
+        self.regions.append((name, runs))
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            runs.append([])
+            self._open.append(runs[-1])
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._open.pop()
+
+        return run
+
+    def _record(self, func: Any, out: Any) -> None:
+        import torch
+
+        from planner.tracking import iter_tensors, returns_view
+
+        name = func._schema.name.removeprefix("aten::")
+        if (
+            name in _UNINITIALIZED
+            or torch.Tag.nondeterministic_bitwise in func.tags
+            or returns_view(func)
+        ):
+            # Uninitialized memory (empty, empty_like) means nothing; a view (detach, which
+            # recomputation adds) computes nothing.
+            return
+        # A buffer's new value is not compared here: a recomputation starts from the buffer
+        # the forward updated (BatchNorm's counter), and the plan restores it afterwards,
+        # which the buffer check at the end of backward verifies.
+        digests = tuple(
+            _digest(tensor)
+            for tensor in iter_tensors(out)
+            if tensor.untyped_storage().data_ptr() not in self._buffer_storages
+        )
+        self._open[-1].append((str(func), digests))
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Observe checkpointed functions, hash their ops, and note the buffers and RNG
+        state when backward starts (``torch.autograd.backward``, which ``loss.backward()``
+        calls: the forward is done, no recomputation has run)."""
+        import torch
+
+        from planner.apply import observing_recomputation
+
+        original = torch.autograd.backward
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if self._state_after_forward is None:
+                self._state_after_forward = self._state()
+            return original(*args, **kwargs)
+
+        torch.autograd.backward = backward
+        try:
+            with observing_recomputation(self), self.mode:
+                yield
+        finally:
+            torch.autograd.backward = original
+
+    def _state(self) -> tuple[Any, ...]:
+        import torch
+
+        with torch._C._DisableTorchDispatch():
+            buffers = tuple(_digest(buffer) for buffer in self.model.buffers())
+            rng = _digest(torch.get_rng_state())
+            cuda_rng = _digest(torch.cuda.get_rng_state()) if torch.cuda.is_available() else None
+        return buffers, rng, cuda_rng
+
+    # -- the verdict ------------------------------------------------------------------
+    def compare(self) -> tuple[bool, bool, int, tuple[str, ...], list[str]]:
+        """(recomputations equal, state equal, ops compared, modules that differ, why)."""
+        compared = 0
+        mismatched: list[str] = []
+        why: list[str] = []
+        for name, runs in self.regions:
+            forward, *recomputations = runs
+            for recomputed in recomputations:
+                for index, (op, digests) in enumerate(recomputed):
+                    compared += 1
+                    if index >= len(forward) or forward[index] != (op, digests):
+                        original = forward[index][0] if index < len(forward) else "nothing"
+                        module = name.split("[")[0]
+                        if module not in mismatched:
+                            mismatched.append(module)
+                            why.append(
+                                f"recomputation of {name} differs from its forward at op "
+                                f"{index} ({op}; the forward ran {original})"
+                            )
+                        break
+        state_equal = True
+        if self._state_after_forward is not None:
+            buffers_before, rng_before, cuda_before = self._state_after_forward
+            buffers_after, rng_after, cuda_after = self._state()
+            names = [name for name, _ in self.model.named_buffers()]
+            for name, before, after in zip(names, buffers_before, buffers_after, strict=True):
+                if before != after:
+                    state_equal = False
+                    why.append(f"buffer {name} changed during backward (recomputed twice)")
+            if (rng_before, cuda_before) != (rng_after, cuda_after):
+                state_equal = False
+                why.append("backward changed the RNG state (a recomputation drew random numbers)")
+        return not mismatched, state_equal, compared, tuple(mismatched), why
+
+
+# Ops whose outputs are uninitialized memory (their values mean nothing until written).
+_UNINITIALIZED = frozenset(
+    {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"}
+)
+
+
+def _digest(tensor: Any) -> tuple[Any, ...]:
+    """A fingerprint of a tensor's values: shape, dtype, an xor hash and a float64 sum of
+    its elements (bit-exact: equal tensors give equal digests)."""
+    import torch
+
+    shape = (tuple(tensor.shape), str(tensor.dtype))
+    if tensor.numel() == 0 or tensor.layout != torch.strided:
+        return shape
+    values = tensor.detach()
+    if values.is_complex():
+        values = torch.view_as_real(values)
+    if values.dtype == torch.bool:
+        values = values.to(torch.uint8)
+    hashed = (
+        int(torch.hash_tensor(values).view(torch.int64)) if hasattr(torch, "hash_tensor") else 0
+    )
+    total = float(values.sum(dtype=torch.float64))
+    return (*shape, hashed, total.hex())
+
+
 def run_check(
     model_path: str | Path,
     plan: Plan | str | Path,
@@ -77,12 +281,16 @@ def run_check(
     device: str = "cpu",
     seed: int = 0,
     debug: bool = False,
+    reference: CheckReference = CheckReference.UNPLANNED,
+    limit_bytes: int | None = None,
 ) -> PlanCheck:
     """Run the comparison in this process (``check_plan`` calls this in a child process).
 
-    ``debug`` turns on ``torch.utils.checkpoint``'s debug mode for the planned step; if that
-    step fails, the :class:`PlanCheckError`'s message is one line, a blank line, then the
-    whole of torch's error (the traced operations of the forward and the recomputation).
+    ``reference`` picks what the planned step is compared with (module docstring).
+    ``limit_bytes`` (CPU) stops a step whose live memory passes it. ``debug`` turns on
+    ``torch.utils.checkpoint``'s debug mode for the planned step; if that step fails, the
+    :class:`PlanCheckError`'s message is one line, a blank line, then the whole of torch's
+    error (the traced operations of the forward and the recomputation).
     """
     import torch
     from torch.utils.checkpoint import set_checkpoint_debug_enabled
@@ -90,23 +298,62 @@ def run_check(
     from planner.apply import apply_plan, remove_plan
     from planner.measure import measure_step
     from planner.plan import load_plan
+    from planner.tracking import MemoryLimitExceeded
     from planner.workload import build_workload, load_model_file
 
     plan_value = plan if isinstance(plan, Plan) else load_plan(plan)
     model_file = load_model_file(model_path)
-    reference_workload = build_workload(model_file, device=device, seed=seed)
-    # Fail fast on a plan made for another model, before any step runs.
-    remove_plan(apply_plan(reference_workload.model, plan_value))
-    keys_before = list(reference_workload.model.state_dict().keys())
-    reference = measure_step(reference_workload, seed=seed)
-    del reference_workload
+    reference = CheckReference(reference)
+    reference_run = None
+    if reference is CheckReference.UNPLANNED:
+        reference_workload = build_workload(model_file, device=device, seed=seed)
+        # Fail fast on a plan made for another model, before any step runs.
+        remove_plan(apply_plan(reference_workload.model, plan_value))
+        keys_before = list(reference_workload.model.state_dict().keys())
+        reference_run = measure_step(reference_workload, seed=seed)
+        del reference_workload
 
     planned_workload = build_workload(model_file, device=device, seed=seed)
+    if reference is CheckReference.RECOMPUTATION:
+        keys_before = list(planned_workload.model.state_dict().keys())
     apply_plan(planned_workload.model, plan_value)
     keys_after = list(planned_workload.model.state_dict().keys())
+    comparison = _RecomputeComparison(planned_workload.model)
     try:
         with set_checkpoint_debug_enabled(True if debug else None):
-            planned = measure_step(planned_workload, seed=seed)
+            if reference is CheckReference.UNPLANNED:
+                planned = measure_step(planned_workload, seed=seed, limit_bytes=limit_bytes)
+            else:
+                # The warm-up step as measure_step takes it, then the compared step.
+                measure_step(
+                    planned_workload,
+                    seed=seed + 1000,
+                    warmup_steps=0,
+                    limit_bytes=limit_bytes,
+                    copy_state=False,
+                )
+                with comparison.installed():
+                    planned = measure_step(
+                        planned_workload,
+                        seed=seed,
+                        warmup_steps=0,
+                        limit_bytes=limit_bytes,
+                        copy_state=False,
+                    )
+    except MemoryLimitExceeded as error:
+        # Stopped before using more: the peak is at least what it had reached.
+        return PlanCheck(
+            budget_bytes=plan_value.budget_bytes,
+            measured_peak_bytes=error.reached_bytes,
+            unplanned_peak_bytes=None,
+            loss_equal=None,
+            gradients_equal=None,
+            buffers_equal=None,
+            max_gradient_difference=0.0,
+            differences=(f"stopped: {error}",),
+            state_dict_keys_equal=keys_before == keys_after,
+            reference=reference.value,
+        )
     except ProfilingError as error:
         # The unplanned step ran: the plan is what breaks it. The first paragraph says so on
         # one line; with debug, checkpoint's trace of both runs follows it.
@@ -115,13 +362,31 @@ def run_check(
             message += "\n\n" + str(error.__cause__ or error)
         raise PlanCheckError(message) from error
 
+    if reference_run is None:
+        recomputation_equal, state_equal, compared, mismatched, why = comparison.compare()
+        return PlanCheck(
+            budget_bytes=plan_value.budget_bytes,
+            measured_peak_bytes=planned.peak_bytes,
+            unplanned_peak_bytes=None,
+            loss_equal=None,
+            gradients_equal=None,
+            buffers_equal=state_equal,
+            max_gradient_difference=0.0,
+            differences=tuple(why[:20]),
+            state_dict_keys_equal=keys_before == keys_after,
+            reference=CheckReference.RECOMPUTATION.value,
+            recomputation_equal=recomputation_equal,
+            recomputed_ops=compared,
+            recompute_mismatches=mismatched,
+        )
+
     differences = []
-    loss_equal = bool(torch.equal(reference.loss_tensor, planned.loss_tensor))
+    loss_equal = bool(torch.equal(reference_run.loss_tensor, planned.loss_tensor))
     if not loss_equal:
-        differences.append(f"loss {planned.loss!r} != unplanned {reference.loss!r}")
+        differences.append(f"loss {planned.loss!r} != unplanned {reference_run.loss!r}")
     max_difference = 0.0
-    gradients_equal = reference.gradients.keys() == planned.gradients.keys()
-    for name, gradient in reference.gradients.items():
+    gradients_equal = reference_run.gradients.keys() == planned.gradients.keys()
+    for name, gradient in reference_run.gradients.items():
         other = planned.gradients.get(name)
         if other is None or not torch.equal(gradient, other):
             gradients_equal = False
@@ -129,7 +394,7 @@ def run_check(
                 max_difference = max(max_difference, float((gradient - other).abs().max()))
             differences.append(f"gradient of {name}")
     buffers_equal = True
-    for name, buffer in reference.buffers.items():
+    for name, buffer in reference_run.buffers.items():
         other = planned.buffers.get(name)
         if other is None or not torch.equal(buffer, other):
             buffers_equal = False
@@ -137,7 +402,7 @@ def run_check(
     return PlanCheck(
         budget_bytes=plan_value.budget_bytes,
         measured_peak_bytes=planned.peak_bytes,
-        unplanned_peak_bytes=reference.peak_bytes,
+        unplanned_peak_bytes=reference_run.peak_bytes,
         loss_equal=loss_equal,
         gradients_equal=gradients_equal,
         buffers_equal=buffers_equal,
@@ -154,6 +419,8 @@ def check_plan(
     device: str = "cpu",
     seed: int = 0,
     debug: bool = False,
+    reference: CheckReference = CheckReference.UNPLANNED,
+    limit_bytes: int | None = None,
     timeout_s: float = 3600,
 ) -> PlanCheck:
     """Run :func:`run_check` in a fresh Python process and return its result.
@@ -171,6 +438,9 @@ def check_plan(
             device,
             "--seed",
             str(seed),
+            "--reference",
+            CheckReference(reference).value,
+            *(["--limit-bytes", str(limit_bytes)] if limit_bytes is not None else []),
             *(["--debug"] if debug else []),
         ]
         environment = dict(os.environ)
@@ -195,6 +465,7 @@ def check_plan(
             raise errors.ModelFileError(f"checking the plan failed: {data['error']}")
         raise ProfilingError(f"checking the plan failed: {data['error']}")
     data["differences"] = tuple(data["differences"])
+    data["recompute_mismatches"] = tuple(data.get("recompute_mismatches", ()))
     return PlanCheck(**data)
 
 
@@ -205,6 +476,8 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--debug", action="store_true")
+    parser.add_argument("--reference", default=CheckReference.UNPLANNED.value)
+    parser.add_argument("--limit-bytes", type=int, default=None)
     arguments = parser.parse_args(argv)
     try:
         result = run_check(
@@ -213,6 +486,8 @@ def _main(argv: list[str] | None = None) -> int:
             device=arguments.device,
             seed=arguments.seed,
             debug=arguments.debug,
+            reference=CheckReference(arguments.reference),
+            limit_bytes=arguments.limit_bytes,
         )
     except PlannerError as error:
         print(json.dumps({"error": str(error), "error_type": type(error).__name__}))

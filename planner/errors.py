@@ -17,6 +17,7 @@ __all__ = [
     "PlannerError",
     "ProfileFileError",
     "ProfilingError",
+    "TargetSpecError",
 ]
 
 
@@ -59,3 +60,7 @@ class PlanMismatchError(PlannerError):
 
 class PlanCheckError(PlannerError):
     """A plan failed its measured check (over budget or a changed loss/gradient)."""
+
+
+class TargetSpecError(PlannerError):
+    """A ``--target`` that is neither a built-in device nor a readable spec file."""

@@ -32,18 +32,35 @@ class StepMeasurement:
 
 
 def measure_step(
-    workload: Workload, *, seed: int = 0, warmup_steps: int = 1, timed_steps: int = 0
+    workload: Workload,
+    *,
+    seed: int = 0,
+    warmup_steps: int = 1,
+    timed_steps: int = 0,
+    limit_bytes: int | None = None,
+    copy_state: bool = True,
 ) -> StepMeasurement:
     """Warm up (optimizer state exists), then measure one steady-state step.
 
     The measured step reseeds the RNG with ``seed`` so that two workloads built from the same
     seed take identical steps. ``timed_steps`` extra untracked steps give a median time
     (tracking itself slows a step down); with 0 the tracked step's own time is reported.
+    ``limit_bytes`` (CPU) stops any step, warm-up included, whose live memory passes it
+    (:class:`~planner.tracking.MemoryLimitExceeded`). Without ``copy_state`` the gradients
+    and buffers are not copied out (the copies cost memory beside the step).
     """
     for step in range(warmup_steps):
-        run_training_step(workload, seed=seed + 1000 + step)
+        warmup_tracker = PeakMemoryTracker(
+            workload.device,
+            workload_tensors(workload.model, workload.optimizer, workload.batch),
+            limit_bytes=limit_bytes,
+        )
+        with warmup_tracker:
+            run_training_step(workload, seed=seed + 1000 + step)
     tracker = PeakMemoryTracker(
-        workload.device, workload_tensors(workload.model, workload.optimizer, workload.batch)
+        workload.device,
+        workload_tensors(workload.model, workload.optimizer, workload.batch),
+        limit_bytes=limit_bytes,
     )
     begin = time.perf_counter()
     with tracker:
@@ -60,11 +77,12 @@ def measure_step(
     gradients = {
         name: p.grad.detach().to("cpu", copy=True)
         for name, p in workload.model.named_parameters()
-        if p.grad is not None
+        if p.grad is not None and copy_state
     }
     buffers = {
         name: buffer.detach().to("cpu", copy=True)
         for name, buffer in workload.model.named_buffers()
+        if copy_state
     }
     times = []
     for step in range(timed_steps):

@@ -1,14 +1,23 @@
 """The whole ``profile`` job as one library call: measure, solve, check by running, re-plan.
 
-Rule: a plan is returned only after it has been run in a separate process with its peak
-within the budget and its loss, gradients and buffers equal to the unplanned step's. If the
-measured peak overshoots, the solver aims lower by the overshoot and tries again.
+Rule one: no pass of the job needs more memory than the budget. The memory timeline is
+recorded on fake tensors (:mod:`planner.fake`); times are measured in steps with a timing
+plan applied that fits the budget (:mod:`planner.timing`), chosen by solving the fake
+profile with provisional roofline costs; the plan's check runs only the planned step. Where
+fake execution cannot run the step, a real step is recorded instead, stopped if its live
+memory passes the budget. With a ``target`` device spec nothing runs for real at all: times
+come from a roofline (:mod:`planner.targets`), and the plan is left unchecked.
 
-Before that run, the modules a plan chose are tried once for recomputation mismatches
-(:func:`planner.safety.find_recompute_mismatches`: a module that fills a cache in forward and
-reads it back when recomputed, say). Any found are excluded from the profile, with the
-reason, and the plan is solved again. Only chosen modules are tried, so profiling itself
-stays a constant number of steps.
+Rule two: a plan is returned only after it has been run in a separate process with its peak
+within the budget and its training step unchanged (:mod:`planner.check`: every recomputation
+bit-identical to its forward, buffers and RNG as without the plan). If the measured peak
+overshoots, the solver aims lower by the overshoot and tries again; a module whose
+recomputation differs is excluded and the plan solved again.
+
+Before that run, the modules a plan chose are tried once for recomputation mismatches on
+fake tensors (:func:`planner.safety.find_recompute_mismatches`: a module that fills a cache
+in forward and reads it back when recomputed, say). Any found are excluded from the
+profile, with the reason, and the plan is solved again.
 """
 
 from __future__ import annotations
@@ -18,18 +27,152 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.check import PlanCheck, check_plan
-from planner.errors import InfeasibleBudgetError, PlanCheckError
+from planner.check import CheckReference, PlanCheck, check_plan
+from planner.errors import InfeasibleBudgetError, PlanCheckError, ProfilingError
+from planner.fake import FakeExecutionError, build_fake_workload
 from planner.plan import CheckpointMethod, Plan
-from planner.planning import plan_for_budget, unit_children
-from planner.profiler import ProgressCallback, profile_model_file
-from planner.records import Profile
+from planner.planning import build_plan, plan_for_budget, unit_children, unit_cost_ms
+from planner.profiler import ProgressCallback, record_memory
+from planner.records import MemorySource, Profile
 from planner.safety import exclude_modules, find_recompute_mismatches
 from planner.solver import Solution, Solver
+from planner.targets import DeviceSpec, check_budget_fits, roofline_costs
+from planner.timing import measure_costs, with_measured_costs
+from planner.tracking import MemoryLimitExceeded
 from planner.units import format_bytes
-from planner.workload import build_workload, load_model_file
+from planner.workload import ModelFile, build_workload, load_model_file
 
-__all__ = ["PlanningResult", "plan_checked", "profile_and_plan"]
+__all__ = ["PlanningResult", "plan_checked", "profile_and_plan", "profile_model_file"]
+
+# Provisional costs, only to choose a timing plan that fits (never shown): a roofline with
+# round numbers for this machine's device. Relative costs are what matter there.
+_PROVISIONAL_SPECS = {
+    "cpu": DeviceSpec("this-cpu", "cpu", 2**62, {"float32": 1e11}, 2e10),
+    "cuda": DeviceSpec("this-gpu", "cuda", 2**62, {"float32": 2e13, "bfloat16": 2e14}, 1e12),
+}
+
+
+def _cuda_workspace_bytes(device: str) -> int:
+    """cuBLAS's workspaces on this CUDA device, as ``max_memory_allocated`` counts them: a
+    matmul in forward and one in autograd's backward thread each create one. Measured in a
+    process that has not used cuBLAS yet (this one, at profiling time); 0 if it has."""
+    import torch
+
+    from planner.tracking import allocated_bytes
+
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    x = torch.ones(8, 8, device=device, requires_grad=True)
+    y = (x @ x).sum()
+    y.backward()
+    torch.cuda.synchronize(device)
+    alive = sum(
+        allocated_bytes(t.untyped_storage().nbytes(), "cuda")
+        for t in (x, x.grad, y)
+        if t is not None
+    )
+    return max(0, torch.cuda.memory_allocated(device) - before - alive)
+
+
+def _record_memory(
+    model_file: ModelFile,
+    *,
+    device: str,
+    seed: int,
+    memory: MemorySource,
+    budget_bytes: int | None,
+    target: DeviceSpec | None,
+    progress: ProgressCallback | None,
+) -> Profile:
+    device_type = target.device_type if target is not None else device
+    workspace = 0
+    if device_type == "cuda":
+        workspace = target.workspace_bytes if target is not None else _cuda_workspace_bytes(device)
+    if memory is MemorySource.FAKE:
+        try:
+            if progress:
+                progress("building the model on fake tensors", 0, 0)
+            workload, session = build_fake_workload(model_file, device_type, seed)
+            return record_memory(
+                workload, session=session, seed=seed, workspace_bytes=workspace, progress=progress
+            )
+        except FakeExecutionError as error:
+            if target is not None:
+                raise ProfilingError(
+                    f"{error}; a plan for {target.name} needs the step to run on fake tensors: "
+                    "avoid that op in the training step, or plan on that device"
+                ) from error
+            fake_error = error
+        logger.warning("%s; recording a real step instead", fake_error)
+        if progress:
+            progress("recording a real step (fake tensors cannot run this one)", 0, 0)
+    workload = build_workload(model_file, device=device, seed=seed)
+    limit = budget_bytes if memory is MemorySource.FAKE else None
+    try:
+        return record_memory(
+            workload, seed=seed, limit_bytes=limit, workspace_bytes=workspace, progress=progress
+        )
+    except MemoryLimitExceeded as over:
+        assert budget_bytes is not None
+        raise ProfilingError(
+            f"{fake_error}; a real unplanned step instead needs more than the budget "
+            f"{format_bytes(budget_bytes)} (stopped at {format_bytes(over.reached_bytes)}): "
+            "avoid that op in the training step, or plan with --memory real on a machine "
+            "where the unplanned step fits"
+        ) from over
+
+
+def profile_model_file(
+    model_file: ModelFile,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    memory: MemorySource = MemorySource.FAKE,
+    budget_bytes: int | None = None,
+    target: DeviceSpec | None = None,
+    timing_steps: int = 1,
+    progress: ProgressCallback | None = None,
+) -> Profile:
+    """A complete profile of the model file's training step (see the module docstring).
+
+    ``memory``: record on fake tensors (default) or by running the unplanned step for real
+    (``real``: it must fit the machine). ``budget_bytes`` bounds every real pass: the timing
+    plan is solved to fit it, and real steps stop if they pass it (CPU); without it, times
+    are taken on the unplanned step. ``target``: estimate times for that device instead of
+    measuring them here (nothing runs for real)."""
+    profile = _record_memory(
+        model_file,
+        device=device,
+        seed=seed,
+        memory=memory,
+        budget_bytes=budget_bytes,
+        target=target,
+        progress=progress,
+    )
+    if target is not None:
+        return roofline_costs(profile, target)
+    provisional = roofline_costs(
+        profile, _PROVISIONAL_SPECS[device.split(":")[0]], estimate_only=True
+    )
+    if budget_bytes is None:
+        timing_plan = build_plan(provisional, [], 0, strategy="timing")
+    else:
+        # Raises InfeasibleBudgetError (with the smallest budget that fits) before anything
+        # real is allocated.
+        timing_plan, _ = plan_for_budget(provisional, budget_bytes)
+    costs = measure_costs(
+        model_file,
+        profile,
+        timing_plan,
+        device=device,
+        seed=seed,
+        limit_bytes=budget_bytes,
+        timing_steps=timing_steps,
+        progress=progress,
+    )
+    measured = with_measured_costs(profile, costs, timing_plan.units, unit_cost_ms)
+    return measured
+
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +203,19 @@ class PlanningResult:
     attempts: int
 
 
+def _probe(
+    profile: Profile, names: list[str], *, model_path: str | Path, device: str, seed: int
+) -> dict[str, str]:
+    """Try the recomputation of ``names`` on fake tensors (no memory); for a profile
+    recorded for real because fake tensors cannot run the step, on a real step."""
+    model_file = load_model_file(model_path)
+    if profile.memory_source is MemorySource.FAKE:
+        workload, session = build_fake_workload(model_file, device.split(":")[0], seed)
+        return find_recompute_mismatches(workload, names, seed=seed, session=session)
+    workload = build_workload(model_file, device=device, seed=seed)
+    return find_recompute_mismatches(workload, names, seed=seed)
+
+
 def plan_checked(
     profile: Profile,
     budget_bytes: int,
@@ -68,13 +224,14 @@ def plan_checked(
     device: str = "cpu",
     seed: int = 0,
     max_attempts: int = 3,
+    reference: CheckReference = CheckReference.RECOMPUTATION,
     progress: ProgressCallback | None = None,
 ) -> PlanningResult:
-    """Solve for ``budget_bytes`` and, if ``model_path`` is given, check the plan by running it."""
+    """Solve for ``budget_bytes`` and, if ``model_path`` is given, check the plan by running
+    it (against ``reference``; on CPU the run is stopped if it passes the budget)."""
     solver = Solver(profile)
     target = budget_bytes
     probed: set[str] = set()
-    workload = None
     attempt = 0
     while attempt < max_attempts:
         attempt += 1
@@ -95,9 +252,7 @@ def plan_checked(
         if untried:
             if progress:
                 progress(f"trying recomputation of {len(untried)} chosen modules", 0, 1)
-            if workload is None:
-                workload = build_workload(load_model_file(model_path), device=device, seed=seed)
-            mismatches = find_recompute_mismatches(workload, untried, seed=seed)
+            mismatches = _probe(profile, untried, model_path=model_path, device=device, seed=seed)
             probed.update(untried)
             if mismatches:
                 logger.warning(
@@ -111,7 +266,27 @@ def plan_checked(
                 continue
         if progress:
             progress(f"checking the plan by running it (attempt {attempt})", 0, 1)
-        check = check_plan(model_path, plan, device=device, seed=seed)
+        check = check_plan(
+            model_path,
+            plan,
+            device=device,
+            seed=seed,
+            reference=reference,
+            limit_bytes=budget_bytes if device == "cpu" else None,
+        )
+        if check.recompute_mismatches:
+            reasons = {
+                name: next(
+                    (d for d in check.differences if d.startswith(f"recomputation of {name}")),
+                    "its recomputation differs from its forward",
+                )
+                for name in check.recompute_mismatches
+            }
+            logger.warning("excluding %s: %s", ", ".join(reasons), "; ".join(reasons.values()))
+            profile = exclude_modules(profile, reasons)
+            solver = Solver(profile, solver.memory)
+            attempt -= 1  # not a memory attempt
+            continue
         if not check.training_unchanged:
             raise PlanCheckError(
                 "the plan changes the training step ("
@@ -121,7 +296,9 @@ def plan_checked(
         if not check.state_dict_keys_equal:
             raise PlanCheckError("internal error: applying the plan changed state_dict keys")
         if check.within_budget:
-            plan = dataclasses.replace(plan, measured_peak_bytes=check.measured_peak_bytes)
+            plan = dataclasses.replace(
+                plan, measured_peak_bytes=check.measured_peak_bytes, checked=True
+            )
             return PlanningResult(profile, plan, solution, check, attempt)
         overshoot = check.measured_peak_bytes - budget_bytes
         logger.warning(
@@ -144,16 +321,38 @@ def profile_and_plan(
     device: str = "cpu",
     seed: int = 0,
     check: bool = True,
+    memory: MemorySource = MemorySource.FAKE,
+    target: DeviceSpec | None = None,
     progress: ProgressCallback | None = None,
 ) -> PlanningResult:
-    """Load the model file, profile one step, solve for the budget, check the plan."""
+    """Load the model file, profile one step, solve for the budget, check the plan (see
+    the module docstring). With ``target`` the plan is for that device and is not run."""
     model_file = load_model_file(model_path)
-    profile = profile_model_file(model_file, device=device, seed=seed, progress=progress)
-    return plan_checked(
+    if target is not None:
+        check_budget_fits(target, budget_bytes)
+        device = target.device_type
+    profile = profile_model_file(
+        model_file,
+        device=device,
+        seed=seed,
+        memory=memory,
+        budget_bytes=budget_bytes,
+        target=target,
+        progress=progress,
+    )
+    result = plan_checked(
         profile,
         budget_bytes,
-        model_path=model_file.path if check else None,
+        model_path=model_file.path if check and target is None else None,
         device=device,
         seed=seed,
         progress=progress,
     )
+    if target is not None:
+        note = (
+            f"unchecked: made for {target.name}, which is not here; run `ckpt-plan verify "
+            "MODEL.py PLAN` on it before training"
+        )
+        plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
+        result = dataclasses.replace(result, plan=plan)
+    return result

@@ -69,7 +69,12 @@ class Plan:
     """A checkpointing decision for one model, batch and device, with its predictions.
 
     ``predicted_overhead`` is the recompute time as a fraction of one unplanned step.
-    ``measured_peak_bytes`` is filled in once the plan has been run and measured.
+    ``measured_peak_bytes`` is filled in once the plan has been run and measured, and
+    ``checked`` once that run also showed the training step unchanged; a plan made for a
+    device that is not here (``target``) stays unchecked until ``ckpt-plan verify`` runs
+    it there. ``memory_source`` and ``cost_source`` say how the profile's figures were
+    obtained (``fake`` or ``real`` memory; ``measured`` or ``roofline`` times), and
+    ``assumptions`` what the profile assumed about the device.
     """
 
     budget_bytes: int
@@ -89,6 +94,11 @@ class Plan:
     measured_peak_bytes: int | None = None
     schema_version: int = PLAN_SCHEMA_VERSION
     notes: tuple[str, ...] = field(default_factory=tuple)
+    memory_source: str = "real"
+    cost_source: str = "measured"
+    target: str | None = None
+    checked: bool = False
+    assumptions: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def module_names(self) -> tuple[str, ...]:
@@ -117,6 +127,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         for decision in plan.modules
     ]
     data["notes"] = list(plan.notes)
+    data["assumptions"] = list(plan.assumptions)
     # Put the version first so a person opening the file sees it.
     return {"schema_version": data.pop("schema_version"), **data}
 
@@ -139,7 +150,9 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         raise PlanFileError(f"{source} is missing fields {', '.join(missing)}; re-create the plan")
     for name, kinds in _FIELD_TYPES.items():
         value = data.get(name)
-        if name in data and (not isinstance(value, kinds) or isinstance(value, bool)):
+        if name in data and (
+            not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)
+        ):
             expected = " or ".join(kind.__name__ for kind in kinds)
             raise PlanFileError(
                 f"{source}: field {name!r} should be {expected}, not {type(value).__name__}; "
@@ -162,6 +175,7 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         values = {name: data[name] for name in known if name in data}
         values["modules"] = modules
         values["notes"] = tuple(values.get("notes", ()))
+        values["assumptions"] = tuple(values.get("assumptions", ()))
         plan = Plan(**values)
     except (KeyError, TypeError, ValueError) as error:
         raise PlanFileError(
@@ -185,6 +199,9 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "torch_version": (str,),
     "model_name": (str,),
     "strategy": (str,),
+    "memory_source": (str,),
+    "cost_source": (str,),
+    "checked": (bool,),
 }
 
 _REQUIRED_PLAN_FIELDS = frozenset(

@@ -97,6 +97,10 @@ def build_plan(
         model_name=profile.model_name,
         strategy=strategy,
         notes=notes,
+        memory_source=profile.memory_source.value,
+        cost_source=profile.cost_source.value,
+        target=profile.target,
+        assumptions=profile.assumptions,
     )
 
 

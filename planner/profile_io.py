@@ -14,9 +14,12 @@ from planner.errors import ProfileFileError
 from planner.fileio import atomic_path, atomic_write_text
 from planner.records import (
     PROFILE_SCHEMA_VERSION,
+    CostSource,
+    MemorySource,
     MemoryTimeline,
     ModuleCall,
     ModuleProfile,
+    OpCost,
     Profile,
     SavedTensor,
     StorageLifetime,
@@ -26,6 +29,7 @@ __all__ = ["load_profile", "module_table", "save_profile", "save_profile_table"]
 
 _STORAGE_COLUMNS = [f.name for f in fields(StorageLifetime)]
 _SAVED_COLUMNS = [f.name for f in fields(SavedTensor)]
+_OP_COLUMNS = [f.name for f in fields(OpCost)]
 
 
 def module_table(profile: Profile) -> pd.DataFrame:
@@ -47,8 +51,13 @@ def _profile_to_dict(profile: Profile) -> dict[str, Any]:
         "calls": [asdict(call) for call in timeline.calls],
         "saved_tensor_columns": _SAVED_COLUMNS,
         "saved_tensors": [[getattr(t, c) for c in _SAVED_COLUMNS] for t in timeline.saved_tensors],
+        "op_cost_columns": _OP_COLUMNS,
+        "op_costs": [[getattr(o, c) for c in _OP_COLUMNS] for o in timeline.op_costs],
     }
     data["block_names"] = list(profile.block_names)
+    data["assumptions"] = list(profile.assumptions)
+    data["memory_source"] = profile.memory_source.value
+    data["cost_source"] = profile.cost_source.value
     return data
 
 
@@ -108,6 +117,10 @@ def load_profile(path: str | Path) -> Profile:
                 for row in raw.get("saved_tensors", ())
             ),
             phase_end_events={k: int(v) for k, v in raw["phase_end_events"].items()},
+            op_costs=tuple(
+                OpCost(**dict(zip(raw["op_cost_columns"], row, strict=True)))
+                for row in raw.get("op_costs", ())
+            ),
         )
         values = {f.name: data[f.name] for f in fields(Profile) if f.name in data}
         values["modules"] = tuple(
@@ -116,6 +129,9 @@ def load_profile(path: str | Path) -> Profile:
         )
         values["timeline"] = timeline
         values["block_names"] = tuple(data.get("block_names", ()))
+        values["assumptions"] = tuple(data.get("assumptions", ()))
+        values["memory_source"] = MemorySource(data.get("memory_source", "real"))
+        values["cost_source"] = CostSource(data.get("cost_source", "measured"))
         return Profile(**values)
     except (KeyError, TypeError, ValueError) as error:
         raise ProfileFileError(f"profile {source} is malformed ({error}); re-profile") from error

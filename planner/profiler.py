@@ -1,60 +1,77 @@
-"""Profile one training step: per-module saved bytes, forward times, the memory timeline.
+"""Profile one training step: the memory timeline, per-module saved bytes, op costs.
 
-Order of work (the cost is a constant number of steps, whatever the number of modules):
+:func:`record_memory` is the memory half of a profile. It runs ``warmup_steps`` steps (so
+the optimizer state exists and the step is steady-state), then ONE instrumented step under
+:class:`TimelineRecorder`, which records, in order, every storage made and freed, every
+module forward entered and left, every tensor saved for backward (packed) and read back
+(unpacked), and each op's FLOPs and bytes. With a :class:`~planner.fake.FakeSession` all of
+it runs on fake tensors (the default of ``ckpt-plan profile``: no memory is used); without
+one, for real. Times are not taken here: :mod:`planner.timing` measures them in steps that
+fit the budget, and :mod:`planner.roofline` estimates them for a target device.
 
-1. ``warmup_steps`` plain steps, so the optimizer state exists and the step is steady-state
-   (the later ones give the plain step time);
-2. ``timing_passes`` forward passes (grad enabled, as recomputation runs them) with hooks
-   timing every module call; medians are kept;
-3. ONE instrumented step under :class:`TimelineRecorder`, which records, in order, every
-   storage made and freed, every module forward entered and left, and every tensor saved for
-   backward (packed) and read back (unpacked).
+:func:`profile_workload` is the all-real profile (a real instrumented step, then timed
+forward passes of the unplanned model): the cross-check for fake profiles, for models that
+fit the machine.
 
-Everything the planner needs about checkpointing a module is derived from that timeline by
+Everything the planner needs about checkpointing a module is derived from the timeline by
 :mod:`planner.memory_model` (pure Python), so the derivation can be tested on hand-written
 timelines and re-run from a saved profile.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.flop_counter import flop_registry
 
 from planner.apply import model_fingerprint
 from planner.errors import ProfilingError
 from planner.memory_model import MemoryModel
 from planner.records import (
     PROFILE_SCHEMA_VERSION,
+    CostSource,
+    MemorySource,
     MemoryTimeline,
     ModuleCall,
     ModuleProfile,
+    OpCost,
     Profile,
     SavedTensor,
     StorageLifetime,
 )
-from planner.tracking import StorageWatcher, iter_tensors, workload_tensors, written_arguments
+from planner.tracking import (
+    PeakMemoryTracker,
+    StorageWatcher,
+    iter_tensors,
+    returns_view,
+    workload_tensors,
+    written_arguments,
+)
 from planner.workload import (
-    ModelFile,
     Workload,
-    build_workload,
     compute_loss,
     describe_batch,
     run_training_step,
     user_code_errors,
 )
 
+if TYPE_CHECKING:
+    from planner.fake import FakeSession
+
 __all__ = [
     "ProgressCallback",
     "TimelineRecorder",
     "find_blocks",
-    "profile_model_file",
     "profile_workload",
+    "record_memory",
 ]
 
 logger = logging.getLogger(__name__)
@@ -147,9 +164,16 @@ class TimelineRecorder(StorageWatcher):
     hooks are installed on enter and removed on exit.
     """
 
-    def __init__(self, workload: Workload) -> None:
-        super().__init__(workload.device.type)
+    def __init__(
+        self,
+        workload: Workload,
+        *,
+        charge_as: str | None = None,
+        limit_bytes: int | None = None,
+    ) -> None:
+        super().__init__(workload.device.type, charge_as=charge_as, limit_bytes=limit_bytes)
         self.workload = workload
+        self._op_costs: list[OpCost] = []
         self.event = 0
         self._alloc: dict[int, tuple[int, int, int, str]] = {}  # index -> size, event, call, kind
         self._free: dict[int, int] = {}
@@ -177,7 +201,11 @@ class TimelineRecorder(StorageWatcher):
     def on_free(self, index: int) -> None:
         self._free[index] = self._tick()
 
-    def on_op(self, func: Any, args: Any, kwargs: Any, outputs: list[torch.Tensor]) -> None:
+    def on_op(
+        self, func: Any, args: Any, kwargs: Any, outputs: list[torch.Tensor], result: Any
+    ) -> None:
+        if self._saved_hooks is not None:
+            self._op_costs.append(_op_cost(func, args, kwargs, outputs, result, self))
         if not self._stack:
             return
         random = _is_random(func)
@@ -329,12 +357,60 @@ class TimelineRecorder(StorageWatcher):
                 if storage >= 0
             ),
             phase_end_events=dict(self.phase_end_events),
+            op_costs=tuple(self._op_costs),
         )
 
 
-def _record_step(workload: Workload, seed: int) -> tuple[MemoryTimeline, int]:
-    """Run one instrumented step; return its timeline and the tracker's measured peak."""
-    recorder = TimelineRecorder(workload)
+def _op_cost(
+    func: Any,
+    args: Any,
+    kwargs: Any,
+    outputs: list[torch.Tensor],
+    result: Any,
+    recorder: TimelineRecorder,
+) -> OpCost:
+    formula = flop_registry.get(getattr(func, "_overloadpacket", None))
+    flops = 0
+    if formula is not None:
+        try:
+            flops = int(formula(*args, **kwargs, out_val=result))
+        except Exception:  # a formula that does not cover this overload's arguments
+            flops = 0
+    inputs = list(iter_tensors((args, kwargs)))
+    if returns_view(func):
+        moved = 0
+    else:
+        seen: set[int] = set()
+        moved = 0
+        for tensor in (*inputs, *outputs):
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                moved += tensor.numel() * tensor.element_size()
+    dtype = next(
+        (t.dtype for t in (*inputs, *outputs) if t.is_floating_point()),
+        inputs[0].dtype if inputs else (outputs[0].dtype if outputs else torch.float32),
+    )
+    return OpCost(
+        op=str(func),
+        call=recorder._stack[-1] if recorder._stack else -1,
+        event=recorder.event,
+        flops=flops,
+        bytes_moved=moved,
+        dtype=str(dtype).removeprefix("torch."),
+    )
+
+
+def _record_step(
+    workload: Workload,
+    seed: int,
+    charge_as: str | None = None,
+    ignore: tuple[torch.Tensor, ...] = (),
+    limit_bytes: int | None = None,
+) -> tuple[MemoryTimeline, int]:
+    """Run one instrumented step; return its timeline and the tracker's measured peak.
+    ``ignore``: tensors not on the planned device (see ``FakeSession.host_tensors``)."""
+    recorder = TimelineRecorder(workload, charge_as=charge_as, limit_bytes=limit_bytes)
+    recorder.ignore(ignore)
     torch.manual_seed(seed)
     with recorder:
         workload.optimizer.zero_grad(set_to_none=True)
@@ -376,22 +452,34 @@ def find_blocks(model: torch.nn.Module) -> tuple[str, ...]:
 
 
 def _unique_bytes(tensors: list[torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        seen[storage.data_ptr() or id(storage)] = storage.nbytes()
-    return sum(seen.values())
+    # A storage's Python object lives as long as the storage (fake ones included), so its
+    # id identifies it while the tensors are held here.
+    return sum({id(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def _forward_flops_by_call(timeline: MemoryTimeline) -> list[int]:
+    """FLOPs of each module call's forward, its children's included."""
+    flops = [0] * len(timeline.calls)
+    forward_end = timeline.phase_end_events.get("forward", timeline.event_count)
+    for op in timeline.op_costs:
+        if op.call < 0 or op.event > forward_end or not op.flops:
+            continue
+        call = op.call
+        while call >= 0:
+            flops[call] += op.flops
+            call = timeline.calls[call].parent_call
+    return flops
 
 
 def _module_profiles(
-    workload: Workload,
+    model: torch.nn.Module,
     timeline: MemoryTimeline,
     forward_ms: dict[str, float],
     memory: MemoryModel | None = None,
 ) -> tuple[ModuleProfile, ...]:
-    model = workload.model
     memory = memory or MemoryModel(timeline)
     storages = timeline.storages
+    call_flops = _forward_flops_by_call(timeline)
     records = []
     for name, module in model.named_modules():
         calls = memory.calls_of(name)
@@ -432,9 +520,129 @@ def _module_profiles(
                 uses_rng=uses_rng,
                 excluded_reason=reason,
                 mutated_buffers=tuple(mutated),
+                forward_flops=sum(call_flops[index] for index in calls),
             )
         )
     return tuple(records)
+
+
+def record_memory(
+    workload: Workload,
+    *,
+    session: FakeSession | None = None,
+    warmup_steps: int = 1,
+    seed: int = 0,
+    charge_as: str | None = None,
+    limit_bytes: int | None = None,
+    workspace_bytes: int = 0,
+    progress: ProgressCallback | None = None,
+) -> Profile:
+    """The memory half of a profile (see the module docstring): times are left at 0 and
+    ``cost_source`` is ``none``. With ``session`` the steps run on its fake tensors, and the
+    profile is for the session's device. The workload's weights change (real steps).
+    ``limit_bytes`` stops a real step whose live memory passes it
+    (:class:`~planner.tracking.MemoryLimitExceeded`). ``workspace_bytes`` is memory the
+    device's libraries hold for the whole step (cuBLAS workspaces on CUDA): it is added to
+    the timeline as one storage alive throughout, so every predicted peak includes it."""
+    running = session.running if session is not None else contextlib.nullcontext
+    device_type = session.device_type if session is not None else workload.device.type
+    with running():
+        for step in range(warmup_steps):
+            if progress:
+                progress("warm-up step (creates optimizer state)", step, warmup_steps + 1)
+            with PeakMemoryTracker(
+                workload.device,
+                workload_tensors(workload.model, workload.optimizer, workload.batch),
+                limit_bytes=limit_bytes,
+            ):
+                run_training_step(workload, seed=seed + step)
+        if progress:
+            progress("recording the memory timeline", warmup_steps, warmup_steps + 1)
+        timeline, measured_peak = _record_step(
+            workload,
+            seed=seed,
+            charge_as=charge_as or device_type,
+            ignore=session.host_tensors(workload.optimizer) if session is not None else (),
+            limit_bytes=limit_bytes,
+        )
+    if workspace_bytes:
+        timeline = _with_workspace(timeline, workspace_bytes)
+        measured_peak += workspace_bytes
+    return _profile_from_timeline(
+        workload,
+        timeline,
+        measured_peak,
+        forward_ms={},
+        step_ms=0.0,
+        memory_source=MemorySource.FAKE if session is not None else MemorySource.REAL,
+        cost_source=CostSource.NONE,
+        device=str(torch.device(device_type)) if session is not None else str(workload.device),
+        assumptions=session.assumptions if session is not None else (),
+    )
+
+
+def _with_workspace(timeline: MemoryTimeline, workspace_bytes: int) -> MemoryTimeline:
+    workspace = StorageLifetime(
+        size_bytes=workspace_bytes,
+        alloc_event=-1,
+        free_event=timeline.event_count,
+        alloc_call=-1,
+        kind="workspace",
+    )
+    return dataclasses.replace(timeline, storages=(*timeline.storages, workspace))
+
+
+def _profile_from_timeline(
+    workload: Workload,
+    timeline: MemoryTimeline,
+    measured_peak: int,
+    *,
+    forward_ms: dict[str, float],
+    step_ms: float,
+    memory_source: MemorySource,
+    cost_source: CostSource,
+    device: str,
+    assumptions: tuple[str, ...],
+) -> Profile:
+    storages = timeline.storages
+    memory = MemoryModel(timeline)
+    replayed_peak = memory.peak_bytes()
+    if replayed_peak != measured_peak:  # internal invariant: the replay is the measurement
+        raise ProfilingError(
+            f"internal error: timeline replay gives {replayed_peak} bytes but the tracker "
+            f"measured {measured_peak}; please report this with your model file"
+        )
+
+    def kind_bytes(kind: str) -> int:
+        return sum(
+            s.size_bytes
+            for s in storages
+            if s.kind == kind and s.free_event == timeline.event_count
+        )
+
+    model = workload.model
+    return Profile(
+        schema_version=PROFILE_SCHEMA_VERSION,
+        model_name=workload.model_file.name,
+        model_file=str(workload.model_file.path),
+        device=device,
+        torch_version=torch.__version__,
+        fingerprint=model_fingerprint(model),
+        batch=describe_batch(workload.batch),
+        step_ms=step_ms,
+        measured_peak_bytes=measured_peak,
+        parameter_bytes=kind_bytes("parameter"),
+        buffer_bytes=kind_bytes("buffer"),
+        gradient_bytes=kind_bytes("gradient"),
+        optimizer_state_bytes=kind_bytes("optimizer_state"),
+        modules=_module_profiles(model, timeline, forward_ms, memory),
+        timeline=timeline,
+        block_names=find_blocks(model),
+        memory_source=memory_source,
+        cost_source=cost_source,
+        assumptions=assumptions,
+        workspace_bytes=kind_bytes("workspace"),
+    )
 
 
 def profile_workload(
@@ -445,7 +653,9 @@ def profile_workload(
     seed: int = 0,
     progress: ProgressCallback | None = None,
 ) -> Profile:
-    """Measure ``workload`` (see the module docstring). The workload's weights change.
+    """The all-real profile of ``workload`` (see the module docstring): warm-up steps, timed
+    forward passes of the unplanned model, one real instrumented step. It needs the memory
+    of the unplanned step. The workload's weights change.
 
     The step time is the median of the warm-up steps after the first (the first pays
     one-time costs such as creating the optimizer state); with one warm-up step, its own.
@@ -464,53 +674,17 @@ def profile_workload(
     if progress:
         progress("recording the memory timeline", total - 1, total)
     timeline, measured_peak = _record_step(workload, seed=seed)
-    storages = timeline.storages
-    memory = MemoryModel(timeline)
-    replayed_peak = memory.peak_bytes()
-    if replayed_peak != measured_peak:  # internal invariant: the replay is the measurement
-        raise ProfilingError(
-            f"internal error: timeline replay gives {replayed_peak} bytes but the tracker "
-            f"measured {measured_peak}; please report this with your model file"
-        )
-
-    def kind_bytes(kind: str) -> int:
-        return sum(
-            s.size_bytes
-            for s in storages
-            if s.kind == kind and s.free_event == timeline.event_count
-        )
-
-    model = workload.model
-    module_profiles = _module_profiles(workload, timeline, forward_ms, memory)
+    profile = _profile_from_timeline(
+        workload,
+        timeline,
+        measured_peak,
+        forward_ms=forward_ms,
+        step_ms=step_ms,
+        memory_source=MemorySource.REAL,
+        cost_source=CostSource.MEASURED,
+        device=str(workload.device),
+        assumptions=(f"times: {timing_passes} forward passes of the unplanned model",),
+    )
     if progress:
         progress("done", total, total)
-    return Profile(
-        schema_version=PROFILE_SCHEMA_VERSION,
-        model_name=workload.model_file.name,
-        model_file=str(workload.model_file.path),
-        device=str(workload.device),
-        torch_version=torch.__version__,
-        fingerprint=model_fingerprint(model),
-        batch=describe_batch(workload.batch),
-        step_ms=step_ms,
-        measured_peak_bytes=measured_peak,
-        parameter_bytes=kind_bytes("parameter"),
-        buffer_bytes=kind_bytes("buffer"),
-        gradient_bytes=kind_bytes("gradient"),
-        optimizer_state_bytes=kind_bytes("optimizer_state"),
-        modules=module_profiles,
-        timeline=timeline,
-        block_names=find_blocks(model),
-    )
-
-
-def profile_model_file(
-    model_file: ModelFile,
-    *,
-    device: str = "cpu",
-    seed: int = 0,
-    progress: ProgressCallback | None = None,
-) -> Profile:
-    """Build the model file's workload and profile it."""
-    workload = build_workload(model_file, device=device, seed=seed)
-    return profile_workload(workload, seed=seed, progress=progress)
+    return profile

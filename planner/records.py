@@ -9,14 +9,18 @@ or unpacked. Events order things; they are not a clock.
 
 from __future__ import annotations
 
+import enum
 import functools
 from dataclasses import dataclass, field
 
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
+    "CostSource",
+    "MemorySource",
     "MemoryTimeline",
     "ModuleCall",
     "ModuleProfile",
+    "OpCost",
     "Profile",
     "SavedTensor",
     "StorageLifetime",
@@ -24,9 +28,31 @@ __all__ = [
 
 PROFILE_SCHEMA_VERSION = 1
 
+
+class MemorySource(str, enum.Enum):
+    """How the memory timeline was recorded (DESIGN.md, "Where each figure comes from")."""
+
+    FAKE = "fake"
+    """On fake tensors (``FakeTensorMode``): exact sizes and lifetimes, no storage."""
+    REAL = "real"
+    """By running the unplanned step for real (it must fit the machine)."""
+
+
+class CostSource(str, enum.Enum):
+    """Where the modules' recomputation times come from."""
+
+    NONE = "none"
+    """Not yet known (a memory-only profile)."""
+    MEASURED = "measured"
+    """Timed on this device, in steps that fit the budget."""
+    ROOFLINE = "roofline"
+    """Estimated for a target device from each op's FLOPs and bytes (``Profile.target``)."""
+
+
 # Storage kinds. "activation" covers everything made during the step that is not one of the
 # static kinds: activations, temporaries, gradients of activations, the loss.
-STATIC_KINDS = ("parameter", "buffer", "gradient", "optimizer_state")
+# "workspace": memory a device's libraries hold for the whole step (cuBLAS on CUDA).
+STATIC_KINDS = ("parameter", "buffer", "gradient", "optimizer_state", "workspace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +110,26 @@ class SavedTensor:
     last_unpack_event: int
 
 
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """One op of the instrumented step, for cost estimates.
+
+    ``call`` is the innermost module call running when it ran in forward (-1 in backward
+    and the optimizer step, or outside every module); ``event`` is the timeline event just
+    before it (so ``phase_end_events`` place it in a phase). ``flops`` counts as
+    ``torch.utils.flop_counter`` does (0 for ops it does not count: elementwise ops);
+    ``bytes_moved`` is the bytes of its tensor inputs and outputs (0 for views), ``dtype``
+    the dtype it computes in (its first floating-point input or output).
+    """
+
+    op: str
+    call: int
+    event: int
+    flops: int
+    bytes_moved: int
+    dtype: str
+
+
 @dataclass(frozen=True)
 class MemoryTimeline:
     """The measured memory history of one training step (forward, backward, optimizer)."""
@@ -94,6 +140,7 @@ class MemoryTimeline:
     saved_tensors: tuple[SavedTensor, ...] = ()
     # Event at which each phase ended: "forward" (loss computed), "backward", "optimizer".
     phase_end_events: dict[str, int] = field(default_factory=dict)
+    op_costs: tuple[OpCost, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +171,8 @@ class ModuleProfile:
     uses_rng: bool
     excluded_reason: str
     mutated_buffers: tuple[str, ...] = ()
+    # FLOPs of its forward, all calls (torch.utils.flop_counter's count).
+    forward_flops: int = 0
 
     @property
     def is_candidate(self) -> bool:
@@ -132,7 +181,12 @@ class ModuleProfile:
 
 @dataclass(frozen=True)
 class Profile:
-    """Everything measured about one training step of one model on one device."""
+    """Everything measured about one training step of one model on one device.
+
+    ``memory_source`` and ``cost_source`` say how the timeline and the times were obtained;
+    ``target`` names the device spec of a roofline estimate; ``assumptions`` lists how a
+    fake step modelled its device (see :mod:`planner.fake`) and how times were taken.
+    """
 
     schema_version: int
     model_name: str
@@ -150,6 +204,12 @@ class Profile:
     modules: tuple[ModuleProfile, ...]
     timeline: MemoryTimeline
     block_names: tuple[str, ...] = ()
+    memory_source: MemorySource = MemorySource.REAL
+    cost_source: CostSource = CostSource.MEASURED
+    target: str | None = None
+    assumptions: tuple[str, ...] = ()
+    # Memory the device's libraries hold throughout (cuBLAS workspaces), in every peak.
+    workspace_bytes: int = 0
 
     @property
     def static_bytes(self) -> int:

@@ -51,7 +51,7 @@ from planner.planning import (
     unit_children,
 )
 from planner.profile_io import load_profile
-from planner.records import ModuleProfile, Profile
+from planner.records import CostSource, MemorySource, ModuleProfile, Profile
 from planner.solver import Solver
 from planner.units import format_bytes
 
@@ -586,7 +586,8 @@ def memory_timeline_figure(
         data["event"],
         data["unplanned_mib"] * scale,
         color=_OTHER_COLOR,
-        label=f"no checkpointing (measured), peak {format_bytes(profile.measured_peak_bytes)}",
+        label=f"no checkpointing ({unplanned_source(profile)}), "
+        f"peak {format_bytes(profile.measured_peak_bytes)}",
     )
     if plan.modules:
         axes.plot(
@@ -716,6 +717,27 @@ def _overhead_text(plan: Plan) -> str:
     )
 
 
+def unplanned_source(profile: Profile) -> str:
+    """How the unplanned peak was obtained, in a few words."""
+    if profile.memory_source is MemorySource.FAKE:
+        return "fake-tensor step"
+    return "measured"
+
+
+def memory_source_text(profile: Profile) -> str:
+    if profile.memory_source is MemorySource.FAKE:
+        return "recorded on fake tensors (sizes and lifetimes, no memory used)"
+    return "recorded by running the unplanned step"
+
+
+def cost_source_text(profile: Profile) -> str:
+    if profile.cost_source is CostSource.ROOFLINE:
+        return f"estimated for {profile.target} (roofline from FLOPs and bytes)"
+    if profile.cost_source is CostSource.MEASURED:
+        return "measured on this device"
+    return "not measured"
+
+
 def summary_markdown(
     profile: Profile,
     plan: Plan,
@@ -740,7 +762,8 @@ def summary_markdown(
         f"| device | {profile.device}, torch {profile.torch_version} |",
         f"| batch | {_batch_text(profile.batch)} |",
         f"| budget | {format_bytes(plan.budget_bytes)} |",
-        f"| unplanned peak (measured) | {format_bytes(profile.measured_peak_bytes)} |",
+        f"| unplanned peak ({unplanned_source(profile)}) | "
+        f"{format_bytes(profile.measured_peak_bytes)} |",
         f"| predicted peak with the plan | {format_bytes(plan.predicted_peak_bytes)} |",
         "| measured peak with the plan | "
         + (
@@ -753,12 +776,17 @@ def summary_markdown(
         f"{format_bytes(profile.static_bytes)} |",
         f"| recompute per step (predicted) | {_overhead_text(plan)} |",
         f"| modules checkpointed | {len(plan.modules)} ({plan.strategy}) |",
+        f"| memory figures | {memory_source_text(profile)} |",
+        f"| times | {cost_source_text(profile)} |",
         "",
         "The overhead is a prediction: the profiled forward time of the recomputed modules "
         "as a share of one unplanned training step, not a measured slowdown.",
     ]
     if plan.notes:
         lines += ["", *(f"- {note}" for note in plan.notes)]
+    if profile.assumptions:
+        lines += ["", "Assumed about the device:", ""]
+        lines += [f"- {line}" for line in profile.assumptions]
     lines += ["", "## Chosen modules", ""]
     if plan.modules:
         lines += [

@@ -61,6 +61,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.errors import ProfilingError
+from planner.fake import FakeSession, is_fake
 from planner.records import Profile
 from planner.tracking import iter_tensors, written_arguments
 from planner.workload import Workload, compute_loss, user_code_errors
@@ -108,8 +109,8 @@ def _compare_saved(original: list[torch.Tensor], recomputed: list[torch.Tensor])
                 "torch.utils.checkpoint raise CheckpointError"
             )
     for index, (first, second) in enumerate(pairs):
-        if first.device.type == "meta":
-            continue  # no values to compare
+        if first.device.type == "meta" or is_fake(first):
+            continue  # no values to compare: the plan's check compares them when it runs
         if not torch.equal(first, second):
             return (
                 f"recomputing it gives different values (saved tensor {index}, "
@@ -120,9 +121,12 @@ def _compare_saved(original: list[torch.Tensor], recomputed: list[torch.Tensor])
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
     try:
-        pointer = tensor.untyped_storage().data_ptr()
+        storage = tensor.untyped_storage()
     except (RuntimeError, NotImplementedError):  # sparse, nested, wrapper subclasses
         return None
+    if is_fake(tensor):  # no data pointer; the storage object lives as long as the storage
+        return ("fake", id(storage))
+    pointer = storage.data_ptr()
     return (str(tensor.device), pointer) if pointer else None
 
 
@@ -237,7 +241,7 @@ class _RecomputeProbe:
                 raise _StopRecomputation  # checkpoint stops here too (its "early stop")
             return tensor
 
-        buffers = [(b, b.detach().clone()) for b in call.module.buffers()]
+        buffers = [(b, b.detach().clone(), b._version) for b in call.module.buffers()]
         writes = _ForeignWrites()
         changed_inputs = [t for t, version in call.input_versions if t._version != version]
         raised = ""
@@ -262,12 +266,18 @@ class _RecomputeProbe:
             self.recomputing -= 1
             writes.undo()  # the step goes on as if the re-run had not happened
             with torch.no_grad():
-                for buffer, before in buffers:
+                for buffer, before, version in buffers:
                     # Only those that changed: writing bumps the version counter, and a
                     # buffer saved for backward must keep the version autograd recorded.
-                    if not torch.equal(buffer, before):
+                    # (A fake buffer has no values: its version tells whether it was written.)
+                    changed = (
+                        buffer._version != version
+                        if is_fake(buffer)
+                        else not torch.equal(buffer, before)
+                    )
+                    if changed:
                         buffer.copy_(before)
-        own_buffers = {_storage_key(buffer) for buffer, _ in buffers}
+        own_buffers = {_storage_key(buffer) for buffer, _, _ in buffers}
         foreign = [t for t in writes.written if _storage_key(t) not in own_buffers]
         if changed_inputs:
             reason = (
@@ -332,7 +342,12 @@ def _probe_step(workload: Workload, names: Collection[str], seed: int) -> dict[s
 
 
 def find_recompute_mismatches(
-    workload: Workload, candidate_names: Collection[str], *, seed: int = 0, max_probe_steps: int = 3
+    workload: Workload,
+    candidate_names: Collection[str],
+    *,
+    seed: int = 0,
+    max_probe_steps: int = 3,
+    session: FakeSession | None = None,
 ) -> dict[str, str]:
     """The candidates (by qualified name) whose recomputation would differ from their
     forward, each with the reason: ``{"decoder.block.0": "recomputing it raises ..."}``.
@@ -344,12 +359,18 @@ def find_recompute_mismatches(
     step's random ops. If backward itself fails because of a re-run, the step is repeated
     without the module re-run last, up to ``max_probe_steps`` steps in all; a failure with
     no probe to blame (the model's own step raising) is a :class:`ProfilingError`.
+
+    With ``session`` (a fake workload's) the probe step runs on fake tensors: it needs no
+    memory, and finds every mismatch but different values (case 5 of the design notes),
+    which the plan's check finds when it runs the plan.
     """
     mismatches: dict[str, str] = {}
     remaining = set(candidate_names)
+    running = session.running if session is not None else contextlib.nullcontext
     for _ in range(max_probe_steps):
         try:
-            found = _probe_step(workload, remaining, seed)
+            with running():
+                found = _probe_step(workload, remaining, seed)
         except _BackwardBroken as broken:
             error = broken.error
             broken.found.setdefault(

@@ -21,13 +21,42 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from planner.errors import ProfilingError
+from planner.units import format_bytes
+
 __all__ = [
+    "CUDA_BLOCK_BYTES",
+    "MemoryLimitExceeded",
     "PeakMemoryTracker",
     "StorageWatcher",
+    "allocated_bytes",
     "iter_tensors",
+    "returns_view",
     "workload_tensors",
     "written_arguments",
 ]
+
+# CUDA's caching allocator hands out blocks in multiples of 512 bytes, and
+# ``torch.cuda.max_memory_allocated()`` counts blocks, not requested bytes.
+CUDA_BLOCK_BYTES = 512
+
+
+def allocated_bytes(size_bytes: int, device_type: str) -> int:
+    """What the device's allocator charges for a storage of ``size_bytes``: the size itself
+    on CPU, rounded up to whole 512-byte blocks on CUDA (an empty storage costs nothing)."""
+    if device_type == "cuda" and size_bytes:
+        return -(-size_bytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+    return size_bytes
+
+
+class MemoryLimitExceeded(ProfilingError):
+    """Live tensor memory went over the limit a run was given (raised from inside the op
+    that allocated past it, so the run stops before using more)."""
+
+    def __init__(self, message: str, *, limit_bytes: int, reached_bytes: int) -> None:
+        super().__init__(message)
+        self.limit_bytes = limit_bytes
+        self.reached_bytes = reached_bytes
 
 
 def iter_tensors(
@@ -88,6 +117,21 @@ def written_arguments(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
     return written
 
 
+_VIEWS: dict[Any, bool] = {}
+
+
+def returns_view(func: Any) -> bool:
+    """Whether an op's outputs alias its inputs without writing them (a view, such as
+    ``detach`` or ``transpose``: no values are computed, no data moves)."""
+    view = _VIEWS.get(func)
+    if view is None:
+        returns = getattr(getattr(func, "_schema", None), "returns", ())
+        view = _VIEWS[func] = any(
+            r.alias_info is not None and not r.alias_info.is_write for r in returns
+        )
+    return view
+
+
 def workload_tensors(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, batch: Any
 ) -> dict[str, list[torch.Tensor]]:
@@ -116,12 +160,24 @@ class StorageWatcher(TorchDispatchMode):
 
     Subclasses override :meth:`on_alloc`, :meth:`on_free` and :meth:`on_op` to record more.
     Storages that exist before the watcher starts are counted only if registered with
-    :meth:`add_existing`.
+    :meth:`add_existing`. The device is the tensor's (a fake tensor's is the device it
+    stands for). ``charge_as`` is the device type whose allocator rounding applies (see
+    :func:`allocated_bytes`; default ``device_type``): a CUDA step emulated on CPU fake
+    tensors is charged as CUDA. With ``limit_bytes``, an op that takes live memory past
+    the limit raises :class:`MemoryLimitExceeded`.
     """
 
-    def __init__(self, device_type: str = "cpu") -> None:
+    def __init__(
+        self,
+        device_type: str = "cpu",
+        *,
+        charge_as: str | None = None,
+        limit_bytes: int | None = None,
+    ) -> None:
         super().__init__()
         self.device_type = device_type
+        self.charge_as = charge_as or device_type
+        self.limit_bytes = limit_bytes
         self.current_bytes = 0
         self.peak_bytes = 0
         self._index_by_storage_id: dict[int, int] = {}
@@ -129,6 +185,7 @@ class StorageWatcher(TorchDispatchMode):
         self._refs: dict[int, weakref.ref[Any]] = {}
         self._next_index = 0
         self._closed = False
+        self._ignored: set[int] = set()
 
     # -- registration ------------------------------------------------------------------
     def storage_index(self, tensor: torch.Tensor) -> int | None:
@@ -138,6 +195,10 @@ class StorageWatcher(TorchDispatchMode):
         except (RuntimeError, NotImplementedError):
             return None
         return self._index_by_storage_id.get(id(storage))
+
+    def ignore(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Never count these tensors' storages (the caller keeps them alive)."""
+        self._ignored.update(id(tensor.untyped_storage()) for tensor in tensors)
 
     def track(self, tensor: torch.Tensor, kind: str) -> int | None:
         """Start tracking the storage behind ``tensor`` (no-op if already tracked)."""
@@ -150,9 +211,9 @@ class StorageWatcher(TorchDispatchMode):
         index = self._index_by_storage_id.get(key)
         if index is not None:
             return index
-        if storage.device.type != self.device_type:
+        if tensor.device.type != self.device_type or key in self._ignored:
             return None
-        size = storage.nbytes()
+        size = allocated_bytes(storage.nbytes(), self.charge_as)
         index = self._next_index
         self._next_index += 1
         self._index_by_storage_id[key] = index
@@ -161,7 +222,18 @@ class StorageWatcher(TorchDispatchMode):
         self.current_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.current_bytes)
         self.on_alloc(index, size, kind)
+        if self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
+            self._over_limit()
         return index
+
+    def _over_limit(self) -> None:
+        assert self.limit_bytes is not None
+        raise MemoryLimitExceeded(
+            f"live tensor memory reached {format_bytes(self.current_bytes)}, over the "
+            f"{format_bytes(self.limit_bytes)} this run may use",
+            limit_bytes=self.limit_bytes,
+            reached_bytes=self.current_bytes,
+        )
 
     def add_existing(self, tensors_by_kind: Mapping[str, Iterable[torch.Tensor]]) -> None:
         for kind, tensors in tensors_by_kind.items():
@@ -194,8 +266,10 @@ class StorageWatcher(TorchDispatchMode):
     def on_free(self, index: int) -> None:
         pass
 
-    def on_op(self, func: Any, args: Any, kwargs: Any, outputs: list[torch.Tensor]) -> None:
-        pass
+    def on_op(
+        self, func: Any, args: Any, kwargs: Any, outputs: list[torch.Tensor], result: Any
+    ) -> None:
+        """Called after each op with its tensor outputs (tracked) and its raw result."""
 
     # -- dispatch ------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -208,7 +282,7 @@ class StorageWatcher(TorchDispatchMode):
             tensors = list(iter_tensors(out))
         for tensor in tensors:
             self.track(tensor, "activation")
-        self.on_op(func, args, kwargs or {}, tensors)
+        self.on_op(func, args, kwargs or {}, tensors, out)
         return out
 
 
@@ -220,14 +294,19 @@ class PeakMemoryTracker:
     ``torch.cuda.max_memory_allocated()`` over the region, which counts everything the
     allocator holds for tensors, and ``existing`` is not needed. The tracker lets go of
     ``existing`` on enter; the caller must not keep its own reference to it either.
+    ``limit_bytes`` (CPU) stops the region with :class:`MemoryLimitExceeded` as soon as
+    live memory passes it; on CUDA the peak is only known afterwards.
     """
 
     def __init__(
         self,
         device: torch.device | str,
         existing: Mapping[str, Iterable[torch.Tensor]] | None = None,
+        *,
+        limit_bytes: int | None = None,
     ) -> None:
         self.device = torch.device(device)
+        self.limit_bytes = limit_bytes
         self._existing = existing or {}
         self._watcher: StorageWatcher | None = None
         self.peak_bytes = 0
@@ -239,7 +318,7 @@ class PeakMemoryTracker:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.start_bytes = torch.cuda.memory_allocated(self.device)
         else:
-            self._watcher = StorageWatcher(self.device.type)
+            self._watcher = StorageWatcher(self.device.type, limit_bytes=self.limit_bytes)
             self._watcher.add_existing(self._existing)
             # Drop our references: holding them would keep e.g. last step's gradients alive
             # after ``zero_grad(set_to_none=True)`` and inflate the very peak we measure.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.check import PlanCheck, check_plan
+from planner.check import CheckReference, PlanCheck, check_plan
 from planner.errors import PlanMismatchError, PlannerError
 from planner.plan import Plan, load_plan
 from planner.units import format_bytes
@@ -53,16 +53,28 @@ class Verification:
         """What differs from the unplanned step or the budget, one item each; empty if passed."""
         check = self.check
         found = []
-        if not check.loss_equal:
+        if check.recomputation_equal is False:
+            found.append(
+                "recomputation differs from the forward: "
+                + _some(list(check.recompute_mismatches))
+                + " ("
+                + "; ".join(d for d in check.differences if d.startswith("recomputation"))[:300]
+                + ")"
+            )
+        if check.loss_equal is False:
             losses = [d for d in check.differences if d.startswith("loss ")]
             found.append(f"the loss differs ({losses[0]})" if losses else "the loss differs")
-        if not check.gradients_equal:
+        if check.gradients_equal is False:
             found.append(
                 f"gradients differ (max difference {check.max_gradient_difference:.3g}): "
                 + _some(_named(check.differences, "gradient of "))
             )
-        if not check.buffers_equal:
+        if check.buffers_equal is False:
             found.append("buffers differ: " + _some(_named(check.differences, "buffer ")))
+            if check.reference == CheckReference.RECOMPUTATION.value:
+                found[-1] = "buffers or RNG state changed during backward: " + "; ".join(
+                    d for d in check.differences if not d.startswith("recomputation")
+                )
         if not check.state_dict_keys_equal:
             found.append("applying the plan changed the state_dict keys")
         if not check.within_budget:
@@ -110,6 +122,33 @@ def batch_mismatch_warning(plan: Plan, batch: dict[str, Any]) -> str | None:
     )
 
 
+def available_memory_bytes(device: str) -> int:
+    """Free memory for tensors on ``device``: CUDA's free memory, or the operating system's
+    available memory (``MemAvailable``) for the CPU; 0 if it cannot be read."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def choose_reference(plan: Plan, device: str) -> CheckReference:
+    """``unplanned`` where the unplanned step (and a copy of its gradients and buffers) fits
+    the free memory here, else ``recomputation``."""
+    needed = plan.baseline_peak_bytes + plan.static_bytes
+    if needed <= available_memory_bytes(device):
+        return CheckReference.UNPLANNED
+    return CheckReference.RECOMPUTATION
+
+
 def verify_plan(
     model_path: str | Path,
     plan_path: str | Path,
@@ -117,11 +156,14 @@ def verify_plan(
     device: str | None = None,
     seed: int = 0,
     debug: bool = False,
+    reference: CheckReference | None = None,
     on_warning: WarningCallback | None = None,
 ) -> Verification:
     """Run the plan at ``plan_path`` against the model file at ``model_path``.
 
-    ``device`` defaults to the plan's. ``debug`` runs the planned step under
+    ``reference`` (default: :func:`choose_reference`) is what the planned step is compared
+    with (:class:`CheckReference`). ``device`` defaults to the plan's. ``debug`` runs the
+    planned step under
     ``torch.utils.checkpoint.set_checkpoint_debug_enabled(True)``. Raises
     :class:`PlanFileError` (unreadable plan), :class:`ModelFileError` or
     :class:`ProfilingError` (the model file, or its unplanned step, fails),
@@ -149,8 +191,11 @@ def verify_plan(
             if on_warning:
                 on_warning(warning)
 
+    chosen = reference or choose_reference(plan, target)
     try:
-        check = check_plan(model_file.path, plan, device=target, seed=seed, debug=debug)
+        check = check_plan(
+            model_file.path, plan, device=target, seed=seed, debug=debug, reference=chosen
+        )
     except PlanMismatchError:
         raise  # a plan for another model: its batch and device do not matter
     except PlannerError:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from planner.check import check_plan
+from planner.check import CheckReference, check_plan, run_check
+from planner.pipeline import profile_model_file
 from planner.planning import build_plan
-from planner.profiler import profile_model_file
 from planner.workload import load_model_file
 
 MODEL = Path(__file__).resolve().parent / "data" / "small_cnn.py"
+GPT = Path(__file__).resolve().parent.parent / "examples" / "gpt.py"
 
 
 def test_a_plan_restoring_batchnorm_buffers_passes_and_one_that_does_not_is_caught() -> None:
@@ -33,3 +34,55 @@ def test_a_plan_restoring_batchnorm_buffers_passes_and_one_that_does_not_is_caug
     assert bad.loss_equal and bad.gradients_equal
     assert not bad.buffers_equal and not bad.passed
     assert any("running_mean" in difference for difference in bad.differences)
+
+
+def test_the_recomputation_reference_passes_a_good_plan_without_running_the_unplanned_step() -> (
+    None
+):
+    profile = profile_model_file(load_model_file(MODEL))
+    plan = build_plan(profile, ["0", "1"], profile.measured_peak_bytes, strategy="test")
+    check = check_plan(MODEL, plan, reference=CheckReference.RECOMPUTATION)
+    assert check.passed and check.training_unchanged, check.differences
+    assert check.reference == "recomputation" and check.unplanned_peak_bytes is None
+    assert check.recomputation_equal and check.buffers_equal and check.recomputed_ops > 0
+    assert check.measured_peak_bytes == plan.predicted_peak_bytes
+
+
+def test_the_recomputation_reference_catches_batchnorm_statistics_updated_twice() -> None:
+    profile = profile_model_file(load_model_file(MODEL))
+    plan = build_plan(profile, ["0", "1"], profile.measured_peak_bytes, strategy="test")
+    careless = dataclasses.replace(
+        plan, modules=tuple(dataclasses.replace(d, restore_buffers=()) for d in plan.modules)
+    )
+    bad = run_check(MODEL, careless, reference=CheckReference.RECOMPUTATION)
+    assert not bad.buffers_equal and not bad.passed
+    assert any("running_mean" in difference for difference in bad.differences)
+
+
+def test_the_recomputation_reference_catches_dropout_recomputed_without_its_rng_state() -> None:
+    profile = profile_model_file(load_model_file(GPT))
+    plan = build_plan(profile, ["blocks.1", "blocks.3"], profile.measured_peak_bytes, strategy="t")
+    assert all(decision.preserve_rng_state for decision in plan.modules)
+    assert run_check(GPT, plan, reference=CheckReference.RECOMPUTATION).passed
+    careless = dataclasses.replace(
+        plan,
+        modules=tuple(dataclasses.replace(d, preserve_rng_state=False) for d in plan.modules),
+    )
+    bad = run_check(GPT, careless, reference=CheckReference.RECOMPUTATION)
+    assert not bad.recomputation_equal and not bad.passed
+    assert bad.recompute_mismatches == ("blocks.1", "blocks.3")
+    assert "recomputation of blocks.1 differs from its forward" in bad.differences[0]
+    # The unplanned step agrees: that plan changes the gradients (and so, after the
+    # warm-up step, the weights and the loss too).
+    unplanned = run_check(GPT, careless, reference=CheckReference.UNPLANNED)
+    assert not unplanned.gradients_equal and not unplanned.passed
+
+
+def test_a_check_stops_a_step_that_passes_its_memory_limit() -> None:
+    profile = profile_model_file(load_model_file(MODEL))
+    limit = profile.measured_peak_bytes - 1
+    plan = build_plan(profile, [], limit, strategy="test")  # the unplanned step: over by 1 byte
+    check = run_check(MODEL, plan, reference=CheckReference.RECOMPUTATION, limit_bytes=limit)
+    assert not check.within_budget and not check.passed
+    assert check.measured_peak_bytes > limit
+    assert check.differences[0].startswith("stopped: live tensor memory reached")

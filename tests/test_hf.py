@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("transformers")
 
 from planner.check import check_plan
+from planner.pipeline import profile_model_file
 from planner.planning import baseline_every_block, plan_for_budget
-from planner.profiler import profile_model_file
 from planner.workload import load_model_file
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

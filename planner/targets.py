@@ -1,0 +1,223 @@
+"""Device specs and roofline cost estimates, for planning a device that is not here.
+
+Pure Python (no torch). A :class:`DeviceSpec` holds what a roofline needs: peak dense
+FLOP/s per dtype, memory bandwidth, and the device's memory. :func:`roofline_costs` turns
+a profile's recorded ops (FLOPs and bytes of each, :class:`~planner.records.OpCost`) into
+module forward times and a step time for that device: each op takes
+``max(flops / peak_flops[dtype], bytes_moved / bandwidth)``, and a module's recomputation
+is the sum over the ops of its forward. That is a lower bound on real time (kernels
+reach a fraction of peak), applied alike to the recomputation and to the step, so the
+predicted overhead (their ratio) is what to read, not the milliseconds.
+
+Design notes
+------------
+* **Which peak.** Matrix ops in fp16/bf16 run on tensor cores; fp32 matrix ops in PyTorch
+  do not use TF32 unless ``torch.backends.cuda.matmul.allow_tf32`` is set (off by
+  default), so fp32 uses the plain FP32 peak. Ops the FLOP counter does not count
+  (elementwise, reductions, copies) are priced by bytes alone.
+* **Memory** is the total the CUDA driver reports for the card (``nvidia-smi``'s total,
+  ``torch.cuda.get_device_properties().total_memory``): the budget can never exceed it.
+* **Workspace.** cuBLAS keeps a workspace per (thread, stream) in PyTorch's caching
+  allocator for the whole run, and ``torch.cuda.max_memory_allocated()`` counts it: one for
+  the forward thread and one for autograd's backward thread. ``workspace_bytes`` is their
+  sum, added to every predicted peak (as a storage alive for the whole step).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from planner.errors import BudgetError, PlannerError, TargetSpecError
+from planner.records import CostSource, MemoryTimeline, Profile
+
+__all__ = [
+    "BUILT_IN_SPECS",
+    "DeviceSpec",
+    "TargetSpecError",
+    "load_spec",
+    "op_time_ms",
+    "roofline_costs",
+]
+
+TERA = 10**12
+GIGA = 10**9
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What a roofline estimate needs to know about a device (see the module notes)."""
+
+    name: str
+    device_type: str
+    memory_bytes: int
+    peak_flops_per_s: dict[str, float]
+    memory_bandwidth_bytes_per_s: float
+    workspace_bytes: int = 0
+    source: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def peak_for(self, dtype: str) -> float:
+        """Peak FLOP/s for ops computing in ``dtype`` (fp32's for dtypes not listed)."""
+        return self.peak_flops_per_s.get(dtype, self.peak_flops_per_s["float32"])
+
+
+_NVIDIA = "NVIDIA data sheets (dense, no sparsity)"
+# cuBLAS's default workspace, per handle: 32 MiB on Hopper (read on this project's lent
+# H100 with torch 2.11: memory_allocated rises by 33,554,432 bytes at the first matmul),
+# 4 MiB x 2 + 16 KiB x 8 on older GPUs (CUBLAS_WORKSPACE_CONFIG's documented default).
+_HOPPER_WORKSPACE = 2 * 32 * MIB
+_AMPERE_WORKSPACE = 2 * (2 * 4096 + 8 * 16) * 1024
+
+
+def _spec(
+    name: str,
+    memory_mib: int,
+    bf16_tflops: float,
+    fp32_tflops: float,
+    bandwidth_gb_s: float,
+    workspace: int,
+    source: str = _NVIDIA,
+) -> DeviceSpec:
+    return DeviceSpec(
+        name=name,
+        device_type="cuda",
+        memory_bytes=memory_mib * MIB,
+        peak_flops_per_s={
+            "bfloat16": bf16_tflops * TERA,
+            "float16": bf16_tflops * TERA,
+            "float32": fp32_tflops * TERA,
+        },
+        memory_bandwidth_bytes_per_s=bandwidth_gb_s * GIGA,
+        workspace_bytes=workspace,
+        source=source,
+    )
+
+
+BUILT_IN_SPECS: dict[str, DeviceSpec] = {
+    spec.name: spec
+    for spec in (
+        # name, memory (MiB, as nvidia-smi reports), bf16 dense, fp32, bandwidth (GB/s)
+        _spec("a100-40gb", 40_960, 312, 19.5, 1_555, _AMPERE_WORKSPACE),
+        _spec("a100-80gb", 81_920, 312, 19.5, 2_039, _AMPERE_WORKSPACE),
+        _spec("h100-80gb", 81_559, 989.4, 66.9, 3_350, _HOPPER_WORKSPACE),
+        _spec("h200", 143_771, 989.4, 66.9, 4_800, _HOPPER_WORKSPACE),
+        _spec("l4", 23_034, 121, 30.3, 300, _AMPERE_WORKSPACE),
+        _spec("rtx-4090", 24_564, 165.2, 82.6, 1_008, _AMPERE_WORKSPACE),
+    )
+}
+
+
+def load_spec(name_or_path: str) -> DeviceSpec:
+    """A built-in spec by name (``h100-80gb``) or a spec from a JSON file with the fields of
+    :class:`DeviceSpec` (``peak_flops_per_s`` keyed by dtype name, ``float32`` required)."""
+    if name_or_path in BUILT_IN_SPECS:
+        return BUILT_IN_SPECS[name_or_path]
+    path = Path(name_or_path)
+    if not path.suffix == ".json" and not path.exists():
+        raise TargetSpecError(
+            f"--target {name_or_path!r} is not a built-in device "
+            f"({', '.join(BUILT_IN_SPECS)}) or a spec .json file"
+        )
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TargetSpecError(f"cannot read the device spec {path}: {error}") from error
+    required = {"name", "memory_bytes", "peak_flops_per_s", "memory_bandwidth_bytes_per_s"}
+    if not isinstance(data, dict) or not required <= data.keys():
+        raise TargetSpecError(
+            f"device spec {path} must be a JSON object with {', '.join(sorted(required))}"
+        )
+    known = {f.name for f in fields(DeviceSpec)}
+    try:
+        values = {key: value for key, value in data.items() if key in known}
+        values.setdefault("device_type", "cuda")
+        values["memory_bytes"] = int(values["memory_bytes"])
+        values["workspace_bytes"] = int(values.get("workspace_bytes", 0))
+        values["memory_bandwidth_bytes_per_s"] = float(values["memory_bandwidth_bytes_per_s"])
+        values["peak_flops_per_s"] = {
+            str(k): float(v) for k, v in dict(values["peak_flops_per_s"]).items()
+        }
+        values["notes"] = tuple(values.get("notes", ()))
+        spec = DeviceSpec(**values)
+    except (TypeError, ValueError) as error:
+        raise TargetSpecError(f"device spec {path} is malformed: {error}") from error
+    if "float32" not in spec.peak_flops_per_s or spec.memory_bandwidth_bytes_per_s <= 0:
+        raise TargetSpecError(
+            f"device spec {path} needs a positive bandwidth and a float32 entry in peak_flops_per_s"
+        )
+    return spec
+
+
+def check_budget_fits(spec: DeviceSpec, budget_bytes: int) -> None:
+    """A budget above the device's memory can never be what a step on it peaks at."""
+    if budget_bytes > spec.memory_bytes:
+        from planner.units import format_bytes
+
+        raise BudgetError(
+            f"the budget {format_bytes(budget_bytes)} is more than {spec.name}'s memory "
+            f"({format_bytes(spec.memory_bytes)}); give a budget it can hold"
+        )
+
+
+def op_time_ms(flops: int, bytes_moved: int, dtype: str, spec: DeviceSpec) -> float:
+    """One op's roofline time on ``spec``, in milliseconds."""
+    compute_s = flops / spec.peak_for(dtype) if flops else 0.0
+    memory_s = bytes_moved / spec.memory_bandwidth_bytes_per_s
+    return max(compute_s, memory_s) * 1000.0
+
+
+def _forward_ms_by_call(timeline: MemoryTimeline, spec: DeviceSpec) -> tuple[list[float], float]:
+    """Roofline forward time of each module call (its subtree's ops), and the whole step's."""
+    by_call = [0.0] * len(timeline.calls)
+    step_ms = 0.0
+    forward_end = timeline.phase_end_events.get("forward", timeline.event_count)
+    for op in timeline.op_costs:
+        ms = op_time_ms(op.flops, op.bytes_moved, op.dtype, spec)
+        step_ms += ms
+        if op.call < 0 or op.event > forward_end:
+            continue
+        call = op.call
+        while call >= 0:
+            by_call[call] += ms
+            call = timeline.calls[call].parent_call
+    return by_call, step_ms
+
+
+def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = False) -> Profile:
+    """``profile`` with every module's forward time and the step time estimated for
+    ``spec`` from the recorded ops. ``cost_source`` becomes ``roofline`` and ``target`` the
+    spec's name, unless ``estimate_only`` (a provisional estimate, replaced by measured
+    times before anything is shown)."""
+    from dataclasses import replace
+
+    if not profile.timeline.op_costs:
+        raise PlannerError(
+            "this profile has no recorded ops (it was saved by an older ckpt-plan); "
+            "re-profile to estimate times for a target"
+        )
+    by_call, step_ms = _forward_ms_by_call(profile.timeline, spec)
+    by_module: dict[str, float] = {}
+    for index, call in enumerate(profile.timeline.calls):
+        by_module[call.module_name] = by_module.get(call.module_name, 0.0) + by_call[index]
+    modules = tuple(
+        replace(record, forward_ms=by_module.get(record.module_name, 0.0))
+        for record in profile.modules
+    )
+    if estimate_only:
+        return replace(profile, modules=modules, step_ms=step_ms)
+    return replace(
+        profile,
+        modules=modules,
+        step_ms=step_ms,
+        cost_source=CostSource.ROOFLINE,
+        target=spec.name,
+        assumptions=(
+            *profile.assumptions,
+            f"times: roofline on {spec.name} ({spec.source or 'user spec'}): each op "
+            "max(FLOPs / peak, bytes / bandwidth)",
+        ),
+    )

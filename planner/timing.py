@@ -1,0 +1,218 @@
+"""Measure recomputation costs on this device without running the unplanned step.
+
+A module's recomputation is one more forward of it, with grad enabled, during backward; so
+its cost is its forward time. :func:`measure_costs` takes those times from real training
+steps of a *timing plan*: a plan that fits the budget (the pipeline solves one from the
+memory profile with provisional roofline costs), so no pass of profiling needs more
+memory than the budget. With the plan applied, it runs
+
+1. one warm-up step, which also creates the optimizer state; on CPU it runs under a
+   storage watcher that stops it if live memory passes ``limit_bytes`` (it cannot, if the
+   memory profile is right; the watcher makes sure), and its measured peak is returned;
+2. ``timing_steps`` steps with a forward hook pair on every module, timing each module's
+   forward call (``perf_counter`` on CPU, CUDA events on CUDA). Hooks that fire during
+   backward are the timing plan's recomputations and are not counted as forwards.
+
+The unplanned step's time is then the planned step's time less the recomputation the
+timing plan added (the forward times of its modules).
+
+Design notes
+------------
+* **Identical modules cost the same.** Blocks of one class with the same parameter,
+  input, output and saved bytes (``blocks.0`` ... ``blocks.47``) do the same work; their
+  times differ only by noise. Each module's time is the median over its group, which
+  makes the plan, and its predicted overhead, stable from one run to the next with a
+  single timing step (the profile-cost benchmark's budget).
+* **Hook overhead** (a few microseconds per module call) is counted in the step time
+  and in each module's forward alike; it is small against any module worth wrapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from planner.apply import apply_plan
+from planner.plan import Plan
+from planner.records import CostSource, ModuleProfile, Profile
+from planner.tracking import PeakMemoryTracker, workload_tensors
+from planner.workload import ModelFile, Workload, build_workload, run_training_step
+
+__all__ = ["MeasuredCosts", "measure_costs", "with_measured_costs"]
+
+ProgressCallback = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """Times measured with a timing plan applied, by module qualified name.
+    ``planned_step_ms`` is the step with the timing plan's recomputation in it."""
+
+    forward_ms: dict[str, float]
+    planned_step_ms: float
+    warmup_peak_bytes: int
+    timing_modules: tuple[str, ...]
+    timing_steps: int
+
+
+class _Clock:
+    """Milliseconds between two marks: ``perf_counter`` on CPU, CUDA events on CUDA."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        if self.cuda:
+            end.synchronize()
+            return float(start.elapsed_time(end))
+        return (end - start) * 1000.0
+
+
+def _timed_step(workload: Workload, seed: int) -> tuple[dict[str, float], float]:
+    """One step with every module's forward timed: per-module forward ms and the step's."""
+    clock = _Clock(workload.device)
+    names = {id(module): name for name, module in workload.model.named_modules()}
+    starts: dict[int, list[Any]] = defaultdict(list)
+    spans: list[tuple[str, Any, Any]] = []
+
+    def before(module: torch.nn.Module, args: Any) -> None:
+        if torch._C._current_graph_task_id() == -1:  # not inside backward
+            starts[id(module)].append(clock.mark())
+
+    def after(module: torch.nn.Module, args: Any, output: Any) -> None:
+        stack = starts[id(module)]
+        if stack and torch._C._current_graph_task_id() == -1:
+            spans.append((names[id(module)], stack.pop(), clock.mark()))
+
+    handles = []
+    for module in workload.model.modules():
+        handles.append(module.register_forward_pre_hook(before))
+        handles.append(module.register_forward_hook(after, always_call=True))
+    try:
+        begin = clock.mark()
+        run_training_step(workload, seed=seed)
+        end = clock.mark()
+    finally:
+        for handle in handles:
+            handle.remove()
+    forward_ms: dict[str, float] = defaultdict(float)
+    for name, start, stop in spans:
+        forward_ms[name] += clock.elapsed_ms(start, stop)
+    return dict(forward_ms), clock.elapsed_ms(begin, end)
+
+
+def _group_key(record: ModuleProfile) -> tuple[object, ...]:
+    return (
+        record.module_type,
+        record.call_count,
+        record.parameter_bytes,
+        record.input_bytes,
+        record.output_bytes,
+        record.saved_bytes,
+        record.forward_flops,
+    )
+
+
+def _smoothed(profile: Profile, forward_ms: dict[str, float]) -> dict[str, float]:
+    """Each module's time as the median of its group of identical modules (see notes)."""
+    groups: dict[tuple[object, ...], list[str]] = defaultdict(list)
+    for record in profile.modules:
+        groups[_group_key(record)].append(record.module_name)
+    smoothed = {}
+    for names in groups.values():
+        median = statistics.median(forward_ms.get(name, 0.0) for name in names)
+        for name in names:
+            smoothed[name] = median
+    return smoothed
+
+
+def measure_costs(
+    model_file: ModelFile,
+    profile: Profile,
+    timing_plan: Plan,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    limit_bytes: int | None = None,
+    timing_steps: int = 1,
+    progress: ProgressCallback | None = None,
+) -> MeasuredCosts:
+    """Time ``profile``'s modules in real steps with ``timing_plan`` applied (see the
+    module docstring). On CPU, ``limit_bytes`` stops a step that would pass it."""
+    total = timing_steps + 1
+    if progress:
+        progress("building the model to time it", 0, total)
+    workload = build_workload(model_file, device=device, seed=seed)
+    apply_plan(workload.model, timing_plan)
+    if progress:
+        progress(f"warm-up step ({len(timing_plan.modules)} modules checkpointed to fit)", 0, total)
+    tracker = PeakMemoryTracker(
+        workload.device,
+        workload_tensors(workload.model, workload.optimizer, workload.batch),
+        limit_bytes=limit_bytes,
+    )
+    with tracker:
+        run_training_step(workload, seed=seed)
+    samples: list[dict[str, float]] = []
+    step_samples: list[float] = []
+    for step in range(timing_steps):
+        if progress:
+            progress("timing module forwards", step + 1, total)
+        forward_ms, step_ms = _timed_step(workload, seed=seed + 1 + step)
+        samples.append(forward_ms)
+        step_samples.append(step_ms)
+    names = [record.module_name for record in profile.modules]
+    medians = {name: statistics.median(s.get(name, 0.0) for s in samples) for name in names}
+    smoothed = _smoothed(profile, medians)
+    return MeasuredCosts(
+        forward_ms=smoothed,
+        planned_step_ms=statistics.median(step_samples),
+        warmup_peak_bytes=tracker.peak_bytes,
+        timing_modules=timing_plan.module_names,
+        timing_steps=timing_steps,
+    )
+
+
+def with_measured_costs(
+    profile: Profile,
+    costs: MeasuredCosts,
+    timing_units: tuple[str, ...],
+    unit_cost_ms: Callable[[Profile, str], float],
+) -> Profile:
+    """``profile`` with its times replaced by measured ones. The unplanned step's time is
+    the measured step's less the recomputation of ``timing_units`` (the timing plan's),
+    each costed by ``unit_cost_ms`` on the measured forward times."""
+    modules = tuple(
+        dataclasses.replace(record, forward_ms=costs.forward_ms.get(record.module_name, 0.0))
+        for record in profile.modules
+    )
+    timed = dataclasses.replace(profile, modules=modules)
+    recompute_ms = sum(unit_cost_ms(timed, unit) for unit in timing_units)
+    # Noise cannot make the recomputation more than the step it is part of.
+    step_ms = max(costs.planned_step_ms - recompute_ms, costs.planned_step_ms / 2)
+    how = (
+        f"times: measured here in {costs.timing_steps} step(s) with "
+        f"{len(costs.timing_modules)} modules checkpointed (so the step fits the budget); "
+        "identical modules share their median"
+    )
+    return dataclasses.replace(
+        timed,
+        step_ms=step_ms,
+        cost_source=CostSource.MEASURED,
+        target=None,
+        assumptions=(*[a for a in profile.assumptions if not a.startswith("times:")], how),
+    )
