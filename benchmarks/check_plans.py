@@ -1,11 +1,18 @@
-"""Check plans on real models: predicted vs measured peak, and an unchanged training step.
+"""Check plans on real models: fake against real memory, predicted against measured peaks,
+and an unchanged training step.
 
-For each model file: profile once; take the budgets at 10%, 30%, 50%, 70% and 90% of the way
-from the peak with every block checkpointed to the unplanned peak; solve; then run each plan in a
-separate process after ``apply_plan`` (planner.check) and compare its measured peak with the
-budget and the prediction, and its loss, gradients and buffers with the unplanned step's.
+For each model file: profile it twice, on fake tensors (what `ckpt-plan profile` does) and by
+running the unplanned step for real; take the budgets at 10%, 30%, 50%, 70% and 90% of the
+way from the peak with every block checkpointed to the unplanned peak; plan each from the
+fake profile as the tool does (solved, its modules' recomputation tried on fake tensors,
+checked within the budget against the recomputation). Then, per plan:
 
-    python benchmarks/check_plans.py                       # bundled examples + HF models
+* its predicted peak on the fake timeline against the same plan on the real timeline;
+* a run in a separate process after ``apply_plan`` against the *unplanned* step (the
+  strongest reference: loss, every gradient and every buffer compared bit for bit), with
+  the measured peak against the budget and the prediction.
+
+    python benchmarks/check_plans.py                       # the bundled examples
     python benchmarks/check_plans.py examples/gpt.py       # some model files
 
 Writes reports/benchmarks/plan_checks.csv and .md (atomically) and prints the table.
@@ -26,18 +33,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import markdown_table  # noqa: E402
-from planner.check import check_plan  # noqa: E402
+from planner.check import CheckReference, check_plan  # noqa: E402
 from planner.errors import PlanCheckError  # noqa: E402
 from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.memory_model import MemoryModel  # noqa: E402
-from planner.pipeline import (
-    plan_checked,
-    profile_model_file,
-)
+from planner.pipeline import plan_checked, profile_model_file  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.planning import baseline_every_block  # noqa: E402
+from planner.profiler import profile_workload  # noqa: E402
 from planner.solver import Solver  # noqa: E402
-from planner.workload import load_model_file  # noqa: E402
+from planner.workload import build_workload, load_model_file  # noqa: E402
 
 DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -45,18 +50,22 @@ SWEEP_BUDGETS = 40
 MIB = 2**20
 
 
+def _percent(value: int, reference: int) -> float:
+    return round(100 * (value - reference) / reference, 4) if reference else 0.0
+
+
 def check_model(path: Path) -> list[dict[str, object]]:
     model_file = load_model_file(path)
     started = time.perf_counter()
-    profile = profile_model_file(model_file)
+    profile = profile_model_file(model_file)  # fake memory, measured times
     profile_s = time.perf_counter() - started
+    real = profile_workload(build_workload(model_file, seed=0))
+    real_memory = MemoryModel(real.timeline)
     memory = MemoryModel(profile.timeline)
     solver = Solver(profile, memory)
     every_block = baseline_every_block(profile)
     low, high = every_block.predicted_peak_bytes, profile.measured_peak_bytes
     monotone = predicted_peak_is_monotone(solver, high)
-    # Each plan as the tool writes it: solved, its modules' recomputation tried, run once in
-    # a separate process (plan_checked); then run again below by check_plan, independently.
     plans: list[tuple[str, Plan, dict[str, object]]] = []
     for fraction in FRACTIONS:
         budget = int(low + fraction * (high - low))
@@ -65,38 +74,47 @@ def check_model(path: Path) -> list[dict[str, object]]:
         started = time.perf_counter()
         solution = Solver(profile, memory).solve(budget)
         solve_ms = (time.perf_counter() - started) * 1000
-        solver_facts = {"solve_ms": round(solve_ms, 2), "proven_optimal": solution.proven_optimal}
-        plans.append((f"ckpt-plan@{fraction:.2f}", result.plan, solver_facts))
+        facts: dict[str, object] = {
+            "solve_ms": round(solve_ms, 2),
+            "proven_optimal": solution.proven_optimal,
+            "tool_check": "passed" if result.check and result.check.passed else "failed",
+        }
+        plans.append((f"ckpt-plan@{fraction:.2f}", result.plan, facts))
     # The usual choice, judged against its own prediction (it may not train at all).
     every_block = dataclasses.replace(every_block, budget_bytes=every_block.predicted_peak_bytes)
     plans.insert(0, ("every-block", every_block, {}))
     rows = []
-    for strategy, plan, solver_facts in plans:
+    for strategy, plan, facts in plans:
+        on_real = real_memory.peak_bytes(plan.units)
         row: dict[str, object] = {
             "model": profile.model_name,
             "strategy": strategy,
             "modules": len(plan.modules),
             "budget_mib": round(plan.budget_bytes / MIB, 2),
-            "predicted_peak_mib": round(plan.predicted_peak_bytes / MIB, 2),
+            "unplanned_fake_mib": round(profile.measured_peak_bytes / MIB, 2),
+            "unplanned_real_mib": round(real.measured_peak_bytes / MIB, 2),
+            "unplanned_fake_vs_real_pct": _percent(
+                profile.measured_peak_bytes, real.measured_peak_bytes
+            ),
+            "predicted_fake_mib": round(plan.predicted_peak_bytes / MIB, 2),
+            "predicted_real_mib": round(on_real / MIB, 2),
+            "plan_fake_vs_real_pct": _percent(plan.predicted_peak_bytes, on_real),
             "predicted_overhead_pct": round(100 * plan.predicted_overhead, 1),
             "profile_s": round(profile_s, 2),
             "monotone": monotone,
-            **solver_facts,
+            **facts,
         }
         try:
-            check = check_plan(path, plan)
+            check = check_plan(path, plan, reference=CheckReference.UNPLANNED)
         except PlanCheckError as error:
             row.update(fits=False, note=f"fails: {error}"[:140])
             rows.append(row)
             print(row, flush=True)
             continue
-        error_pct = (
-            plan.predicted_peak_bytes - check.measured_peak_bytes
-        ) / check.measured_peak_bytes
         row.update(
-            unplanned_peak_mib=round(check.unplanned_peak_bytes / MIB, 2),
+            measured_unplanned_mib=round((check.unplanned_peak_bytes or 0) / MIB, 2),
             measured_peak_mib=round(check.measured_peak_bytes / MIB, 2),
-            prediction_error_pct=round(100 * error_pct, 3),
+            prediction_error_pct=_percent(plan.predicted_peak_bytes, check.measured_peak_bytes),
             fits=check.within_budget,
             loss_equal=check.loss_equal,
             gradients_equal=check.gradients_equal,
@@ -131,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(arguments.out / "plan_checks.md", markdown_table(frame) + "\n")
     print(markdown_table(frame))
     ours = frame[frame.strategy.str.startswith("ckpt-plan")]
-    bad = ours[~(ours.fits & ours.loss_equal & ours.gradients_equal & ours.buffers_equal)]
+    bad = ours[
+        ~(ours.fits & ours.loss_equal & ours.gradients_equal & ours.buffers_equal)
+        | (ours.plan_fake_vs_real_pct.abs() > 0.1)
+        | (ours.unplanned_fake_vs_real_pct.abs() > 0.1)
+    ]
     return 1 if len(bad) else 0
 
 

@@ -154,17 +154,37 @@ class _ValueShadows(TorchDispatchMode):
         with torch._C._DisableTorchDispatch():
             return func(*real_args, **real_kwargs)
 
+    def _all_known(self, values: Any) -> bool:
+        """Whether every tensor among ``values`` (one level of lists) has a shadow. Most ops
+        touch a big tensor first, so this usually answers at the first argument."""
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                if self.shadow(value) is None:
+                    return False
+            elif isinstance(value, (list, tuple)) and not self._all_known(value):
+                return False
+        return True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        known = (
+            torch.Tag.nondeterministic_seeded not in func.tags
+            and self._all_known(args)
+            and self._all_known(kwargs.values())
+        )
+        if not known:
+            out = func(*args, **kwargs)
+            if _writes(func):
+                # Written without known values: the storage's shadows (its views') are stale.
+                for written in written_arguments(func, args, kwargs):
+                    self._stale_storages.add(id(written.untyped_storage()))
+            return out
         flat, spec = tree_flatten((args, kwargs))
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
-        known = torch.Tag.nondeterministic_seeded not in func.tags and all(
-            self.shadow(t) is not None for t in tensors
-        )
         try:
             out = func(*args, **kwargs)
         except _VALUE_ERRORS:
-            if not (known and tensors):
+            if not tensors:
                 raise
             # The output depends on values we have: compute it, and fake its tensors.
             real = self._on_shadows(flat, spec, func)
@@ -180,23 +200,32 @@ class _ValueShadows(TorchDispatchMode):
                 faked.append(value)
             return tree_unflatten(faked, real_spec)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if (
-            known
-            and outputs
-            and all(
-                t.numel() <= self.limit and not (t.is_floating_point() or t.is_complex())
-                for t in outputs
-            )
+        if outputs and all(
+            t.numel() <= self.limit and not (t.is_floating_point() or t.is_complex())
+            for t in outputs
         ):
             real = self._on_shadows(flat, spec, func)
             real_outputs = [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)]
             for fake, value in zip(outputs, real_outputs, strict=False):
                 self.attach(fake, value)
-        else:
-            # Written without known values: the storage's shadows (its views') are stale.
+        elif _writes(func):
             for written in written_arguments(func, args, kwargs):
                 self._stale_storages.add(id(written.untyped_storage()))
         return out
+
+
+_WRITES: dict[Any, bool] = {}
+
+
+def _writes(func: Any) -> bool:
+    """Whether an op writes any of its arguments in place (cached per op)."""
+    writes = _WRITES.get(func)
+    if writes is None:
+        arguments = getattr(getattr(func, "_schema", None), "arguments", ())
+        writes = _WRITES[func] = any(
+            a.alias_info is not None and a.alias_info.is_write for a in arguments
+        ) or func._schema.name.removeprefix("aten::") in ("native_batch_norm",)
+    return writes
 
 
 def fake_tensor_device(device_type: str) -> str:

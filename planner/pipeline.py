@@ -53,25 +53,32 @@ _PROVISIONAL_SPECS = {
 
 
 def _cuda_workspace_bytes(device: str) -> int:
-    """cuBLAS's workspaces on this CUDA device, as ``max_memory_allocated`` counts them: a
-    matmul in forward and one in autograd's backward thread each create one. Measured in a
-    process that has not used cuBLAS yet (this one, at profiling time); 0 if it has."""
+    """cuBLAS's workspaces on this CUDA device, as ``max_memory_allocated`` counts them. A
+    linear layer with a bias, in fp32 and bf16, forward (this thread) and backward
+    (autograd's thread), makes each workspace cuBLAS and cuBLASLt keep. Existing workspaces
+    are released first, so the measure holds whatever ran before."""
     import torch
 
     from planner.tracking import allocated_bytes
 
     torch.cuda.synchronize(device)
+    if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+        torch._C._cuda_clearCublasWorkspaces()
     before = torch.cuda.memory_allocated(device)
-    x = torch.ones(8, 8, device=device, requires_grad=True)
-    y = (x @ x).sum()
-    y.backward()
+    kept = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.ones(256, 256, device=device, dtype=dtype, requires_grad=True)
+        weight = torch.ones(256, 256, device=device, dtype=dtype, requires_grad=True)
+        bias = torch.ones(256, device=device, dtype=dtype, requires_grad=True)
+        torch.nn.functional.linear(x, weight, bias).sum().backward()
+        kept += [x, weight, bias, x.grad, weight.grad, bias.grad]
     torch.cuda.synchronize(device)
     alive = sum(
-        allocated_bytes(t.untyped_storage().nbytes(), "cuda")
-        for t in (x, x.grad, y)
-        if t is not None
+        allocated_bytes(t.untyped_storage().nbytes(), "cuda") for t in kept if t is not None
     )
-    return max(0, torch.cuda.memory_allocated(device) - before - alive)
+    workspace = torch.cuda.memory_allocated(device) - before - alive
+    del kept
+    return max(0, workspace)
 
 
 def _record_memory(

@@ -361,6 +361,19 @@ class TimelineRecorder(StorageWatcher):
         )
 
 
+def _argument_tensors(values: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors among an op's arguments (one level of lists, as op schemas allow)."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(item for item in value if isinstance(item, torch.Tensor))
+    return found
+
+
+_OP_NAMES: dict[Any, str] = {}
+
+
 def _op_cost(
     func: Any,
     args: Any,
@@ -376,12 +389,10 @@ def _op_cost(
             flops = int(formula(*args, **kwargs, out_val=result))
         except Exception:  # a formula that does not cover this overload's arguments
             flops = 0
-    inputs = list(iter_tensors((args, kwargs)))
-    if returns_view(func):
-        moved = 0
-    else:
+    inputs = _argument_tensors(kwargs.values(), _argument_tensors(args, []))
+    moved = 0
+    if not returns_view(func):
         seen: set[int] = set()
-        moved = 0
         for tensor in (*inputs, *outputs):
             if id(tensor) not in seen:
                 seen.add(id(tensor))
@@ -390,8 +401,11 @@ def _op_cost(
         (t.dtype for t in (*inputs, *outputs) if t.is_floating_point()),
         inputs[0].dtype if inputs else (outputs[0].dtype if outputs else torch.float32),
     )
+    name = _OP_NAMES.get(func)
+    if name is None:
+        name = _OP_NAMES[func] = str(func)
     return OpCost(
-        op=str(func),
+        op=name,
         call=recorder._stack[-1] if recorder._stack else -1,
         event=recorder.event,
         flops=flops,
@@ -550,11 +564,16 @@ def record_memory(
         for step in range(warmup_steps):
             if progress:
                 progress("warm-up step (creates optimizer state)", step, warmup_steps + 1)
-            with PeakMemoryTracker(
-                workload.device,
-                workload_tensors(workload.model, workload.optimizer, workload.batch),
-                limit_bytes=limit_bytes,
-            ):
+            guard = (
+                PeakMemoryTracker(
+                    workload.device,
+                    workload_tensors(workload.model, workload.optimizer, workload.batch),
+                    limit_bytes=limit_bytes,
+                )
+                if limit_bytes is not None and session is None
+                else contextlib.nullcontext()
+            )
+            with guard:
                 run_training_step(workload, seed=seed + step)
         if progress:
             progress("recording the memory timeline", warmup_steps, warmup_steps + 1)

@@ -273,6 +273,28 @@ class Solver:
         return best, finished
 
     # -- answers -----------------------------------------------------------------------
+    def _floor_explanation(self, names: tuple[str, ...]) -> str:
+        """What the lowest peak is made of, and what would lower it where plans cannot."""
+        static = (
+            "static memory alone (parameters, gradients, optimizer state) is "
+            f"{format_bytes(self.profile.static_bytes)}"
+        )
+        curve = self.memory.memory_curve(names)
+        phases = self.memory.timeline.phase_end_events
+        backward_end = phases.get("backward")
+        if backward_end is None or len(curve) <= backward_end + 1:
+            return static
+        optimizer_peak = int(curve[backward_end + 1 :].max(initial=0))
+        if optimizer_peak < self.peak(names):
+            return static
+        temporaries = optimizer_peak - self.profile.static_bytes - self.profile.workspace_bytes
+        return (
+            f"{static}, and the optimizer step itself peaks at {format_bytes(optimizer_peak)} "
+            f"({format_bytes(max(0, temporaries))} of temporaries, after every activation is "
+            "freed), which no checkpointing can lower: use an optimizer that updates in place "
+            "(torch.optim's fused=True, or foreach=False) or a larger budget"
+        )
+
     def lowest_peak(self) -> tuple[tuple[str, ...], int]:
         """The plan with the lowest predicted peak (ties: the cheapest)."""
         best, finished = None, False
@@ -313,9 +335,8 @@ class Solver:
             raise InfeasibleBudgetError(
                 f"no checkpointing plan fits {format_bytes(budget_bytes)}: the smallest budget "
                 f"that fits is {format_bytes(lowest)} ({lowest} bytes, checkpointing "
-                f"{len(names)} module{'s' if len(names) != 1 else ''}); static memory alone "
-                f"(parameters, gradients, optimizer state) is "
-                f"{format_bytes(self.profile.static_bytes)}",
+                f"{len(names)} module{'s' if len(names) != 1 else ''}); "
+                + self._floor_explanation(names),
                 budget_bytes=budget_bytes,
                 min_budget_bytes=lowest,
             )

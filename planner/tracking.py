@@ -164,7 +164,8 @@ class StorageWatcher(TorchDispatchMode):
     stands for). ``charge_as`` is the device type whose allocator rounding applies (see
     :func:`allocated_bytes`; default ``device_type``): a CUDA step emulated on CPU fake
     tensors is charged as CUDA. With ``limit_bytes``, an op that takes live memory past
-    the limit raises :class:`MemoryLimitExceeded`.
+    the limit raises :class:`MemoryLimitExceeded`. With ``real_only`` fake tensors (whose
+    storage is on the meta device) are not counted: only memory actually allocated is.
     """
 
     def __init__(
@@ -173,11 +174,13 @@ class StorageWatcher(TorchDispatchMode):
         *,
         charge_as: str | None = None,
         limit_bytes: int | None = None,
+        real_only: bool = False,
     ) -> None:
         super().__init__()
         self.device_type = device_type
         self.charge_as = charge_as or device_type
         self.limit_bytes = limit_bytes
+        self.real_only = real_only
         self.current_bytes = 0
         self.peak_bytes = 0
         self._index_by_storage_id: dict[int, int] = {}
@@ -212,6 +215,8 @@ class StorageWatcher(TorchDispatchMode):
         if index is not None:
             return index
         if tensor.device.type != self.device_type or key in self._ignored:
+            return None
+        if self.real_only and storage.device.type == "meta":
             return None
         size = allocated_bytes(storage.nbytes(), self.charge_as)
         index = self._next_index
@@ -318,7 +323,9 @@ class PeakMemoryTracker:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.start_bytes = torch.cuda.memory_allocated(self.device)
         else:
-            self._watcher = StorageWatcher(self.device.type, limit_bytes=self.limit_bytes)
+            self._watcher = StorageWatcher(
+                self.device.type, limit_bytes=self.limit_bytes, real_only=True
+            )
             self._watcher.add_existing(self._existing)
             # Drop our references: holding them would keep e.g. last step's gradients alive
             # after ``zero_grad(set_to_none=True)`` and inflate the very peak we measure.

@@ -58,7 +58,16 @@ def test_no_arguments_shows_help(runner: CliRunner) -> None:
 def test_profile_help(runner: CliRunner) -> None:
     result = runner.invoke(app, ["profile", "--help"])
     assert result.exit_code == 0
-    for option in ("--budget", "--out", "--report-dir", "--device", "--seed", "--verbose"):
+    for option in (
+        "--budget",
+        "--out",
+        "--report-dir",
+        "--device",
+        "--seed",
+        "--target",
+        "--memory",
+        "--verbose",
+    ):
         assert option in result.stdout
     assert "GiB" in result.stdout  # the unit rule is explained where the budget is asked for
 

@@ -16,6 +16,7 @@ from planner.workload import build_workload, load_model_file, run_training_step
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ALL = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
+DATA = Path(__file__).resolve().parent / "data"
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -107,3 +108,35 @@ def test_profile_with_a_budget_too_small_exits_3_and_writes_nothing(tmp_path: Pa
     )
     assert ok.exit_code == 0, ok.output
     assert load_plan(out).measured_peak_bytes <= int(smallest)  # type: ignore[operator]
+
+
+def test_profile_for_a_target_device_writes_an_unchecked_plan(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    arguments = ["profile", str(DATA / "small_gpt.py"), "--out", str(out)]
+    arguments += ["--report-dir", str(tmp_path / "charts"), "--target", "h100-80gb"]
+    result = CliRunner().invoke(app, [*arguments, "--budget", "1GB"])
+    assert result.exit_code == 0, result.output
+    assert "not run: made for h100-80gb" in result.stdout
+    assert "roofline" in result.stdout
+    plan = load_plan(out)
+    assert plan.target == "h100-80gb" and not plan.checked and plan.device == "cuda"
+    summary = (tmp_path / "charts" / "summary.md").read_text()
+    assert "estimated for h100-80gb" in summary and "fake tensors" in summary
+
+
+@pytest.mark.parametrize(
+    ("target", "budget", "message"),
+    [
+        ("h100", "1GB", "is not a built-in device"),
+        ("l4", "30GB", "more than l4's memory"),
+    ],
+)
+def test_a_bad_target_exits_2_and_writes_nothing(
+    tmp_path: Path, target: str, budget: str, message: str
+) -> None:
+    out = tmp_path / "plan.json"
+    arguments = ["profile", str(DATA / "small_gpt.py"), "--out", str(out), "--target", target]
+    result = CliRunner().invoke(app, [*arguments, "--budget", budget])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists()

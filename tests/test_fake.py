@@ -1,0 +1,231 @@
+"""Fake-tensor profiles record the same step as real ones, using no memory; where fake tensors
+cannot run the step, the error names the op; CUDA steps are emulated on CPU fakes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from planner.fake import FakeExecutionError, build_fake_workload, is_fake
+from planner.profiler import profile_workload, record_memory
+from planner.records import MemorySource, Profile
+from planner.tracking import allocated_bytes
+from planner.workload import build_workload, load_model_file
+from tests.models import model_file, stack_file, tricky_file
+
+DATA = Path(__file__).resolve().parent / "data"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _fake_profile(source, device: str = "cpu") -> Profile:  # type: ignore[no-untyped-def]
+    source = load_model_file(source) if isinstance(source, Path) else source
+    workload, session = build_fake_workload(source, device)
+    return record_memory(workload, session=session)
+
+
+def _real_profile(source) -> Profile:  # type: ignore[no-untyped-def]
+    source = load_model_file(source) if isinstance(source, Path) else source
+    return profile_workload(build_workload(source, seed=0), timing_passes=1)
+
+
+def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
+    return [
+        (
+            m.module_name,
+            m.saved_bytes,
+            m.checkpoint_saving_bytes,
+            m.input_bytes,
+            m.output_bytes,
+            m.recompute_peak_bytes,
+            m.excluded_reason,
+            m.uses_rng,
+            m.mutated_buffers,
+            m.forward_flops,
+        )
+        for m in profile.modules
+    ]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        stack_file(depth=3),
+        tricky_file("adamw"),
+        tricky_file("sgd_momentum"),
+        DATA / "small_cnn.py",
+        DATA / "small_gpt.py",
+        DATA / "cache_decoder.py",
+    ],
+    ids=["stack", "tricky_adamw", "tricky_sgd", "small_cnn", "small_gpt", "cache_decoder"],
+)
+def test_a_fake_profile_records_the_real_step_exactly(source) -> None:  # type: ignore[no-untyped-def]
+    fake, real = _fake_profile(source), _real_profile(source)
+    assert fake.memory_source is MemorySource.FAKE and real.memory_source is MemorySource.REAL
+    assert fake.measured_peak_bytes == real.measured_peak_bytes
+    assert fake.static_bytes == real.static_bytes
+    assert fake.timeline.storages == real.timeline.storages
+    assert fake.timeline.calls == real.timeline.calls
+    assert _memory_fields(fake) == _memory_fields(real)
+    assert fake.block_names == real.block_names and fake.fingerprint == real.fingerprint
+
+
+def test_a_fake_profile_allocates_no_tensor_memory() -> None:
+    from planner.tracking import StorageWatcher
+
+    watcher = StorageWatcher("cpu", real_only=True)
+    with watcher:
+        workload, session = build_fake_workload(load_model_file(DATA / "wide_elementwise.py"))
+        profile = record_memory(workload, session=session)
+    assert all(is_fake(p) for p in workload.model.parameters())
+    assert profile.measured_peak_bytes > 800 * 2**20
+    # Only the batch is made for real (its values seed the small tensors' shadows): 32 MiB.
+    assert watcher.peak_bytes <= 65536 * 128 * 4 + 2**20
+
+
+def test_a_model_built_in_fp32_then_cast_to_bf16_profiles_as_it_runs() -> None:
+    source = model_file(
+        lambda: stack_file().build_model().to(torch.bfloat16),
+        lambda: (torch.randn(64, 32, dtype=torch.bfloat16), torch.randint(0, 10, (64,))),
+        name="bf16_stack",
+    )
+    fake, real = _fake_profile(source), _real_profile(source)
+    assert fake.measured_peak_bytes == real.measured_peak_bytes
+    assert all(row[2] == "bfloat16" for row in fake.fingerprint["parameters"])
+
+
+def test_autocast_inside_the_training_step_profiles_as_it_runs() -> None:
+    def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(*batch)
+
+    base = stack_file(depth=3)
+    source = model_file(base.build_model, base.sample_batch, training_step=step, name="amp")
+    fake, real = _fake_profile(source), _real_profile(source)
+    assert fake.measured_peak_bytes == real.measured_peak_bytes
+    assert _memory_fields(fake) == _memory_fields(real)
+
+
+ITEM_IN_FORWARD = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+
+    def forward(self, x):
+        h = self.inner(x)
+        if h.sum().item() > 1e9:  # line 13: reads a value of an activation
+            h = h * 2
+        return h.square().mean()
+
+
+def build_model():
+    return Net()
+
+
+def sample_batch():
+    return torch.randn(4, 8)
+"""
+
+
+def test_an_op_that_reads_activation_values_is_named_with_where_it_was_called(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "item_model.py"
+    path.write_text(ITEM_IN_FORWARD)
+    with pytest.raises(FakeExecutionError) as raised:
+        _fake_profile(path)
+    assert raised.value.op == "aten._local_scalar_dense.default"
+    assert "depends on tensor values" in str(raised.value)
+    assert "item_model.py:13" in str(raised.value)  # where the model file calls it
+
+
+class _PaddingAware(nn.Module):
+    """Branches on the values of a small integer batch tensor, as HF masking code does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(mask.shape[1]).expand_as(mask)
+        if bool((mask == 0).any()) or int(positions[0, -1]) != mask.shape[1] - 1:
+            x = x * mask.unsqueeze(-1)  # an extra (B, T, 8) tensor: only with padding
+        return self.inner(x).square().mean()
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_small_integer_tensors_keep_their_values_so_branches_match_the_real_step(
+    padded: bool,
+) -> None:
+    def batch() -> tuple[torch.Tensor, torch.Tensor]:
+        mask = torch.ones(4, 16, dtype=torch.long)
+        if padded:
+            mask[:, -3:] = 0
+        return torch.randn(4, 16, 8), mask
+
+    source = model_file(_PaddingAware, batch, name="padding")
+    fake, real = _fake_profile(source), _real_profile(source)
+    assert fake.measured_peak_bytes == real.measured_peak_bytes
+    assert len(fake.timeline.storages) == len(real.timeline.storages)
+
+
+def test_cuda_is_emulated_on_cpu_fakes_with_cuda_allocation_sizes() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("emulation is used where CUDA is not available")
+    source = DATA / "small_gpt.py"
+    workload, session = build_fake_workload(load_model_file(source), "cuda")
+    assert session.emulated and workload.device.type == "cpu"
+    profile = record_memory(workload, session=session)
+    assert profile.device == "cuda"
+    parameters = list(workload.model.parameters())
+    blocks = sum(allocated_bytes(p.untyped_storage().nbytes(), "cuda") for p in parameters)
+    buffers = sum(
+        allocated_bytes(b.untyped_storage().nbytes(), "cuda") for b in workload.model.buffers()
+    )
+    # Parameters, gradients and AdamW's two states, each in whole 512-byte blocks; the step
+    # counters stay on the host, as torch.optim keeps them on CUDA.
+    assert profile.static_bytes == 4 * blocks + buffers
+    assert all(s.size_bytes % 512 == 0 for s in profile.timeline.storages)
+    assumptions = " ".join(session.assumptions)
+    assert "foreach=True" in assumptions and "fused kernel" in assumptions  # AdamW, dropout
+    assert "step counters on the host" in assumptions
+
+
+def test_fake_profiles_of_the_examples_equal_the_real_ones() -> None:
+    fake, real = _fake_profile(EXAMPLES / "gpt.py"), _real_profile(EXAMPLES / "gpt.py")
+    assert fake.measured_peak_bytes == real.measured_peak_bytes == 117_818_680
+    assert _memory_fields(fake) == _memory_fields(real)
+
+
+@pytest.mark.hf
+def test_hugging_face_sdpa_models_take_their_eager_path_on_fake_tensors() -> None:
+    transformers = pytest.importorskip("transformers")
+
+    def build() -> nn.Module:
+        config = transformers.LlamaConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            use_cache=False,
+            attn_implementation="sdpa",
+        )
+        return transformers.LlamaForCausalLM(config)
+
+    def batch() -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 128, (2, 16))
+        return {"input_ids": ids, "labels": ids}
+
+    source = model_file(build, batch, name="hf_sdpa")
+    fake, real = _fake_profile(source), _real_profile(source)
+    assert fake.measured_peak_bytes == real.measured_peak_bytes
+    assert _memory_fields(fake) == _memory_fields(real)

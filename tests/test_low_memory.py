@@ -1,0 +1,84 @@
+"""A model whose unplanned step does not fit the process is planned: no pass of `ckpt-plan
+profile` allocates more than the budget.
+
+The processes run under an address-space limit (``RLIMIT_AS``, as ``ulimit -v`` sets): the
+address space a tiny model's whole `profile` run needs (the interpreter, torch, the report's
+libraries), plus 650 MiB. `tests/data/wide_elementwise.py` needs 800 MiB of tensors
+unplanned and 416 MiB with every block checkpointed; the budget is 500 MiB. With the
+unplanned step run for real (``--memory real``, what `profile` did before fake tensors) the
+allocator fails, as the issue reported; by default the plan is made, checked and written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+
+_CLI = """
+import sys
+from cli.main import app
+try:
+    app(sys.argv[1:])
+except SystemExit as stop:
+    code = stop.code
+else:
+    code = 0
+status = open("/proc/self/status").read()
+print("VmPeak_kB", status.split("VmPeak:")[1].split()[0], file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def _run(arguments: list[str], cwd: Path, limit_bytes: int | None) -> subprocess.CompletedProcess:
+    def limit() -> None:
+        if limit_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), MALLOC_ARENA_MAX="2", COLUMNS="200")
+    return subprocess.run(
+        [sys.executable, "-c", _CLI, *arguments],
+        cwd=cwd,
+        preexec_fn=limit,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=600,
+        check=False,
+    )
+
+
+def _vm_peak_bytes(result: subprocess.CompletedProcess) -> int:
+    line = next(line for line in result.stderr.splitlines() if line.startswith("VmPeak_kB"))
+    return int(line.split()[1]) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_a_model_that_does_not_fit_the_process_is_planned_within_the_budget(
+    tmp_path: Path,
+) -> None:
+    tiny = _run(["profile", str(DATA / "small_cnn.py"), "--budget", "1MiB"], tmp_path, None)
+    assert tiny.returncode == 0, tiny.stderr
+    limit = _vm_peak_bytes(tiny) + 650 * 2**20
+    model = str(DATA / "wide_elementwise.py")
+
+    # The unplanned step, run for real, cannot allocate its 800 MiB under the limit.
+    real = _run(["profile", model, "--budget", "500MiB", "--memory", "real"], tmp_path, limit)
+    assert real.returncode == 4, real.stderr
+    assert "can't allocate memory" in real.stderr
+
+    planned = _run(["profile", model, "--budget", "500MiB"], tmp_path, limit)
+    assert planned.returncode == 0, planned.stderr + planned.stdout
+    plan = json.loads((tmp_path / "profiles" / "wide_elementwise" / "plan.json").read_text())
+    assert plan["checked"] and plan["memory_source"] == "fake"
+    assert plan["baseline_peak_bytes"] > 800 * 2**20 > 500 * 2**20 >= plan["measured_peak_bytes"]
+    assert plan["measured_peak_bytes"] == plan["predicted_peak_bytes"]
+    assert _vm_peak_bytes(planned) <= limit

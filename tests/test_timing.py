@@ -1,0 +1,88 @@
+"""Times are measured in steps that fit the budget (a timing plan applied), and the whole
+`profile` job plans without running anything bigger than the budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.errors import InfeasibleBudgetError
+from planner.fake import build_fake_workload
+from planner.pipeline import profile_and_plan, profile_model_file
+from planner.planning import baseline_every_block, build_plan, unit_cost_ms
+from planner.profiler import record_memory
+from planner.records import CostSource, MemorySource
+from planner.solver import Solver
+from planner.targets import load_spec
+from planner.timing import measure_costs, with_measured_costs
+from planner.tracking import MemoryLimitExceeded
+from planner.units import format_bytes
+from planner.workload import load_model_file
+
+DATA = Path(__file__).resolve().parent / "data"
+SMALL_GPT = DATA / "small_gpt.py"
+WIDE = DATA / "wide_elementwise.py"
+
+
+def _memory_profile(path: Path):  # type: ignore[no-untyped-def]
+    workload, session = build_fake_workload(load_model_file(path))
+    return record_memory(workload, session=session)
+
+
+def test_times_are_measured_with_a_plan_that_fits_and_identical_blocks_share_them() -> None:
+    profile = _memory_profile(WIDE)
+    timing_plan = baseline_every_block(profile)
+    limit = timing_plan.predicted_peak_bytes
+    costs = measure_costs(load_model_file(WIDE), profile, timing_plan, limit_bytes=limit)
+    assert costs.warmup_peak_bytes <= limit < profile.measured_peak_bytes
+    block_times = {costs.forward_ms[name] for name in profile.block_names}
+    assert len(block_times) == 1 and block_times.pop() > 0  # one group: one median
+    timed = with_measured_costs(profile, costs, timing_plan.units, unit_cost_ms)
+    assert timed.cost_source is CostSource.MEASURED
+    recompute = sum(timed.module(name).forward_ms for name in profile.block_names)
+    assert timed.step_ms == pytest.approx(
+        max(costs.planned_step_ms - recompute, costs.planned_step_ms / 2)
+    )
+
+
+def test_a_timing_step_that_would_pass_its_limit_is_stopped() -> None:
+    profile = _memory_profile(WIDE)
+    unplanned = build_plan(profile, [], 0, strategy="none")
+    with pytest.raises(MemoryLimitExceeded) as stopped:
+        measure_costs(load_model_file(WIDE), profile, unplanned, limit_bytes=500 * 2**20)
+    assert stopped.value.reached_bytes > 500 * 2**20 == stopped.value.limit_bytes
+
+
+def test_an_infeasible_budget_is_reported_before_anything_real_is_allocated() -> None:
+    from planner.tracking import StorageWatcher
+
+    _, lowest = Solver(_memory_profile(WIDE)).lowest_peak()
+    watcher = StorageWatcher("cpu", real_only=True)
+    with pytest.raises(InfeasibleBudgetError) as raised, watcher:
+        profile_model_file(load_model_file(WIDE), budget_bytes=300 * 2**20)
+    assert raised.value.min_budget_bytes == lowest
+    assert f"the smallest budget that fits is {format_bytes(lowest)}" in str(raised.value)
+    assert watcher.peak_bytes <= 33 * 2**20  # the batch (32 MiB), made for real; no model
+
+
+def test_profile_and_plan_checks_the_plan_it_writes_within_the_budget() -> None:
+    profile = _memory_profile(SMALL_GPT)
+    every_block = baseline_every_block(profile).predicted_peak_bytes
+    budget = (every_block + profile.measured_peak_bytes) // 2
+    result = profile_and_plan(SMALL_GPT, budget)
+    plan, check = result.plan, result.check
+    assert plan.memory_source == "fake" and plan.cost_source == "measured" and plan.checked
+    assert check is not None and check.reference == "recomputation" and check.passed
+    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+    assert plan.step_ms > 0 and all(d.recompute_ms > 0 for d in plan.modules)
+
+
+def test_a_plan_for_a_target_device_is_estimated_and_left_unchecked() -> None:
+    result = profile_and_plan(SMALL_GPT, 10**9, target=load_spec("h100-80gb"))
+    plan, profile = result.plan, result.profile
+    assert result.check is None and not plan.checked and plan.measured_peak_bytes is None
+    assert plan.device == "cuda" and plan.target == "h100-80gb" and plan.cost_source == "roofline"
+    assert profile.memory_source is MemorySource.FAKE and profile.workspace_bytes == 64 * 2**20
+    assert any(note.startswith("unchecked: made for h100-80gb") for note in plan.notes)
+    assert profile.step_ms > 0
