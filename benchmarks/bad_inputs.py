@@ -39,6 +39,14 @@ SMALL_CNN = DATA / "small_cnn.py"
 
 # Model files that break the contract in one way each (written into the case's folder).
 MODEL_SOURCES = {
+    # examples/llama3_8b.py with torch's default optimizer (AdamW, foreach on CUDA).
+    "llama3_8b_foreach.py": (
+        "import importlib.util\n"
+        "spec = importlib.util.spec_from_file_location(\n"
+        f"    'l8b', {str(ROOT / 'examples' / 'llama3_8b.py')!r}\n)\n"
+        "example = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(example)\n"
+        "build_model, sample_batch = example.build_model, example.sample_batch\n"
+    ),
     "syntax_error.py": "import torch\n\ndef build_model(:\n    pass\n",
     "no_build_model.py": "import torch\n\ndef sample_batch():\n    return torch.zeros(2, 3)\n",
     "no_sample_batch.py": "import torch\n\ndef build_model():\n    return torch.nn.Linear(2, 2)\n",
@@ -109,6 +117,30 @@ CASES = [
         "--device cuda on a machine without CUDA",
         ("{data}/small_cnn.py", "-b", "1GB", "--device", "cuda", *OUT),
         2,
+    ),
+    Case(
+        PROFILE,
+        "--target that is not a known device",
+        ("{data}/small_cnn.py", "-b", "1GB", "--target", "h100", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "--target spec file that is not JSON",
+        ("{data}/small_cnn.py", "-b", "1GB", "--target", "{plans}/corrupt.json", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "budget above the target's memory (30GB on an L4)",
+        ("{data}/small_cnn.py", "-b", "30GB", "--target", "l4", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "a budget the optimizer step alone passes (AdamW foreach on CUDA, 8B model, 80GB)",
+        ("llama3_8b_foreach.py", "-b", "80GB", "--target", "h100-80gb", *OUT),
+        3,
     ),
     Case(
         PROFILE,

@@ -361,6 +361,9 @@ class FakeSession:
         """Run code on fake tensors (with the device emulation, if any); an op that fake
         tensors cannot run becomes a :class:`FakeExecutionError`."""
         with contextlib.ExitStack() as stack:
+            # Fake tensors log every op that fails as an error; the failure is raised (and
+            # reported, or expected: a recomputation probe) anyway.
+            stack.enter_context(_quiet("torch._subclasses.fake_tensor"))
             stack.enter_context(_libraries_see_eager_tensors(self))
             stack.enter_context(self.mode)
             stack.enter_context(self.shadows)
@@ -402,6 +405,17 @@ def _fake_limitation(error: BaseException, model_file: ModelFile) -> FakeExecuti
     return FakeExecutionError(
         f"the training step cannot run on fake tensors at {op} ({where}): {why}", op=op
     )
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    quieted = logging.getLogger(logger_name)
+    level = quieted.level
+    quieted.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        quieted.setLevel(level)
 
 
 @contextlib.contextmanager

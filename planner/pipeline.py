@@ -14,10 +14,11 @@ bit-identical to its forward, buffers and RNG as without the plan). If the measu
 overshoots, the solver aims lower by the overshoot and tries again; a module whose
 recomputation differs is excluded and the plan solved again.
 
-Before that run, the modules a plan chose are tried once for recomputation mismatches on
-fake tensors (:func:`planner.safety.find_recompute_mismatches`: a module that fills a cache
-in forward and reads it back when recomputed, say). Any found are excluded from the
-profile, with the reason, and the plan is solved again.
+Before that run, every candidate's recomputation is tried once on fake tensors
+(:func:`planner.safety.find_recompute_mismatches`: a module that fills a cache in forward and
+reads it back when recomputed, say; for a profile recorded for real, only the modules a
+plan chose, on a real step). Any found are excluded from the profile, with the reason, and
+the plan is solved again.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def profile_model_file(
     memory: MemorySource = MemorySource.FAKE,
     budget_bytes: int | None = None,
     target: DeviceSpec | None = None,
-    timing_steps: int = 1,
+    timing_steps: int = 3,
     progress: ProgressCallback | None = None,
 ) -> Profile:
     """A complete profile of the model file's training step (see the module docstring).
@@ -146,7 +147,8 @@ def profile_model_file(
     (``real``: it must fit the machine). ``budget_bytes`` bounds every real pass: the timing
     plan is solved to fit it, and real steps stop if they pass it (CPU); without it, times
     are taken on the unplanned step. ``target``: estimate times for that device instead of
-    measuring them here (nothing runs for real)."""
+    measuring them here (nothing runs for real). ``timing_steps`` real steps are timed (the
+    median is kept): three keep the plan the same from one run to the next."""
     profile = _record_memory(
         model_file,
         device=device,
@@ -255,10 +257,17 @@ def plan_checked(
             ) from None
         if model_path is None:
             return PlanningResult(profile, plan, solution, None, attempt)
-        untried = [name for name in _probe_names(profile, plan) if name not in probed]
+        # On fake tensors trying every candidate costs one step and no memory, and the
+        # exclusions then do not depend on which plan came first (plans stay stable).
+        wanted = (
+            [record.module_name for record in profile.candidates]
+            if profile.memory_source is MemorySource.FAKE and not probed
+            else _probe_names(profile, plan)
+        )
+        untried = [name for name in wanted if name not in probed]
         if untried:
             if progress:
-                progress(f"trying recomputation of {len(untried)} chosen modules", 0, 1)
+                progress(f"trying the recomputation of {len(untried)} modules", 0, 1)
             mismatches = _probe(profile, untried, model_path=model_path, device=device, seed=seed)
             probed.update(untried)
             if mismatches:

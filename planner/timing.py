@@ -13,16 +13,20 @@ memory than the budget. With the plan applied, it runs
    forward call (``perf_counter`` on CPU, CUDA events on CUDA). Hooks that fire during
    backward are the timing plan's recomputations and are not counted as forwards.
 
-The unplanned step's time is then the planned step's time less the recomputation the
-timing plan added (the forward times of its modules).
+The timing plan's recomputations are timed too (its modules' children run again in
+backward, hooks and all): their time over the same children's forward time is how much a
+recomputation costs against a forward on this device and model (caches are warm or cold,
+allocations cheaper or dearer), and every module's forward time is scaled by that ratio
+to give its recomputation cost. The unplanned step's time is then the planned step's time
+less the recomputation the timing plan added.
 
 Design notes
 ------------
 * **Identical modules cost the same.** Blocks of one class with the same parameter,
   input, output and saved bytes (``blocks.0`` ... ``blocks.47``) do the same work; their
-  times differ only by noise. Each module's time is the median over its group, which
-  makes the plan, and its predicted overhead, stable from one run to the next with a
-  single timing step (the profile-cost benchmark's budget).
+  times differ only by noise. Each module's time is the median over its group (and over
+  the timed steps), which keeps the plan, and its predicted overhead, the same from one run
+  to the next (``benchmarks/plan_stability.py``).
 * **Hook overhead** (a few microseconds per module call) is counted in the step time
   and in each module's forward alike; it is small against any module worth wrapping.
 """
@@ -58,6 +62,8 @@ class MeasuredCosts:
     forward_ms: dict[str, float]
     planned_step_ms: float
     warmup_peak_bytes: int
+    # Recomputation over forward time, measured (see _recompute_ratio); times are scaled by it.
+    recompute_ratio: float | None
     timing_modules: tuple[str, ...]
     timing_steps: int
 
@@ -82,21 +88,25 @@ class _Clock:
         return (end - start) * 1000.0
 
 
-def _timed_step(workload: Workload, seed: int) -> tuple[dict[str, float], float]:
-    """One step with every module's forward timed: per-module forward ms and the step's."""
+def _timed_step(
+    workload: Workload, seed: int
+) -> tuple[dict[str, float], dict[str, float], float]:
+    """One step with every module's calls timed: per-module forward ms, per-module ms of
+    the calls made during backward (recomputations of the timing plan's modules' children),
+    and the step's ms."""
     clock = _Clock(workload.device)
     names = {id(module): name for name, module in workload.model.named_modules()}
     starts: dict[int, list[Any]] = defaultdict(list)
-    spans: list[tuple[str, Any, Any]] = []
+    spans: list[tuple[str, bool, Any, Any]] = []
 
     def before(module: torch.nn.Module, args: Any) -> None:
-        if torch._C._current_graph_task_id() == -1:  # not inside backward
-            starts[id(module)].append(clock.mark())
+        starts[id(module)].append(clock.mark())
 
     def after(module: torch.nn.Module, args: Any, output: Any) -> None:
         stack = starts[id(module)]
-        if stack and torch._C._current_graph_task_id() == -1:
-            spans.append((names[id(module)], stack.pop(), clock.mark()))
+        if stack:
+            in_backward = torch._C._current_graph_task_id() != -1
+            spans.append((names[id(module)], in_backward, stack.pop(), clock.mark()))
 
     handles = []
     for module in workload.model.modules():
@@ -110,9 +120,26 @@ def _timed_step(workload: Workload, seed: int) -> tuple[dict[str, float], float]
         for handle in handles:
             handle.remove()
     forward_ms: dict[str, float] = defaultdict(float)
-    for name, start, stop in spans:
-        forward_ms[name] += clock.elapsed_ms(start, stop)
-    return dict(forward_ms), clock.elapsed_ms(begin, end)
+    backward_ms: dict[str, float] = defaultdict(float)
+    for name, in_backward, start, stop in spans:
+        (backward_ms if in_backward else forward_ms)[name] += clock.elapsed_ms(start, stop)
+    return dict(forward_ms), dict(backward_ms), clock.elapsed_ms(begin, end)
+
+
+def _recompute_ratio(
+    plan: Plan, forward_ms: dict[str, float], backward_ms: dict[str, float]
+) -> float | None:
+    """Recomputation time over forward time, measured on the timing plan's modules: the
+    children of each checkpointed module run once in forward and once more, recomputed, in
+    backward; both are timed. None when the plan recomputes nothing."""
+    recomputed = forward = 0.0
+    for decision in plan.modules:
+        prefix = decision.module_name + "."
+        for name, ms in backward_ms.items():
+            if name.startswith(prefix) and "." not in name[len(prefix) :]:
+                recomputed += ms
+                forward += forward_ms.get(name, 0.0)
+    return recomputed / forward if forward > 0 and recomputed > 0 else None
 
 
 def _group_key(record: ModuleProfile) -> tuple[object, ...]:
@@ -169,19 +196,26 @@ def measure_costs(
         run_training_step(workload, seed=seed)
     samples: list[dict[str, float]] = []
     step_samples: list[float] = []
+    ratios: list[float] = []
     for step in range(timing_steps):
         if progress:
             progress("timing module forwards", step + 1, total)
-        forward_ms, step_ms = _timed_step(workload, seed=seed + 1 + step)
+        forward_ms, backward_ms, step_ms = _timed_step(workload, seed=seed + 1 + step)
         samples.append(forward_ms)
         step_samples.append(step_ms)
+        ratio = _recompute_ratio(timing_plan, forward_ms, backward_ms)
+        if ratio is not None:
+            ratios.append(ratio)
     names = [record.module_name for record in profile.modules]
     medians = {name: statistics.median(s.get(name, 0.0) for s in samples) for name in names}
-    smoothed = _smoothed(profile, medians)
+    recompute_ratio = statistics.median(ratios) if ratios else None
+    scale = recompute_ratio or 1.0
+    smoothed = {name: ms * scale for name, ms in _smoothed(profile, medians).items()}
     return MeasuredCosts(
         forward_ms=smoothed,
         planned_step_ms=statistics.median(step_samples),
         warmup_peak_bytes=tracker.peak_bytes,
+        recompute_ratio=recompute_ratio,
         timing_modules=timing_plan.module_names,
         timing_steps=timing_steps,
     )
@@ -208,6 +242,12 @@ def with_measured_costs(
         f"times: measured here in {costs.timing_steps} step(s) with "
         f"{len(costs.timing_modules)} modules checkpointed (so the step fits the budget); "
         "identical modules share their median"
+        + (
+            f"; recomputation measured at {costs.recompute_ratio:.2f}x its forward, and "
+            "every module's time scaled by that"
+            if costs.recompute_ratio is not None
+            else ""
+        )
     )
     return dataclasses.replace(
         timed,

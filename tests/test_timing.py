@@ -83,6 +83,6 @@ def test_a_plan_for_a_target_device_is_estimated_and_left_unchecked() -> None:
     plan, profile = result.plan, result.profile
     assert result.check is None and not plan.checked and plan.measured_peak_bytes is None
     assert plan.device == "cuda" and plan.target == "h100-80gb" and plan.cost_source == "roofline"
-    assert profile.memory_source is MemorySource.FAKE and profile.workspace_bytes == 64 * 2**20
+    assert profile.memory_source is MemorySource.FAKE and profile.workspace_bytes == 65 * 2**20
     assert any(note.startswith("unchecked: made for h100-80gb") for note in plan.notes)
     assert profile.step_ms > 0

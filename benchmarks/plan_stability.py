@@ -1,0 +1,116 @@
+"""Plan stability and overhead accuracy: three `profile` runs per model choose the same modules,
+and the overhead they print is the overhead measured.
+
+    python benchmarks/plan_stability.py                  # the bundled examples
+    python benchmarks/plan_stability.py --models gpt     # some of them
+
+Per model, the budget is halfway between the peak with every block checkpointed and the
+unplanned peak (from a fake-tensor profile). ``profile_and_plan`` (what `ckpt-plan profile`
+runs: fake memory, times measured within the budget, the plan checked) runs ``--runs``
+times; then each distinct plan and the unplanned step are timed, interleaved, ``--repeats``
+steps each, and the measured overhead (median planned step over median unplanned step,
+minus one) is set against the printed one (``predicted_overhead``).
+Writes reports/benchmarks/plan_stability.csv and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import markdown_table  # noqa: E402
+from planner.apply import apply_plan  # noqa: E402
+from planner.fake import build_fake_workload  # noqa: E402
+from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
+from planner.pipeline import profile_and_plan  # noqa: E402
+from planner.planning import baseline_every_block  # noqa: E402
+from planner.profiler import record_memory  # noqa: E402
+from planner.workload import build_workload, load_model_file, run_training_step  # noqa: E402
+
+DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
+
+
+def measured_step_ms(path: Path, plans: dict[str, object], repeats: int) -> dict[str, float]:
+    """Median step time of each plan (None: unplanned), interleaved, after two warm-ups."""
+    model_file = load_model_file(path)
+    workloads = {}
+    for name, plan in plans.items():
+        workload = build_workload(model_file, seed=0)
+        if plan is not None:
+            apply_plan(workload.model, plan)  # type: ignore[arg-type]
+        for step in range(2):
+            run_training_step(workload, seed=step)
+        workloads[name] = workload
+    times: dict[str, list[float]] = {name: [] for name in plans}
+    for repeat in range(repeats):
+        order = list(workloads)
+        for name in order[repeat % len(order) :] + order[: repeat % len(order)]:
+            started = time.perf_counter()
+            run_training_step(workloads[name], seed=10 + repeat)
+            times[name].append((time.perf_counter() - started) * 1000)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def run_model(name: str, runs: int, repeats: int) -> dict[str, object]:
+    path = ROOT / "examples" / f"{name}.py"
+    workload, session = build_fake_workload(load_model_file(path))
+    memory = record_memory(workload, session=session)
+    every = baseline_every_block(memory).predicted_peak_bytes
+    budget = (every + memory.measured_peak_bytes) // 2
+    results = [profile_and_plan(path, budget) for _ in range(runs)]
+    choices = [result.plan.module_names for result in results]
+    distinct = {modules: result.plan for modules, result in zip(choices, results, strict=True)}
+    plans: dict[str, object] = {"none": None}
+    plans.update({" ".join(modules): plan for modules, plan in distinct.items()})
+    medians = measured_step_ms(path, plans, repeats)
+    printed = [round(100 * result.plan.predicted_overhead, 1) for result in results]
+    measured = [
+        round(100 * (medians[" ".join(modules)] / medians["none"] - 1), 1) for modules in choices
+    ]
+    ratios = [p / m if m else float("inf") for p, m in zip(printed, measured, strict=True)]
+    row: dict[str, object] = {
+        "model": name,
+        "budget_mib": round(budget / 2**20, 2),
+        "same_modules": len(distinct) == 1,
+        "modules": " ".join(choices[0])
+        if len(distinct) == 1
+        else " | ".join(map(" ".join, distinct)),
+        "printed_overhead_pct": " / ".join(map(str, printed)),
+        "measured_overhead_pct": " / ".join(map(str, measured)),
+        "printed_over_measured": " / ".join(f"{r:.2f}" for r in ratios),
+        "within_25pct": all(0.75 <= r <= 1.25 for r in ratios),
+        "unplanned_step_ms": round(medians["none"], 1),
+        "checked": all(result.plan.checked for result in results),
+    }
+    print(row, flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=DEFAULT_MODELS)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
+    arguments = parser.parse_args(argv)
+    frame = pd.DataFrame(
+        [run_model(name, arguments.runs, arguments.repeats) for name in arguments.models]
+    )
+    arguments.out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(arguments.out / "plan_stability.csv") as temp_path:
+        frame.to_csv(temp_path, index=False)
+    atomic_write_text(arguments.out / "plan_stability.md", markdown_table(frame) + "\n")
+    print(markdown_table(frame))
+    return 0 if bool(frame.same_modules.all() and frame.within_25pct.all()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
