@@ -82,7 +82,7 @@ def main() -> int:
     lines = [
         "# Planning a Llama-3-8B-shaped model for an H100 on a 2-core CPU machine",
         "",
-        f"`{' '.join(['ckpt-plan', *command[1:]])}`",
+        "`ckpt-plan profile examples/llama3_8b.py --budget 80GB --target h100-80gb`",
         "",
         "| | |",
         "|---|---|",

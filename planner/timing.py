@@ -88,9 +88,7 @@ class _Clock:
         return (end - start) * 1000.0
 
 
-def _timed_step(
-    workload: Workload, seed: int
-) -> tuple[dict[str, float], dict[str, float], float]:
+def _timed_step(workload: Workload, seed: int) -> tuple[dict[str, float], dict[str, float], float]:
     """One step with every module's calls timed: per-module forward ms, per-module ms of
     the calls made during backward (recomputations of the timing plan's modules' children),
     and the step's ms."""
