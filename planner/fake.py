@@ -67,7 +67,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from planner.errors import ModelFileError, ProfilingError
 from planner.tracking import written_arguments
-from planner.workload import ModelFile, Workload, _error_location, _user_code
+from planner.workload import ModelFile, Workload, _error_location, _user_code, build_optimizer
 
 __all__ = [
     "SHADOW_NUMEL_LIMIT",
@@ -573,15 +573,8 @@ def _map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -
 def _fake_optimizer(
     model_file: ModelFile, model: torch.nn.Module, session: FakeSession
 ) -> torch.optim.Optimizer:
-    with _user_code("build_optimizer()", model_file.path), session.running():
-        if model_file.build_optimizer is not None:
-            optimizer = model_file.build_optimizer(model.parameters())
-        else:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ModelFileError(
-            f"build_optimizer() in {model_file.path} must return a torch.optim.Optimizer"
-        )
+    with session.running():
+        optimizer = build_optimizer(model_file, model)
     if session.device_type == "cuda":
         # torch.optim picks foreach on CUDA by the parameters' class, which fakes are not.
         for group in optimizer.param_groups:

@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import logging
 import statistics
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -47,6 +46,7 @@ from planner.records import (
     SavedTensor,
     StorageLifetime,
 )
+from planner.timing import Clock
 from planner.tracking import (
     PeakMemoryTracker,
     StorageWatcher,
@@ -80,26 +80,6 @@ ProgressCallback = Callable[[str, int, int], None]
 """Called as ``progress(what, done, total)`` while profiling."""
 
 
-class _Clock:
-    """Milliseconds between two marks: ``perf_counter`` on CPU, CUDA events on CUDA."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def elapsed_ms(self, start: Any, end: Any) -> float:
-        if self.cuda:
-            end.synchronize()
-            return float(start.elapsed_time(end))
-        return (end - start) * 1000.0
-
-
 def _time_forward(
     workload: Workload, passes: int, seed: int, progress: ProgressCallback | None
 ) -> dict[str, float]:
@@ -108,7 +88,7 @@ def _time_forward(
     Recomputation is a forward with grad enabled, so that is what we time: forward and loss
     only (the graph is dropped), about a third of a step, so medians are cheap.
     """
-    clock = _Clock(workload.device)
+    clock = Clock(workload.device)
     names = {id(module): name for name, module in workload.model.named_modules()}
     starts: dict[int, list[Any]] = defaultdict(list)
     per_pass: list[dict[str, float]] = []
@@ -680,7 +660,7 @@ def profile_workload(
     one-time costs such as creating the optimizer state); with one warm-up step, its own.
     """
     total = warmup_steps + 2
-    clock = _Clock(workload.device)
+    clock = Clock(workload.device)
     warmup_ms = []
     for step in range(warmup_steps):
         if progress:

@@ -49,7 +49,7 @@ from planner.records import CostSource, ModuleProfile, Profile
 from planner.tracking import PeakMemoryTracker, workload_tensors
 from planner.workload import ModelFile, Workload, build_workload, run_training_step
 
-__all__ = ["MeasuredCosts", "measure_costs", "with_measured_costs"]
+__all__ = ["Clock", "MeasuredCosts", "measure_costs", "with_measured_costs"]
 
 ProgressCallback = Callable[[str, int, int], None]
 
@@ -68,7 +68,7 @@ class MeasuredCosts:
     timing_steps: int
 
 
-class _Clock:
+class Clock:
     """Milliseconds between two marks: ``perf_counter`` on CPU, CUDA events on CUDA."""
 
     def __init__(self, device: torch.device) -> None:
@@ -92,7 +92,7 @@ def _timed_step(workload: Workload, seed: int) -> tuple[dict[str, float], dict[s
     """One step with every module's calls timed: per-module forward ms, per-module ms of
     the calls made during backward (recomputations of the timing plan's modules' children),
     and the step's ms."""
-    clock = _Clock(workload.device)
+    clock = Clock(workload.device)
     names = {id(module): name for name, module in workload.model.named_modules()}
     starts: dict[int, list[Any]] = defaultdict(list)
     spans: list[tuple[str, bool, Any, Any]] = []

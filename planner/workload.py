@@ -29,6 +29,7 @@ from planner.tracking import iter_tensors
 __all__ = [
     "ModelFile",
     "Workload",
+    "build_optimizer",
     "build_workload",
     "compute_loss",
     "describe_batch",
@@ -163,6 +164,11 @@ def build_workload(
     with _user_code("sample_batch()", model_file.path):
         torch.manual_seed(seed + 1)
         batch = _to_device(model_file.sample_batch(), target)
+    return Workload(model_file, model, batch, build_optimizer(model_file, model), target)
+
+
+def build_optimizer(model_file: ModelFile, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The model file's optimizer over ``model``'s parameters (default: AdamW, lr 1e-3)."""
     with _user_code("build_optimizer()", model_file.path):
         if model_file.build_optimizer is not None:
             optimizer = model_file.build_optimizer(model.parameters())
@@ -172,7 +178,7 @@ def build_workload(
         raise ModelFileError(
             f"build_optimizer() in {model_file.path} must return a torch.optim.Optimizer"
         )
-    return Workload(model_file, model, batch, optimizer, target)
+    return optimizer
 
 
 def compute_loss(model_file: ModelFile, model: torch.nn.Module, batch: Any) -> torch.Tensor:
