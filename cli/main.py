@@ -22,6 +22,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from planner import errors
+from planner.records import MemorySource
 from planner.units import format_bytes, parse_bytes
 
 app = typer.Typer(
@@ -53,11 +54,6 @@ EXIT_INTERNAL = 1
 class Device(str, enum.Enum):
     cpu = "cpu"
     cuda = "cuda"
-
-
-class MemorySourceChoice(str, enum.Enum):
-    fake = "fake"
-    real = "real"
 
 
 class ReferenceChoice(str, enum.Enum):
@@ -254,13 +250,13 @@ def profile(
         ),
     ] = None,
     memory: Annotated[
-        MemorySourceChoice,
+        MemorySource,
         typer.Option(
             "--memory",
             help="fake: record the step on fake tensors (no memory used); real: run the "
             "unplanned step for real (it must fit this machine), as a cross-check.",
         ),
-    ] = MemorySourceChoice.fake,
+    ] = MemorySource.FAKE,
     verbose: VerboseOption = False,
 ) -> None:
     """Profile one training step, choose the cheapest checkpointing plan that fits BUDGET,
@@ -272,8 +268,6 @@ def profile(
     _configure_logging(verbose)
     budget_bytes = _budget(budget)
     with _errors_to_exit_codes(verbose):
-        from planner.records import MemorySource
-
         spec = None
         if target is not None:
             from planner.targets import load_spec
@@ -293,7 +287,7 @@ def profile(
                 budget_bytes,
                 device=device.value,
                 seed=seed,
-                memory=MemorySource(memory.value),
+                memory=memory,
                 target=spec,
                 progress=progress,
             )

@@ -53,7 +53,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,8 +66,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from planner.errors import ModelFileError, ProfilingError
-from planner.tracking import written_arguments
-from planner.workload import ModelFile, Workload, _error_location, _user_code, build_optimizer
+from planner.tracking import writes_in_place, written_arguments
+from planner.workload import (
+    ModelFile,
+    Workload,
+    _error_location,
+    _user_code,
+    build_optimizer,
+    map_tensors,
+)
 
 __all__ = [
     "SHADOW_NUMEL_LIMIT",
@@ -174,7 +181,7 @@ class _ValueShadows(TorchDispatchMode):
         )
         if not known:
             out = func(*args, **kwargs)
-            if _writes(func):
+            if writes_in_place(func):
                 # Written without known values: the storage's shadows (its views') are stale.
                 for written in written_arguments(func, args, kwargs):
                     self._stale_storages.add(id(written.untyped_storage()))
@@ -208,24 +215,10 @@ class _ValueShadows(TorchDispatchMode):
             real_outputs = [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)]
             for fake, value in zip(outputs, real_outputs, strict=False):
                 self.attach(fake, value)
-        elif _writes(func):
+        elif writes_in_place(func):
             for written in written_arguments(func, args, kwargs):
                 self._stale_storages.add(id(written.untyped_storage()))
         return out
-
-
-_WRITES: dict[Any, bool] = {}
-
-
-def _writes(func: Any) -> bool:
-    """Whether an op writes any of its arguments in place (cached per op)."""
-    writes = _WRITES.get(func)
-    if writes is None:
-        arguments = getattr(getattr(func, "_schema", None), "arguments", ())
-        writes = _WRITES[func] = any(
-            a.alias_info is not None and a.alias_info.is_write for a in arguments
-        ) or func._schema.name.removeprefix("aten::") in ("native_batch_norm",)
-    return writes
 
 
 def fake_tensor_device(device_type: str) -> str:
@@ -385,8 +378,7 @@ def _fake_limitation(error: BaseException, model_file: ModelFile) -> FakeExecuti
     """A :class:`FakeExecutionError` if ``error`` (or its cause) is fake tensors' own
     limitation rather than a bug in the model file."""
     limits = (
-        fake_tensor.DataDependentOutputException,
-        fake_tensor.DynamicOutputShapeException,
+        *_VALUE_ERRORS,
         fake_tensor.UnsupportedOperatorException,
         fake_tensor.UnsupportedFakeTensorException,
     )
@@ -556,18 +548,7 @@ def _fake_batch(model_file: ModelFile, session: FakeSession, seed: int) -> Any:
         with session.running():
             return copy.to(device)
 
-    return _map_tensors(real, fake)
-
-
-def _map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    if isinstance(value, torch.Tensor):
-        return function(value)
-    if isinstance(value, dict):
-        return type(value)({key: _map_tensors(item, function) for key, item in value.items()})
-    if isinstance(value, (list, tuple)):
-        mapped = [_map_tensors(item, function) for item in value]
-        return type(value)(mapped) if not hasattr(value, "_fields") else type(value)(*mapped)
-    return value
+    return map_tensors(real, fake)
 
 
 def _fake_optimizer(

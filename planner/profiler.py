@@ -7,7 +7,7 @@ module forward entered and left, every tensor saved for backward (packed) and re
 (unpacked), and each op's FLOPs and bytes. With a :class:`~planner.fake.FakeSession` all of
 it runs on fake tensors (the default of ``ckpt-plan profile``: no memory is used); without
 one, for real. Times are not taken here: :mod:`planner.timing` measures them in steps that
-fit the budget, and :mod:`planner.roofline` estimates them for a target device.
+fit the budget, and :mod:`planner.targets` estimates them for a target device.
 
 :func:`profile_workload` is the all-real profile (a real instrumented step, then timed
 forward passes of the unplanned model): the cross-check for fake profiles, for models that
@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import logging
 import statistics
-from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -45,8 +44,9 @@ from planner.records import (
     Profile,
     SavedTensor,
     StorageLifetime,
+    forward_totals_by_call,
 )
-from planner.timing import Clock
+from planner.timing import Clock, summed_ms, timed_module_calls
 from planner.tracking import (
     PeakMemoryTracker,
     StorageWatcher,
@@ -89,41 +89,19 @@ def _time_forward(
     only (the graph is dropped), about a third of a step, so medians are cheap.
     """
     clock = Clock(workload.device)
-    names = {id(module): name for name, module in workload.model.named_modules()}
-    starts: dict[int, list[Any]] = defaultdict(list)
+    names = [name for name, _ in workload.model.named_modules()]
     per_pass: list[dict[str, float]] = []
-    current: dict[str, float] = defaultdict(float)
-
-    def before(module: torch.nn.Module, args: Any) -> None:
-        starts[id(module)].append(clock.mark())
-
-    def after(module: torch.nn.Module, args: Any, output: Any) -> None:
-        stack = starts[id(module)]
-        if stack:
-            start = stack.pop()
-            current[names[id(module)]] += clock.elapsed_ms(start, clock.mark())
-
-    handles = []
-    for module in workload.model.modules():
-        handles.append(module.register_forward_pre_hook(before))
-        handles.append(module.register_forward_hook(after, always_call=True))
-    try:
+    with timed_module_calls(workload.model, clock) as spans:
         for index in range(passes):
             if progress:
                 progress("timing module forwards", index, passes)
-            current.clear()
+            spans.clear()
             torch.manual_seed(seed)
             with user_code_errors(workload):
                 loss = compute_loss(workload.model_file, workload.model, workload.batch)
             del loss
-            per_pass.append(dict(current))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return {
-        name: statistics.median(sample.get(name, 0.0) for sample in per_pass)
-        for name in names.values()
-    }
+            per_pass.append(summed_ms(spans, clock)[0])
+    return {name: statistics.median(sample.get(name, 0.0) for sample in per_pass) for name in names}
 
 
 _RANDOM: dict[Any, bool] = {}
@@ -451,20 +429,6 @@ def _unique_bytes(tensors: list[torch.Tensor]) -> int:
     return sum({id(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
-def _forward_flops_by_call(timeline: MemoryTimeline) -> list[int]:
-    """FLOPs of each module call's forward, its children's included."""
-    flops = [0] * len(timeline.calls)
-    forward_end = timeline.phase_end_events.get("forward", timeline.event_count)
-    for op in timeline.op_costs:
-        if op.call < 0 or op.event > forward_end or not op.flops:
-            continue
-        call = op.call
-        while call >= 0:
-            flops[call] += op.flops
-            call = timeline.calls[call].parent_call
-    return flops
-
-
 def _module_profiles(
     model: torch.nn.Module,
     timeline: MemoryTimeline,
@@ -473,7 +437,7 @@ def _module_profiles(
 ) -> tuple[ModuleProfile, ...]:
     memory = memory or MemoryModel(timeline)
     storages = timeline.storages
-    call_flops = _forward_flops_by_call(timeline)
+    call_flops = forward_totals_by_call(timeline, lambda op: op.flops)
     records = []
     for name, module in model.named_modules():
         calls = memory.calls_of(name)
@@ -514,7 +478,7 @@ def _module_profiles(
                 uses_rng=uses_rng,
                 excluded_reason=reason,
                 mutated_buffers=tuple(mutated),
-                forward_flops=sum(call_flops[index] for index in calls),
+                forward_flops=int(sum(call_flops[index] for index in calls)),
             )
         )
     return tuple(records)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "Profile",
     "SavedTensor",
     "StorageLifetime",
+    "forward_totals_by_call",
 ]
 
 PROFILE_SCHEMA_VERSION = 1
@@ -141,6 +143,27 @@ class MemoryTimeline:
     # Event at which each phase ended: "forward" (loss computed), "backward", "optimizer".
     phase_end_events: dict[str, int] = field(default_factory=dict)
     op_costs: tuple[OpCost, ...] = ()
+
+
+def forward_totals_by_call(
+    timeline: MemoryTimeline, value: Callable[[OpCost], float]
+) -> list[float]:
+    """For each module call, the sum of ``value(op)`` over the ops of its forward, its
+    children's included (an op counts for the innermost call running and all its parents).
+    Integer values (FLOPs) sum as integers."""
+    totals: list[float] = [0] * len(timeline.calls)
+    forward_end = timeline.phase_end_events.get("forward", timeline.event_count)
+    for op in timeline.op_costs:
+        if op.call < 0 or op.event > forward_end:
+            continue
+        amount = value(op)
+        if not amount:
+            continue
+        call = op.call
+        while call >= 0:
+            totals[call] += amount
+            call = timeline.calls[call].parent_call
+    return totals
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import BudgetError, PlannerError, TargetSpecError
-from planner.records import CostSource, MemoryTimeline, Profile
+from planner.records import CostSource, OpCost, Profile, forward_totals_by_call
 
 __all__ = [
     "BUILT_IN_SPECS",
@@ -172,23 +172,6 @@ def op_time_ms(flops: int, bytes_moved: int, dtype: str, spec: DeviceSpec) -> fl
     return max(compute_s, memory_s) * 1000.0
 
 
-def _forward_ms_by_call(timeline: MemoryTimeline, spec: DeviceSpec) -> tuple[list[float], float]:
-    """Roofline forward time of each module call (its subtree's ops), and the whole step's."""
-    by_call = [0.0] * len(timeline.calls)
-    step_ms = 0.0
-    forward_end = timeline.phase_end_events.get("forward", timeline.event_count)
-    for op in timeline.op_costs:
-        ms = op_time_ms(op.flops, op.bytes_moved, op.dtype, spec)
-        step_ms += ms
-        if op.call < 0 or op.event > forward_end:
-            continue
-        call = op.call
-        while call >= 0:
-            by_call[call] += ms
-            call = timeline.calls[call].parent_call
-    return by_call, step_ms
-
-
 def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = False) -> Profile:
     """``profile`` with every module's forward time and the step time estimated for
     ``spec`` from the recorded ops. ``cost_source`` becomes ``roofline`` and ``target`` the
@@ -201,7 +184,12 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
             "this profile has no recorded ops (it was saved by an older ckpt-plan); "
             "re-profile to estimate times for a target"
         )
-    by_call, step_ms = _forward_ms_by_call(profile.timeline, spec)
+
+    def ms(op: OpCost) -> float:
+        return op_time_ms(op.flops, op.bytes_moved, op.dtype, spec)
+
+    by_call = forward_totals_by_call(profile.timeline, ms)
+    step_ms = sum(ms(op) for op in profile.timeline.op_costs)
     by_module: dict[str, float] = {}
     for index, call in enumerate(profile.timeline.calls):
         by_module[call.module_name] = by_module.get(call.module_name, 0.0) + by_call[index]

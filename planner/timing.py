@@ -33,11 +33,12 @@ Design notes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,14 @@ from planner.records import CostSource, ModuleProfile, Profile
 from planner.tracking import PeakMemoryTracker, workload_tensors
 from planner.workload import ModelFile, Workload, build_workload, run_training_step
 
-__all__ = ["Clock", "MeasuredCosts", "measure_costs", "with_measured_costs"]
+__all__ = [
+    "Clock",
+    "MeasuredCosts",
+    "measure_costs",
+    "summed_ms",
+    "timed_module_calls",
+    "with_measured_costs",
+]
 
 ProgressCallback = Callable[[str, int, int], None]
 
@@ -88,12 +96,13 @@ class Clock:
         return (end - start) * 1000.0
 
 
-def _timed_step(workload: Workload, seed: int) -> tuple[dict[str, float], dict[str, float], float]:
-    """One step with every module's calls timed: per-module forward ms, per-module ms of
-    the calls made during backward (recomputations of the timing plan's modules' children),
-    and the step's ms."""
-    clock = Clock(workload.device)
-    names = {id(module): name for name, module in workload.model.named_modules()}
+@contextlib.contextmanager
+def timed_module_calls(
+    model: torch.nn.Module, clock: Clock
+) -> Iterator[list[tuple[str, bool, Any, Any]]]:
+    """Hooks on every module of ``model`` while the context is open: yields the list they
+    fill with ``(module name, called during backward, start mark, end mark)`` per call."""
+    names = {id(module): name for name, module in model.named_modules()}
     starts: dict[int, list[Any]] = defaultdict(list)
     spans: list[tuple[str, bool, Any, Any]] = []
 
@@ -107,21 +116,38 @@ def _timed_step(workload: Workload, seed: int) -> tuple[dict[str, float], dict[s
             spans.append((names[id(module)], in_backward, stack.pop(), clock.mark()))
 
     handles = []
-    for module in workload.model.modules():
+    for module in model.modules():
         handles.append(module.register_forward_pre_hook(before))
         handles.append(module.register_forward_hook(after, always_call=True))
     try:
-        begin = clock.mark()
-        run_training_step(workload, seed=seed)
-        end = clock.mark()
+        yield spans
     finally:
         for handle in handles:
             handle.remove()
+
+
+def summed_ms(
+    spans: list[tuple[str, bool, Any, Any]], clock: Clock
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Per module, the summed time of its calls in forward, and during backward."""
     forward_ms: dict[str, float] = defaultdict(float)
     backward_ms: dict[str, float] = defaultdict(float)
     for name, in_backward, start, stop in spans:
         (backward_ms if in_backward else forward_ms)[name] += clock.elapsed_ms(start, stop)
-    return dict(forward_ms), dict(backward_ms), clock.elapsed_ms(begin, end)
+    return dict(forward_ms), dict(backward_ms)
+
+
+def _timed_step(workload: Workload, seed: int) -> tuple[dict[str, float], dict[str, float], float]:
+    """One step with every module's calls timed: per-module forward ms, per-module ms of
+    the calls made during backward (recomputations of the timing plan's modules' children),
+    and the step's ms."""
+    clock = Clock(workload.device)
+    with timed_module_calls(workload.model, clock) as spans:
+        begin = clock.mark()
+        run_training_step(workload, seed=seed)
+        end = clock.mark()
+    forward_ms, backward_ms = summed_ms(spans, clock)
+    return forward_ms, backward_ms, clock.elapsed_ms(begin, end)
 
 
 def _recompute_ratio(

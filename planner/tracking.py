@@ -33,6 +33,7 @@ __all__ = [
     "iter_tensors",
     "returns_view",
     "workload_tensors",
+    "writes_in_place",
     "written_arguments",
 ]
 
@@ -96,9 +97,8 @@ _UNDECLARED_WRITES = {
 }
 
 
-def written_arguments(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
-    """The tensor arguments an op writes in place: those its schema marks ``Tensor(a!)``,
-    and the running statistics of the batch-norm ops that do not declare them."""
+def _write_positions(func: Any) -> tuple[tuple[int, str], ...]:
+    """(position, name) of the arguments an op writes in place (cached per op)."""
     positions = _WRITE_POSITIONS.get(func)
     if positions is None:
         schema = getattr(func, "_schema", None)
@@ -110,8 +110,19 @@ def written_arguments(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
         if schema is not None and schema.name.removeprefix("aten::") in _UNDECLARED_WRITES:
             positions += _UNDECLARED_WRITES[schema.name.removeprefix("aten::")]
         _WRITE_POSITIONS[func] = positions
+    return positions
+
+
+def writes_in_place(func: Any) -> bool:
+    """Whether an op writes any of its arguments in place (see :func:`written_arguments`)."""
+    return bool(_write_positions(func))
+
+
+def written_arguments(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
+    """The tensor arguments an op writes in place: those its schema marks ``Tensor(a!)``,
+    and the running statistics of the batch-norm ops that do not declare them."""
     written: list[torch.Tensor] = []
-    for position, name in positions:
+    for position, name in _write_positions(func):
         value = args[position] if position < len(args) else kwargs.get(name)
         written.extend(iter_tensors(value))
     return written

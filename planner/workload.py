@@ -34,6 +34,7 @@ __all__ = [
     "compute_loss",
     "describe_batch",
     "load_model_file",
+    "map_tensors",
     "run_training_step",
 ]
 
@@ -123,15 +124,21 @@ def load_model_file(path: str | Path) -> ModelFile:
     )
 
 
-def _to_device(value: Any, device: torch.device) -> Any:
+def map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` (a batch: a tensor, dict, list, tuple or named tuple of them) with
+    ``function`` applied to each tensor, the containers rebuilt as they were."""
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        return function(value)
     if isinstance(value, dict):
-        return type(value)({key: _to_device(item, device) for key, item in value.items()})
+        return type(value)({key: map_tensors(item, function) for key, item in value.items()})
     if isinstance(value, (list, tuple)):
-        moved = [_to_device(item, device) for item in value]
-        return type(value)(moved) if not hasattr(value, "_fields") else type(value)(*moved)
+        mapped = [map_tensors(item, function) for item in value]
+        return type(value)(mapped) if not hasattr(value, "_fields") else type(value)(*mapped)
     return value
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    return map_tensors(value, lambda tensor: tensor.to(device))
 
 
 @contextlib.contextmanager
