@@ -3,7 +3,9 @@ and an unchanged training step.
 
 For each model file: profile it twice, on fake tensors (what `ckpt-plan profile` does) and by
 running the unplanned step for real; take the budgets at 10%, 30%, 50%, 70% and 90% of the
-way from the peak with every block checkpointed to the unplanned peak; plan each from the
+way from the peak with every block checkpointed to the unplanned peak, and near the floor
+(the smallest feasible budget, and 2%, 5% and 10% of the way from it to the unplanned peak,
+where recomputation spikes decide the peak); plan each from the
 fake profile as the tool does (solved, its modules' recomputation tried on fake tensors,
 checked within the budget against the recomputation). Then, per plan:
 
@@ -14,8 +16,13 @@ checked within the budget against the recomputation). Then, per plan:
 
     python benchmarks/check_plans.py                       # the bundled examples
     python benchmarks/check_plans.py examples/gpt.py       # some model files
+    python benchmarks/check_plans.py --hf-configs 60       # random small HF configs
 
-Writes reports/benchmarks/plan_checks.csv and .md (atomically) and prints the table.
+Writes reports/benchmarks/plan_checks.csv and .md (atomically) and prints the table. With
+``--hf-configs N`` it instead draws N random small Hugging Face configs (tests/hf_configs.py:
+GPT-2, Llama, GPT-NeoX; layers, widths, heads, sequence, batch, tied embeddings, dropout,
+use_cache), plans each at budgets from the smallest feasible to the unplanned peak and
+measures each plan's real step: reports/benchmarks/hf_configs.csv and .md.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import argparse
 import dataclasses
 import itertools
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,6 +54,8 @@ from planner.workload import build_workload, load_model_file  # noqa: E402
 
 DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)
+FLOOR_FRACTIONS = (0.0, 0.02, 0.05, 0.1)  # of the way from the smallest feasible budget
+HF_CONFIG_FRACTIONS = (0.0, 0.02, 0.05, 0.1, 0.4, 0.8)
 SWEEP_BUDGETS = 40
 MIB = 2**20
 
@@ -67,8 +77,15 @@ def check_model(path: Path) -> list[dict[str, object]]:
     low, high = every_block.predicted_peak_bytes, profile.measured_peak_bytes
     monotone = predicted_peak_is_monotone(solver, high)
     plans: list[tuple[str, Plan, dict[str, object]]] = []
-    for fraction in FRACTIONS:
-        budget = int(low + fraction * (high - low))
+    _, lowest = solver.lowest_peak()
+    budgets = [
+        (f"ckpt-plan@{fraction:.2f}", int(low + fraction * (high - low))) for fraction in FRACTIONS
+    ]
+    budgets += [
+        (f"ckpt-plan@floor+{100 * fraction:g}%", int(lowest + fraction * (high - lowest)))
+        for fraction in FLOOR_FRACTIONS
+    ]
+    for strategy, budget in budgets:
         result = plan_checked(profile, budget, model_path=path)
         profile = result.profile  # keeps modules excluded on the way
         started = time.perf_counter()
@@ -79,7 +96,7 @@ def check_model(path: Path) -> list[dict[str, object]]:
             "proven_optimal": solution.proven_optimal,
             "tool_check": "passed" if result.check and result.check.passed else "failed",
         }
-        plans.append((f"ckpt-plan@{fraction:.2f}", result.plan, facts))
+        plans.append((strategy, result.plan, facts))
     # The usual choice, judged against its own prediction (it may not train at all).
     every_block = dataclasses.replace(every_block, budget_bytes=every_block.predicted_peak_bytes)
     plans.insert(0, ("every-block", every_block, {}))
@@ -136,11 +153,44 @@ def predicted_peak_is_monotone(solver: Solver, unplanned_peak: int) -> bool:
     return all(later <= earlier for earlier, later in itertools.pairwise(peaks))
 
 
+def check_hf_configs(count: int, seed: int, out: Path) -> int:
+    """The memory model's property test at scale: predicted against measured peaks."""
+    from tests.hf_configs import draw_configs, predicted_and_measured
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ckpt-plan-hf-") as folder:
+        for index, config in enumerate(draw_configs(count, seed)):
+            for row in predicted_and_measured(
+                config.write(Path(folder), index), HF_CONFIG_FRACTIONS
+            ):
+                rows.append({"config": index, "description": config.description, **row})
+                print(rows[-1], flush=True)
+    frame = pd.DataFrame(rows)
+    frame["error_pct"] = frame["error_pct"].round(5)
+    with atomic_path(out / "hf_configs.csv") as temp_path:
+        frame.to_csv(temp_path, index=False)
+    atomic_write_text(out / "hf_configs.md", markdown_table(frame) + "\n")
+    worst = frame["error_pct"].abs().max()
+    over = int((frame["measured_bytes"] > frame["budget_bytes"]).sum())
+    print(
+        f"{count} configs x {len(HF_CONFIG_FRACTIONS)} budgets = {len(frame)} plans; "
+        f"exact: {int((frame['predicted_bytes'] == frame['measured_bytes']).sum())}; "
+        f"worst error {worst:.5f}%; measured over budget: {over}"
+    )
+    return 1 if worst > 0.1 or over else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", type=Path)
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
+    parser.add_argument(
+        "--hf-configs", type=int, default=0, metavar="N", help="check N random small HF configs"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="seed of the random HF configs")
     arguments = parser.parse_args(argv)
+    if arguments.hf_configs:
+        return check_hf_configs(arguments.hf_configs, arguments.seed, arguments.out)
     paths = arguments.models or [ROOT / "examples" / f"{name}.py" for name in DEFAULT_MODELS]
     rows = [row for path in paths for row in check_model(path)]
     frame = pd.DataFrame(rows)

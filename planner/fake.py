@@ -142,6 +142,15 @@ class _ValueShadows(TorchDispatchMode):
     def shadow(self, tensor: torch.Tensor) -> torch.Tensor | None:
         entry = self._shadows.get(id(tensor))
         if entry is None or entry[0]() is not tensor:
+            # A real tensor is its own value: ``x[:, [-1, 0]]`` makes its index tensor from
+            # Python data and lifts it into the fake mode (``lift_fresh``).
+            if (
+                not is_fake(tensor)
+                and tensor.device.type == "cpu"
+                and tensor.numel() <= self.limit
+                and not (tensor.is_floating_point() or tensor.is_complex())
+            ):
+                return tensor
             return None
         if id(tensor.untyped_storage()) in self._stale_storages:
             return None

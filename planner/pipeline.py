@@ -158,6 +158,8 @@ def profile_model_file(
         target=target,
         progress=progress,
     )
+    if note := profile.excluded_blocks_note():
+        logger.warning("%s", note)
     if target is not None:
         return roofline_costs(profile, target)
     provisional = roofline_costs(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import logging
 import statistics
 from collections.abc import Callable
@@ -204,6 +205,10 @@ class TimelineRecorder(StorageWatcher):
                 "written": set(),
                 "devices": {str(t.device) for t in iter_tensors((args, kwargs))},
                 "buffer_versions": [(n, b._version) for n, b in self._buffers[id(module)]],
+                "argument_storages": [
+                    (position, set(self._indices(value)))
+                    for position, value in _argument_objects(args, kwargs)
+                ],
             }
         )
         self._stack.append(call_index)
@@ -226,6 +231,18 @@ class TimelineRecorder(StorageWatcher):
         ]
         call["mutated_buffers"] = tuple(name for name, _ in mutated)
         call["mutated_buffer_bytes"] = sum(b.untyped_storage().nbytes() for _, b in mutated)
+        # An object it was given (a key/value cache) now holds tensors it did not hold.
+        updated = [
+            (position, value)
+            for (position, before), (_, value) in zip(
+                call.pop("argument_storages"), _argument_objects(args, kwargs), strict=True
+            )
+            if not set(self._indices(value)) <= before
+        ]
+        call["updated_arguments"] = tuple(
+            f"{_argument_name(module, position)} ({type(value).__name__})"
+            for position, value in updated
+        )
 
     # -- saved tensors -----------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -302,6 +319,7 @@ class TimelineRecorder(StorageWatcher):
                     uses_rng=call["uses_rng"],
                     mutated_buffers=call.get("mutated_buffers", ()),
                     mutated_buffer_bytes=call.get("mutated_buffer_bytes", 0),
+                    updated_arguments=call.get("updated_arguments", ()),
                     devices=tuple(sorted(call["devices"])),
                 )
             )
@@ -317,6 +335,30 @@ class TimelineRecorder(StorageWatcher):
             phase_end_events=dict(self.phase_end_events),
             op_costs=tuple(self._op_costs),
         )
+
+
+def _argument_objects(args: Any, kwargs: Any) -> list[tuple[int | str, Any]]:
+    """A call's arguments that are containers or objects (not tensors, not modules), by
+    position or keyword: the ones whose contents the call could change."""
+    found: list[tuple[int | str, Any]] = [(position, value) for position, value in enumerate(args)]
+    found.extend(kwargs.items())
+    return [
+        (position, value)
+        for position, value in found
+        if not isinstance(value, (torch.Tensor, torch.nn.Module, str, bytes, int, float, bool))
+        and value is not None
+    ]
+
+
+def _argument_name(module: torch.nn.Module, position: int | str) -> str:
+    """A keyword's name, or the name of ``forward``'s parameter at ``position``."""
+    if isinstance(position, str):
+        return position
+    try:
+        parameters = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        parameters = []
+    return parameters[position] if position < len(parameters) else f"argument {position}"
 
 
 def _argument_tensors(values: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -456,6 +498,11 @@ def _module_profiles(
             reason = "a leaf module"
         elif not calls:
             reason = "not called in the training step"
+        elif updated := sorted({a for call in call_records for a in call.updated_arguments}):
+            reason = (
+                f"its forward stores tensors into {', '.join(updated)}: recomputing it would "
+                f"store them again{_updated_argument_hint(updated)}"
+            )
         elif len({d.split(":")[0] for d in devices}) > 1:
             reason = f"its forward moves tensors across devices ({', '.join(sorted(devices))})"
         elif saving <= 0:
@@ -482,6 +529,14 @@ def _module_profiles(
             )
         )
     return tuple(records)
+
+
+def _updated_argument_hint(updated: list[str]) -> str:
+    if any("Cache" in argument for argument in updated):
+        # Hugging Face models build a key/value cache in training unless told not to; HF's
+        # own gradient checkpointing turns it off for the same reason.
+        return " (for training, build the model with use_cache=False)"
+    return ""
 
 
 def record_memory(

@@ -99,6 +99,10 @@ class ModuleCall:
     devices: tuple[str, ...]
     # Bytes of the mutated buffers: a plan snapshots them while recomputing this call.
     mutated_buffer_bytes: int = 0
+    # Arguments (``"past_key_values (DynamicCache)"``) that hold tensors after the call that
+    # they did not hold before it: the forward stored tensors into an object it was given,
+    # such as a key/value cache. Recomputing the call would store them again.
+    updated_arguments: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,3 +259,20 @@ class Profile:
     @property
     def candidates(self) -> tuple[ModuleProfile, ...]:
         return tuple(record for record in self.modules if record.is_candidate)
+
+    def excluded_blocks_note(self) -> str:
+        """One sentence on the repeated blocks that cannot be checkpointed and why (the
+        first reason), or "" when every block is a candidate."""
+        excluded = [
+            self.module(name)
+            for name in self.block_names
+            if self._by_name.get(name) and not self.module(name).is_candidate
+        ]
+        if not excluded:
+            return ""
+        names = ", ".join(record.module_name for record in excluded[:3])
+        more = ", ..." if len(excluded) > 3 else ""
+        return (
+            f"{len(excluded)} of {len(self.block_names)} blocks cannot be checkpointed "
+            f"({names}{more}); {excluded[0].module_name}: {excluded[0].excluded_reason}"
+        )

@@ -336,7 +336,8 @@ class Solver:
                 f"no checkpointing plan fits {format_bytes(budget_bytes)}: the smallest budget "
                 f"that fits is {format_bytes(lowest)} ({lowest} bytes, checkpointing "
                 f"{len(names)} module{'s' if len(names) != 1 else ''}); "
-                + self._floor_explanation(names),
+                + self._floor_explanation(names)
+                + (f"; {note}" if (note := self.profile.excluded_blocks_note()) else ""),
                 budget_bytes=budget_bytes,
                 min_budget_bytes=lowest,
             )

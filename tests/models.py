@@ -138,3 +138,50 @@ def tricky_file(optimizer: str = "adamw") -> ModelFile:
         build_optimizer=builders[optimizer],
         name=f"tricky_{optimizer}",
     )
+
+
+class KeyValueCache:
+    """A cache object as Hugging Face passes one through its layers: each layer stores its
+    keys in it during the forward."""
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor] = []
+
+
+class CachingBlock(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.key = nn.Linear(width, width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)
+        )
+
+    def forward(self, x: torch.Tensor, cache: KeyValueCache | None = None) -> torch.Tensor:
+        key = self.key(x)
+        if cache is not None:
+            cache.keys.append(key)  # recomputing this block would append again
+        return x + self.mlp(torch.tanh(key))
+
+
+class CachingStack(nn.Module):
+    """Blocks sharing one cache object made in the root's forward (``use_cache``)."""
+
+    def __init__(self, width: int = 32, depth: int = 3, use_cache: bool = True) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(CachingBlock(width) for _ in range(depth))
+        self.use_cache = use_cache
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cache = KeyValueCache() if self.use_cache else None
+        for block in self.blocks:
+            x = block(x, cache)
+        return x.square().mean()
+
+
+def caching_file(use_cache: bool = True) -> ModelFile:
+    return model_file(
+        lambda: CachingStack(use_cache=use_cache),
+        lambda: torch.randn(64, 32),
+        loss_fn=lambda output, batch: output,
+        name=f"caching_{use_cache}",
+    )

@@ -229,3 +229,21 @@ def test_hugging_face_sdpa_models_take_their_eager_path_on_fake_tensors() -> Non
     fake, real = _fake_profile(source), _real_profile(source)
     assert fake.measured_peak_bytes == real.measured_peak_bytes
     assert _memory_fields(fake) == _memory_fields(real)
+
+
+def test_index_tensors_made_from_python_lists_keep_their_values() -> None:
+    """``input_ids[:, [-1, 0]]`` (GPT-2 with a pad token) lifts a real index tensor into
+    the fake mode; its values are known, so the membership test on the result runs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from planner.fake import _ValueShadows
+
+    ids = torch.tensor([[5, 1, 2, 0], [3, 4, 0, 7]])
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_ids = mode.from_tensor(ids)
+    shadows = _ValueShadows()
+    shadows.attach(fake_ids, ids)
+    with mode, shadows:
+        ends = fake_ids[:, [-1, 0]]
+        assert torch.equal(shadows.shadow(ends), ids[:, [-1, 0]])
+        assert 0 in ends and 9 not in ends

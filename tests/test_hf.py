@@ -58,3 +58,22 @@ def test_the_tree_program_takes_llamas_shared_rotary_inputs() -> None:
         assert program.quanta(solution.units) <= program.quanta(other)
     assert not solver._integer_program_used
     assert any(row is not None and row.shared.any() for row in program.rows.values())
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("index", range(6))
+def test_predicted_peak_equals_measured_on_random_small_configs(tmp_path: Path, index: int) -> None:
+    """Property test (issue 17): random small GPT-2, Llama and GPT-NeoX configs (layers,
+    widths, heads and KV heads, batch and sequence, tied embeddings, dropout, use_cache,
+    eager or SDPA attention), plans from the fake profile at budgets from the smallest
+    feasible to the unplanned peak, each measured on a real step after apply_plan. The
+    larger run is ``benchmarks/check_plans.py --hf-configs N``."""
+    from tests.hf_configs import draw_configs, predicted_and_measured
+
+    config = draw_configs(6, seed=0)[index]
+    rows = predicted_and_measured(config.write(tmp_path, index), (0.0, 0.03, 0.1, 0.4, 0.8))
+    for row in rows:
+        assert abs(float(row["error_pct"])) <= 0.1, (config.description, row)
+        assert int(row["measured_bytes"]) <= int(row["budget_bytes"]), (config.description, row)
+    if "use_cache=True" in config.description:
+        assert rows[0]["modules"]  # planned around the layers the cache rules out

@@ -11,7 +11,14 @@ from planner.memory_model import MemoryModel
 from planner.planning import build_plan
 from planner.profiler import find_blocks, profile_workload
 from planner.workload import build_workload
-from tests.models import BatchNormNet, SharedBlockModel, model_file, stack_file, tricky_file
+from tests.models import (
+    BatchNormNet,
+    SharedBlockModel,
+    caching_file,
+    model_file,
+    stack_file,
+    tricky_file,
+)
 
 
 def _measured_peak(file, names, profile) -> int:  # type: ignore[no-untyped-def]
@@ -144,3 +151,18 @@ def test_predictions_hold_for_awkward_modules_and_each_optimizer(
         measured = _measured_peak(file, names, profile)
         assert abs(predicted - measured) <= 0.02 * measured, (optimizer, names, predicted, measured)
     assert profile.module("blocks.0").checkpoint_saving_bytes > 0
+
+
+def test_a_block_that_stores_tensors_into_its_argument_is_excluded() -> None:
+    """A block that appends to a cache it is given would append again when recomputed (a
+    Hugging Face model with use_cache=True in training): never a candidate, and the reason
+    names the argument. Without the cache the same blocks are candidates."""
+    cached = profile_workload(build_workload(caching_file(use_cache=True), seed=0))
+    block = cached.module("blocks.0")
+    assert not block.is_candidate
+    assert "stores tensors into cache (KeyValueCache)" in block.excluded_reason
+    assert cached.module("blocks.0.mlp").is_candidate  # reads only its tensor input
+    assert cached.excluded_blocks_note().startswith("3 of 3 blocks cannot be checkpointed")
+    plain = profile_workload(build_workload(caching_file(use_cache=False), seed=0))
+    assert plain.module("blocks.0").is_candidate
+    assert plain.excluded_blocks_note() == ""
