@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import markdown_table  # noqa: E402
 from planner.check import CheckReference, check_plan  # noqa: E402
-from planner.errors import PlanCheckError  # noqa: E402
+from planner.errors import InfeasibleBudgetError, PlanCheckError  # noqa: E402
 from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.memory_model import MemoryModel  # noqa: E402
 from planner.pipeline import plan_checked, profile_model_file  # noqa: E402
@@ -64,7 +64,11 @@ def _percent(value: int, reference: int) -> float:
     return round(100 * (value - reference) / reference, 4) if reference else 0.0
 
 
-def check_model(path: Path) -> list[dict[str, object]]:
+def check_model(
+    path: Path,
+    fractions: tuple[float, ...] = FRACTIONS,
+    floor_fractions: tuple[float, ...] = FLOOR_FRACTIONS,
+) -> list[dict[str, object]]:
     model_file = load_model_file(path)
     started = time.perf_counter()
     profile = profile_model_file(model_file)  # fake memory, measured times
@@ -74,19 +78,25 @@ def check_model(path: Path) -> list[dict[str, object]]:
     memory = MemoryModel(profile.timeline)
     solver = Solver(profile, memory)
     every_block = baseline_every_block(profile)
-    low, high = every_block.predicted_peak_bytes, profile.measured_peak_bytes
+    # The way starts at every block checkpointed, as predicted, even where some blocks
+    # cannot be (a model that fills a cache in its layers): the budgets a user would try.
+    low, high = memory.peak_bytes(profile.block_names), profile.measured_peak_bytes
     monotone = predicted_peak_is_monotone(solver, high)
     plans: list[tuple[str, Plan, dict[str, object]]] = []
     _, lowest = solver.lowest_peak()
     budgets = [
-        (f"ckpt-plan@{fraction:.2f}", int(low + fraction * (high - low))) for fraction in FRACTIONS
+        (f"ckpt-plan@{fraction:.2f}", int(low + fraction * (high - low))) for fraction in fractions
     ]
     budgets += [
         (f"ckpt-plan@floor+{100 * fraction:g}%", int(lowest + fraction * (high - lowest)))
-        for fraction in FLOOR_FRACTIONS
+        for fraction in floor_fractions
     ]
     for strategy, budget in budgets:
-        result = plan_checked(profile, budget, model_path=path)
+        try:
+            result = plan_checked(profile, budget, model_path=path)
+        except InfeasibleBudgetError as error:
+            print(f"{strategy}: {error}", flush=True)
+            continue
         profile = result.profile  # keeps modules excluded on the way
         started = time.perf_counter()
         solution = Solver(profile, memory).solve(budget)
@@ -188,11 +198,21 @@ def main(argv: list[str] | None = None) -> int:
         "--hf-configs", type=int, default=0, metavar="N", help="check N random small HF configs"
     )
     parser.add_argument("--seed", type=int, default=1, help="seed of the random HF configs")
+    parser.add_argument(
+        "--fractions",
+        type=lambda text: tuple(float(part) for part in text.split(",")),
+        default=FRACTIONS,
+        help="budgets, as fractions of the way from every block to the unplanned peak",
+    )
+    parser.add_argument(
+        "--no-floor", action="store_true", help="skip the budgets near the smallest feasible"
+    )
     arguments = parser.parse_args(argv)
     if arguments.hf_configs:
         return check_hf_configs(arguments.hf_configs, arguments.seed, arguments.out)
     paths = arguments.models or [ROOT / "examples" / f"{name}.py" for name in DEFAULT_MODELS]
-    rows = [row for path in paths for row in check_model(path)]
+    floor = () if arguments.no_floor else FLOOR_FRACTIONS
+    rows = [row for path in paths for row in check_model(path, arguments.fractions, floor)]
     frame = pd.DataFrame(rows)
     with atomic_path(arguments.out / "plan_checks.csv") as temp_path:
         frame.to_csv(temp_path, index=False)

@@ -5,7 +5,8 @@ The public surface is small: :func:`apply_plan` at training start; :func:`profil
 immutable records (:class:`Profile`, :class:`Plan`).
 """
 
-from planner.apply import apply_plan, model_fingerprint, remove_plan, wrapped_modules
+from typing import TYPE_CHECKING
+
 from planner.errors import (
     BudgetError,
     InfeasibleBudgetError,
@@ -46,10 +47,25 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    # The pipeline pulls in the profiler; import it only when asked for.
-    if name == "profile_and_plan":
-        from planner.pipeline import profile_and_plan
+if TYPE_CHECKING:
+    from planner.apply import apply_plan, model_fingerprint, remove_plan, wrapped_modules
+    from planner.pipeline import profile_and_plan
 
-        return profile_and_plan
-    raise AttributeError(name)
+# Names whose modules import torch, imported when first asked for: planning from a saved
+# profile (the solver, the memory model, plan files, reports' data) imports no torch.
+_LAZY = {
+    "apply_plan": "planner.apply",
+    "model_fingerprint": "planner.apply",
+    "remove_plan": "planner.apply",
+    "wrapped_modules": "planner.apply",
+    "profile_and_plan": "planner.pipeline",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'planner' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

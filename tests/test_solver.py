@@ -586,3 +586,19 @@ def test_the_tree_program_finds_the_lowest_peak() -> None:
         assert solver.peak(names) == min(peak for _, peak, _ in plans), seed
         _assert_antichain(names)
     assert solved >= 15
+
+
+def test_planning_from_a_saved_profile_imports_no_torch() -> None:
+    """The solver, the memory model, plan and profile files and the reports' data are pure
+    Python: ``ckpt-plan solve`` on a saved profile never pays torch's import."""
+    import subprocess
+    import sys
+
+    modules = "solver, memory_model, planning, plan, profile_io, records, report, targets"
+    code = (
+        f"import sys; from planner import {modules}; import planner; "
+        "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')); "
+        "print(loaded[:3]); sys.exit(1 if loaded else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
