@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -96,6 +97,16 @@ def _errors_to_exit_codes(verbose: bool) -> Iterator[None]:
         _fail(str(error), code)
     except KeyboardInterrupt:
         _fail("interrupted; no plan was written", EXIT_INTERRUPTED)
+    except (typer.Exit, typer.Abort, click.ClickException):
+        raise
+    except Exception as error:  # a bug, not bad input: one line, the traceback on request
+        if verbose:
+            stderr.print_exception()
+        _fail(
+            f"unexpected {type(error).__name__}: {error} (a ckpt-plan bug; re-run with "
+            "--verbose for the traceback and report it)",
+            EXIT_INTERNAL,
+        )
 
 
 def _configure_logging(verbose: bool) -> None:

@@ -167,3 +167,26 @@ def test_verbose_shows_the_traceback(runner: CliRunner, workdir: Path) -> None:
     assert result.exit_code == 4
     assert "Traceback" in result.stderr
     assert "error: " in result.stderr
+
+
+def test_an_unexpected_exception_is_one_line_with_a_hint(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug (an exception that is not a PlannerError) is one `error:` line, exit 1, and a
+    hint to re-run with --verbose, which shows the traceback."""
+    import planner.profile_io
+
+    def broken(path: object) -> None:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(planner.profile_io, "load_profile", broken)
+    (tmp_path / "profile.json").write_text("{}")
+    result = runner.invoke(app, ["solve", str(tmp_path / "profile.json"), "--budget", "1GB"])
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: unexpected ZeroDivisionError")
+    assert "--verbose" in lines[0] and "Traceback" not in result.output
+    verbose = runner.invoke(
+        app, ["solve", str(tmp_path / "profile.json"), "--budget", "1GB", "--verbose"]
+    )
+    assert verbose.exit_code == 1 and "Traceback" in verbose.output
