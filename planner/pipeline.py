@@ -40,7 +40,7 @@ from planner.solver import Solution, Solver
 from planner.targets import DeviceSpec, check_budget_fits, roofline_costs
 from planner.timing import measure_costs, with_measured_costs
 from planner.tracking import MemoryLimitExceeded
-from planner.units import format_bytes
+from planner.units import format_bytes, format_bytes_apart
 from planner.workload import ModelFile, build_workload, load_model_file
 
 __all__ = ["PlanningResult", "plan_checked", "profile_and_plan", "profile_model_file"]
@@ -251,9 +251,10 @@ def plan_checked(
         except InfeasibleBudgetError:
             if attempt == 1:
                 raise
+            budget_text, target_text = format_bytes_apart(budget_bytes, target)
             raise PlanCheckError(
-                f"plans predicted to fit {format_bytes(budget_bytes)} measured over it, and no "
-                f"plan fits the corrected target {format_bytes(target)}; try a larger budget"
+                f"plans predicted to fit {budget_text} measured over it, and no "
+                f"plan fits the corrected target {target_text}; try a larger budget"
             ) from None
         if model_path is None:
             return PlanningResult(profile, plan, solution, None, attempt)
