@@ -15,7 +15,7 @@ from planner.units import parse_bytes
 from planner.workload import build_workload, load_model_file, run_training_step
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-ALL = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
+ALL = ["gpt", "mlp", "cnn", "resnet", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 DATA = Path(__file__).resolve().parent / "data"
 
 
@@ -30,6 +30,34 @@ def test_example_follows_the_contract_and_is_deterministic(name: str) -> None:
         losses.append(run_training_step(workload, seed=0))
     assert torch.isfinite(losses[0])
     assert torch.equal(losses[0], losses[1])
+
+
+@pytest.mark.parametrize(
+    ("name", "blocks"),
+    [
+        ("cnn", [f"stages.{stage}.{index}" for stage in (0, 1, 2) for index in (0, 1)]),
+        ("resnet", [f"layer{stage}.{index}" for stage in (1, 2, 3, 4) for index in (0, 1)]),
+    ],
+)
+def test_every_block_on_a_cnn_wraps_the_residual_blocks(name: str, blocks: list[str]) -> None:
+    """The baseline users compare with is what they would checkpoint by hand, and it saves
+    what it should: predicted (fake step) and measured (real step) far below unplanned."""
+    from planner.apply import apply_plan
+    from planner.fake import build_fake_workload
+    from planner.measure import measure_step
+    from planner.planning import baseline_every_block
+    from planner.profiler import record_memory
+
+    model_file = load_model_file(EXAMPLES / f"{name}.py")
+    workload, session = build_fake_workload(model_file)
+    profile = record_memory(workload, session=session)
+    every = baseline_every_block(profile)
+    assert [decision.module_name for decision in every.modules] == blocks
+    real = build_workload(model_file, seed=0)
+    apply_plan(real.model, every)
+    measured = measure_step(real, seed=0).peak_bytes
+    assert measured == every.predicted_peak_bytes
+    assert measured < 0.8 * profile.measured_peak_bytes
 
 
 def test_profile_writes_a_checked_plan_that_fits(tmp_path: Path) -> None:
