@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -99,7 +100,7 @@ def test_profile_writes_a_checked_plan_that_fits(tmp_path: Path) -> None:
     assert f"wrote {out}" in result.stdout
 
 
-def test_profile_with_a_budget_too_small_exits_3_and_writes_nothing(tmp_path: Path) -> None:
+def test_profile_with_a_budget_too_small_exits_3_and_keeps_the_profile(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     result = CliRunner().invoke(
         app,
@@ -118,24 +119,40 @@ def test_profile_with_a_budget_too_small_exits_3_and_writes_nothing(tmp_path: Pa
     message = result.stderr.strip()
     assert "smallest budget that fits is" in message
     assert len(message.splitlines()) == 1 and "Traceback" not in result.output
-    assert not out.exists() and not (tmp_path / "charts").exists()
-    # The smallest budget it names really does fit.
     smallest = message.split("smallest budget that fits is ")[1].split(" (")[1].split(" bytes")[0]
-    ok = CliRunner().invoke(
-        app,
-        [
-            "profile",
-            str(EXAMPLES / "mlp.py"),
-            "--budget",
-            smallest,
-            "--out",
-            str(out),
-            "--report-dir",
-            str(tmp_path / "charts"),
-        ],
-    )
-    assert ok.exit_code == 0, ok.output
-    assert load_plan(out).measured_peak_bytes <= int(smallest)  # type: ignore[operator]
+    # No plan and no report, but the profile (memory only) and how to re-solve it.
+    assert not out.exists() and not (tmp_path / "charts").exists()
+    saved = tmp_path / "profile.json"
+    assert load_profile(saved).cost_source.value == "none"
+    assert f"wrote {saved}" in result.stdout
+    hint = next(line for line in result.stdout.splitlines() if "ckpt-plan solve" in line)
+    command = shlex.split(hint.split("ckpt-plan ", 1)[1])
+    assert command == [
+        "solve",
+        str(saved),
+        "--budget",
+        smallest,
+        "--check",
+        str(EXAMPLES / "mlp.py"),
+    ]
+    # Without times the frontier cannot be drawn: one line saying what to run.
+    untimed = CliRunner().invoke(app, ["tradeoff", str(saved)])
+    assert untimed.exit_code == 6 and "holds no times" in untimed.stderr
+    # The printed command re-solves without profiling again, at exactly the smallest budget.
+    solved = CliRunner().invoke(app, command)
+    assert solved.exit_code == 0, solved.output
+    plan = load_plan(out)
+    assert plan.predicted_peak_bytes == int(smallest) == plan.budget_bytes
+    assert plan.checked and plan.measured_peak_bytes == int(smallest)
+    assert load_profile(saved).cost_source.value == "measured"  # timed once, kept
+    # Not a terminal: rows are written whole, not wrapped at 80 columns.
+    figures = next(line for line in solved.stdout.splitlines() if line.startswith("figures from"))
+    assert figures.rstrip().endswith("times measured here"), solved.stdout
+    frontier = CliRunner().invoke(app, ["tradeoff", str(saved), "--points", "3"])
+    assert frontier.exit_code == 0, frontier.output
+    header = next(line for line in frontier.stdout.splitlines() if "strategy" in line)
+    for column in ("budget_mib", "predicted_peak_mib", "recompute_ms", "overhead_pct", "units"):
+        assert f" {column} " in header, frontier.stdout
 
 
 def test_profile_for_a_target_device_writes_an_unchecked_plan(tmp_path: Path) -> None:
