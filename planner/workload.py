@@ -2,7 +2,8 @@
 
 A model file defines ``build_model()`` and ``sample_batch()``, and optionally
 ``training_step(model, batch)``, ``loss_fn(output, batch)`` and
-``build_optimizer(parameters)``. :func:`load_model_file` checks that contract once and
+``build_optimizer(parameters)`` or ``build_optimizer(model)`` (see
+:func:`optimizer_takes_model`). :func:`load_model_file` checks that contract once and
 returns a :class:`ModelFile`; :func:`build_workload` makes a fresh, seeded model, batch and
 optimizer; :func:`run_training_step` runs one step the same way everywhere (profiling,
 checking a plan, benchmarks), so that every measurement is of the same step.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -35,6 +37,7 @@ __all__ = [
     "describe_batch",
     "load_model_file",
     "map_tensors",
+    "optimizer_takes_model",
     "run_training_step",
 ]
 
@@ -113,7 +116,7 @@ def load_model_file(path: str | Path) -> ModelFile:
             raise ModelFileError(f"{name} in {path} must be a function")
         return function
 
-    return ModelFile(
+    model_file = ModelFile(
         path=source,
         name=source.stem,
         build_model=required("build_model", "build_model() -> torch.nn.Module"),
@@ -122,6 +125,43 @@ def load_model_file(path: str | Path) -> ModelFile:
         loss_fn=optional("loss_fn"),
         build_optimizer=optional("build_optimizer"),
     )
+    if model_file.build_optimizer is not None:
+        optimizer_takes_model(model_file)  # a wrong signature fails here, before any work
+    return model_file
+
+
+def optimizer_takes_model(model_file: ModelFile) -> bool:
+    """Whether the model file's ``build_optimizer`` is given the model, or its parameters.
+
+    The rule, by the signature: a function whose one parameter is named ``model`` gets the
+    model (``build_optimizer(model)``: weight-decay groups by module type, as nanoGPT's
+    ``configure_optimizers`` builds them); any other name gets ``model.parameters()``
+    (``build_optimizer(parameters)``). It must take exactly one argument."""
+    function = model_file.build_optimizer
+    assert function is not None
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin without a signature: the classic contract
+        return False
+    positional = [
+        parameter
+        for parameter in signature.parameters.values()
+        if parameter.kind
+        in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    required = [
+        parameter
+        for parameter in signature.parameters.values()
+        if parameter.default is inspect.Parameter.empty
+        and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    if not positional or len(required) > 1 or (required and required[0] is not positional[0]):
+        raise ModelFileError(
+            f"build_optimizer{signature} in {model_file.path} must take one argument: "
+            "build_optimizer(model) to get the model, or build_optimizer(parameters) to get "
+            "model.parameters()"
+        )
+    return positional[0].name == "model"
 
 
 def map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -175,10 +215,12 @@ def build_workload(
 
 
 def build_optimizer(model_file: ModelFile, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """The model file's optimizer over ``model``'s parameters (default: AdamW, lr 1e-3)."""
+    """The model file's optimizer over ``model``'s parameters (default: AdamW, lr 1e-3),
+    given the model or its parameters as :func:`optimizer_takes_model` says."""
     with _user_code("build_optimizer()", model_file.path):
         if model_file.build_optimizer is not None:
-            optimizer = model_file.build_optimizer(model.parameters())
+            takes_model = optimizer_takes_model(model_file)
+            optimizer = model_file.build_optimizer(model if takes_model else model.parameters())
         else:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if not isinstance(optimizer, torch.optim.Optimizer):

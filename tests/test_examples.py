@@ -185,3 +185,26 @@ def test_a_bad_target_exits_2_and_writes_nothing(
     assert result.exit_code == 2, result.output
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_a_nanogpt_style_file_with_build_optimizer_of_the_model(tmp_path: Path) -> None:
+    """build_optimizer(model) with weight-decay groups by module type (nanoGPT's
+    configure_optimizers): planned and checked like any optimizer, its state counted. The
+    model's own print (its parameter count) goes to stderr, not into the results."""
+    out = tmp_path / "plan.json"
+    arguments = ["profile", str(DATA / "nanogpt_optimizer.py"), "--budget", "965000"]
+    result = CliRunner().invoke(
+        app, [*arguments, "--out", str(out), "--report-dir", str(tmp_path / "charts")]
+    )
+    assert result.exit_code == 0, result.output
+    assert "number of parameters" not in result.stdout
+    assert "number of parameters: 0.03M" in result.stderr
+    assert result.stdout.startswith("checkpointed modules of nanogpt_optimizer")
+    plan = load_plan(out)
+    assert plan.modules and plan.checked
+    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= plan.budget_bytes
+    profile = load_profile(out.parent / "profile.json")
+    # AdamW keeps two tensors and a float32 step per parameter, in both groups (the tied
+    # embedding counted once).
+    tensors = len(list(load_model_file(DATA / "nanogpt_optimizer.py").build_model().parameters()))
+    assert profile.optimizer_state_bytes == 2 * profile.parameter_bytes + 4 * tensors
