@@ -103,6 +103,14 @@ def _warn(message: str) -> None:
     stderr.print(f"[bold yellow]warning:[/] {escape(message)}", markup=True)
 
 
+def _warn_own_checkpointing(profile: Profile) -> None:
+    """Say, on stderr, what checkpointing the model does itself and how it was planned."""
+    from planner.workload import own_checkpointing_notes
+
+    for note in own_checkpointing_notes(profile.assumptions):
+        _warn(note)
+
+
 def _fail(message: str, code: int) -> NoReturn:
     stderr.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
     raise typer.Exit(code)
@@ -325,6 +333,7 @@ def profile(
         except errors.InfeasibleBudgetError as error:
             # Keep what was measured: re-solving at a budget that fits needs no new profile.
             if isinstance(error.profile, Profile):
+                _warn_own_checkpointing(error.profile)
                 plan_path = out or Path("profiles") / error.profile.model_name / "plan.json"
                 saved = save_profile(error.profile, plan_path.parent / "profile.json")
                 stdout.print(f"wrote {saved} (the profile; no plan, none fits the budget)")
@@ -334,6 +343,7 @@ def profile(
                     + ("" if spec is not None else f" --check {shlex.quote(str(model))}")
                 )
             raise
+        _warn_own_checkpointing(result.profile)
         name = result.profile.model_name
         plan_path = out or Path("profiles") / name / "plan.json"
         charts = report_dir or Path("reports") / name

@@ -56,6 +56,7 @@ from planner.tracking import (
     written_arguments,
 )
 from planner.workload import (
+    OWN_CHECKPOINTING_NOTE,
     Workload,
     compute_loss,
     describe_batch,
@@ -71,6 +72,7 @@ __all__ = [
     "TimelineRecorder",
     "find_blocks",
     "profile_workload",
+    "recomputed_in_backward",
     "record_memory",
 ]
 
@@ -630,6 +632,42 @@ def _with_workspace(timeline: MemoryTimeline, workspace_bytes: int) -> MemoryTim
     return dataclasses.replace(timeline, storages=(*timeline.storages, workspace))
 
 
+def recomputed_in_backward(timeline: MemoryTimeline) -> tuple[str, ...]:
+    """Modules whose forward ran again during backward in the recorded (unplanned) step:
+    checkpointing the model does in its own code (``torch.utils.checkpoint``, reentrant or
+    not, ``checkpoint_sequential``, timm's ``checkpoint_seq``) recomputes them there. Only
+    the outermost of nested ones, in the order of their first forward."""
+    forward_end = timeline.phase_end_events.get("forward", timeline.event_count)
+    backward_end = timeline.phase_end_events.get("backward", timeline.event_count)
+
+    def in_backward(index: int) -> bool:
+        return forward_end < timeline.calls[index].forward_start_event <= backward_end
+
+    first_call: dict[str, int] = {}
+    for index, call in enumerate(timeline.calls):
+        first_call.setdefault(call.module_name, index)
+    names = {
+        call.module_name
+        for index, call in enumerate(timeline.calls)
+        if in_backward(index) and (call.parent_call < 0 or not in_backward(call.parent_call))
+    }
+    return tuple(sorted(names, key=first_call.__getitem__))
+
+
+def _own_checkpointing_seen(timeline: MemoryTimeline) -> tuple[str, ...]:
+    recomputed = recomputed_in_backward(timeline)
+    if not recomputed:
+        return ()
+    shown = ", ".join(name or "the root module" for name in recomputed[:4])
+    shown += f" and {len(recomputed) - 4} more" if len(recomputed) > 4 else ""
+    return (
+        f"{OWN_CHECKPOINTING_NOTE}{shown} itself (their forward runs again during backward: "
+        "a torch.utils.checkpoint call in its code, with no switch ckpt-plan knows); it "
+        "cannot be switched off here, so the plan counts it: every predicted peak includes "
+        "that recomputation, and checkpointing those modules again frees nothing",
+    )
+
+
 def _profile_from_timeline(
     workload: Workload,
     timeline: MemoryTimeline,
@@ -658,6 +696,9 @@ def _profile_from_timeline(
             if s.kind == kind and s.free_event == timeline.event_count
         )
 
+    notes = (*workload.notes, *_own_checkpointing_seen(timeline))
+    for note in notes:
+        logger.info("%s", note)  # the CLI shows them as warnings (own_checkpointing_notes)
     model = workload.model
     return Profile(
         schema_version=PROFILE_SCHEMA_VERSION,
@@ -678,7 +719,7 @@ def _profile_from_timeline(
         block_names=find_blocks(model),
         memory_source=memory_source,
         cost_source=cost_source,
-        assumptions=assumptions,
+        assumptions=(*assumptions, *notes),
         workspace_bytes=kind_bytes("workspace"),
     )
 

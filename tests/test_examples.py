@@ -208,3 +208,25 @@ def test_a_nanogpt_style_file_with_build_optimizer_of_the_model(tmp_path: Path) 
     # embedding counted once).
     tensors = len(list(load_model_file(DATA / "nanogpt_optimizer.py").build_model().parameters()))
     assert profile.optimizer_state_bytes == 2 * profile.parameter_bytes + 4 * tensors
+
+
+@pytest.mark.parametrize(
+    ("name", "budget", "said"),
+    [
+        ("timm_flag", "3.9MB", "switched off to plan as if it were not there"),
+        ("own_checkpoint", "3.0MiB", "cannot be switched off here, so the plan counts it"),
+    ],
+)
+def test_profile_names_checkpointing_the_model_does_itself(
+    tmp_path: Path, name: str, budget: str, said: str
+) -> None:
+    out = tmp_path / "plan.json"
+    arguments = ["profile", str(DATA / f"{name}.py"), "--budget", budget, "--out", str(out)]
+    result = CliRunner().invoke(app, [*arguments, "--report-dir", str(tmp_path / "charts")])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if "checkpoints" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: ") and said in warnings[0]
+    plan = load_plan(out)
+    assert any(said in line for line in plan.assumptions)  # recorded in the plan too
+    assert plan.modules and plan.checked
+    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= plan.budget_bytes

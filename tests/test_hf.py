@@ -58,3 +58,16 @@ def test_the_tree_program_takes_llamas_shared_rotary_inputs() -> None:
         assert program.quanta(solution.units) <= program.quanta(other)
     assert not solver._integer_program_used
     assert any(row is not None and row.shared.any() for row in program.rows.values())
+
+
+@pytest.mark.hf
+def test_hugging_face_gradient_checkpointing_is_switched_off_and_said() -> None:
+    from planner.workload import switch_off_own_checkpointing
+
+    model = load_model_file(EXAMPLES / "hf_gpt2.py").build_model()
+    model.gradient_checkpointing_enable()
+    assert model.is_gradient_checkpointing
+    (note,) = switch_off_own_checkpointing(model)
+    assert not model.is_gradient_checkpointing
+    assert "checkpoints itself (transformer.gradient_checkpointing, transformer.h.0." in note
+    assert "with model.gradient_checkpointing_disable()" in note

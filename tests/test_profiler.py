@@ -224,3 +224,40 @@ def test_predictions_hold_for_awkward_modules_and_each_optimizer(
         measured = _measured_peak(file, names, profile)
         assert abs(predicted - measured) <= 0.02 * measured, (optimizer, names, predicted, measured)
     assert profile.module("blocks.0").checkpoint_saving_bytes > 0
+
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def test_a_model_that_checkpoints_itself_behind_a_flag_is_profiled_with_it_off() -> None:
+    from planner.fake import build_fake_workload
+    from planner.profiler import record_memory
+
+    timm_style = load_model_file(DATA / "timm_flag.py")
+    workload, session = build_fake_workload(timm_style)
+    profile = record_memory(workload, session=session)
+    assert any("grad_checkpointing on" in line for line in profile.assumptions)
+    assert profile.module("blocks.0").checkpoint_saving_bytes > 0  # a candidate again
+    on = build_workload(timm_style, seed=0)
+    off_peak = measure_step(on, seed=0).peak_bytes  # built with the flag switched off
+    on = build_workload(timm_style, seed=0)
+    on.model.set_grad_checkpointing(True)
+    assert profile.measured_peak_bytes == off_peak > measure_step(on, seed=0).peak_bytes
+
+
+def test_checkpoint_calls_in_the_model_code_are_seen_and_counted(stack_profile) -> None:  # type: ignore[no-untyped-def]
+    from planner.fake import build_fake_workload
+    from planner.profiler import recomputed_in_backward, record_memory
+
+    own = load_model_file(DATA / "own_checkpoint.py")
+    workload, session = build_fake_workload(own)
+    profile = record_memory(workload, session=session)
+    assert recomputed_in_backward(profile.timeline) == ("blocks.0", "blocks.1")
+    (note,) = profile.assumptions
+    assert "checkpoints blocks.0, blocks.1 itself" in note
+    assert "cannot be switched off here, so the plan counts it" in note
+    # Counted: the recorded step is the real one, recomputation included.
+    assert profile.measured_peak_bytes == measure_step(build_workload(own, seed=0)).peak_bytes
+    assert profile.module("blocks.0").excluded_reason == "checkpointing it frees nothing"
+    assert profile.module("blocks.2").is_candidate
+    assert recomputed_in_backward(stack_profile[1].timeline) == ()  # none in a plain model

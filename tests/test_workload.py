@@ -162,3 +162,42 @@ def test_build_optimizer_with_a_wrong_signature_is_a_one_line_error(
     assert "\n" not in message
     assert f"build_optimizer({signature})" in message
     assert "build_optimizer(model) to get the model" in message
+
+
+def test_a_timm_style_flag_is_switched_off_and_said() -> None:
+    from planner.workload import switch_off_own_checkpointing
+
+    timm_style = load_model_file(DATA / "timm_flag.py")
+    model = timm_style.build_model()
+    assert model.grad_checkpointing  # the file turns it on
+    (note,) = switch_off_own_checkpointing(model)
+    assert model.grad_checkpointing is False
+    assert "checkpoints itself (grad_checkpointing on)" in note
+    assert "with model.set_grad_checkpointing(False)" in note
+    assert switch_off_own_checkpointing(model) == ()  # nothing left on
+    # Every workload is built with it off: the profile, the timing and the check alike.
+    workload = build_workload(timm_style, seed=0)
+    assert workload.model.grad_checkpointing is False and workload.notes == (note,)
+
+
+class _Stubborn(torch.nn.Module):
+    """A module whose checkpointing flag cannot be changed once set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.gradient_checkpointing = True
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "gradient_checkpointing" and name in vars(self):
+            raise AttributeError("read-only")
+        super().__setattr__(name, value)
+
+
+def test_a_flag_that_cannot_be_switched_off_is_said_and_counted() -> None:
+    from planner.workload import switch_off_own_checkpointing
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), _Stubborn())
+    (note,) = switch_off_own_checkpointing(model)
+    assert "1.gradient_checkpointing on" in note
+    assert "could not be switched off, so the plan counts" in note
