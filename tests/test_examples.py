@@ -187,23 +187,28 @@ def test_a_bad_target_exits_2_and_writes_nothing(
     assert not out.exists()
 
 
+def _checked_plan(tmp_path: Path, model: Path, budget: str):  # type: ignore[no-untyped-def]
+    """`ckpt-plan profile` of ``model`` into ``tmp_path``: the result and its plan, which
+    must be checked, wrap something, and be measured at its prediction within the budget."""
+    out = tmp_path / "plan.json"
+    arguments = ["profile", str(model), "--budget", budget, "--out", str(out)]
+    result = CliRunner().invoke(app, [*arguments, "--report-dir", str(tmp_path / "charts")])
+    assert result.exit_code == 0, result.output
+    plan = load_plan(out)
+    assert plan.modules and plan.checked
+    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= plan.budget_bytes
+    return result, plan
+
+
 def test_a_nanogpt_style_file_with_build_optimizer_of_the_model(tmp_path: Path) -> None:
     """build_optimizer(model) with weight-decay groups by module type (nanoGPT's
     configure_optimizers): planned and checked like any optimizer, its state counted. The
     model's own print (its parameter count) goes to stderr, not into the results."""
-    out = tmp_path / "plan.json"
-    arguments = ["profile", str(DATA / "nanogpt_optimizer.py"), "--budget", "965000"]
-    result = CliRunner().invoke(
-        app, [*arguments, "--out", str(out), "--report-dir", str(tmp_path / "charts")]
-    )
-    assert result.exit_code == 0, result.output
+    result, _ = _checked_plan(tmp_path, DATA / "nanogpt_optimizer.py", "965000")
     assert "number of parameters" not in result.stdout
     assert "number of parameters: 0.03M" in result.stderr
     assert result.stdout.startswith("checkpointed modules of nanogpt_optimizer")
-    plan = load_plan(out)
-    assert plan.modules and plan.checked
-    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= plan.budget_bytes
-    profile = load_profile(out.parent / "profile.json")
+    profile = load_profile(tmp_path / "profile.json")
     # AdamW keeps two tensors and a float32 step per parameter, in both groups (the tied
     # embedding counted once).
     tensors = len(list(load_model_file(DATA / "nanogpt_optimizer.py").build_model().parameters()))
@@ -220,13 +225,7 @@ def test_a_nanogpt_style_file_with_build_optimizer_of_the_model(tmp_path: Path) 
 def test_profile_names_checkpointing_the_model_does_itself(
     tmp_path: Path, name: str, budget: str, said: str
 ) -> None:
-    out = tmp_path / "plan.json"
-    arguments = ["profile", str(DATA / f"{name}.py"), "--budget", budget, "--out", str(out)]
-    result = CliRunner().invoke(app, [*arguments, "--report-dir", str(tmp_path / "charts")])
-    assert result.exit_code == 0, result.output
+    result, plan = _checked_plan(tmp_path, DATA / f"{name}.py", budget)
     warnings = [line for line in result.stderr.splitlines() if "checkpoints" in line]
     assert len(warnings) == 1 and warnings[0].startswith("warning: ") and said in warnings[0]
-    plan = load_plan(out)
     assert any(said in line for line in plan.assumptions)  # recorded in the plan too
-    assert plan.modules and plan.checked
-    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= plan.budget_bytes
