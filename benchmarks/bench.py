@@ -3,6 +3,7 @@
     python benchmarks/bench.py              # the default set (make bench), about 10 minutes
     python benchmarks/bench.py --full       # more budgets and timing repeats
     python benchmarks/bench.py --models gpt hf_gpt2
+    python benchmarks/bench.py --models cnn resnet --merge   # re-run two models' rows only
 
 For each model file: profile it once (``profile_s``), build the baselines (no
 checkpointing, every block, every 2nd block, sqrt(n) ``checkpoint_sequential`` segments where
@@ -21,7 +22,9 @@ activation checkpointing (``torch._functorch.config.activation_memory_budget``) 
 halfway budget's ratio, timed the same way. Its peak cannot be measured by the storage
 tracker (compiled kernels allocate outside the dispatcher), so it is left empty.
 
-Writes reports/benchmarks/results.csv, results.md and results.png (atomically).
+Writes reports/benchmarks/results.csv, results.md and results.png (atomically). With
+``--merge`` the other models' rows are kept from the existing results.csv, and results.md
+says which models this run re-measured.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from benchmarks.common import markdown_table  # noqa: E402
 from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.plan import Plan, load_plan, save_plan  # noqa: E402
 
-DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
+DEFAULT_MODELS = ["gpt", "mlp", "cnn", "resnet", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 COLUMNS = [
     "model",
     "strategy",
@@ -289,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other models' rows of the existing results.csv (re-run some models only)",
+    )
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.measure:
@@ -331,6 +339,19 @@ def main(argv: list[str] | None = None) -> int:
                 row["note"] = result["error"]
             all_rows.append(row)
     frame = pd.DataFrame(all_rows)
+    preface = ""
+    previous_path = arguments.out / "results.csv"
+    if arguments.merge and previous_path.exists():
+        previous = pd.read_csv(previous_path)
+        kept = previous[~previous.model.isin(names)]
+        frame = pd.concat([kept, frame], ignore_index=True)
+        order = {model: index for index, model in enumerate([*DEFAULT_MODELS, *names])}
+        frame = frame.sort_values("model", key=lambda m: m.map(order), kind="stable")
+        preface = (
+            f"Rows of {', '.join(names)} re-measured in this run (`bench.py --models "
+            f"{' '.join(names)} --merge`); the other models' rows are from the previous run, "
+            "kept as they were.\n\n"
+        )
     ordered = frame[[*COLUMNS, *[c for c in frame.columns if c not in COLUMNS]]]
     arguments.out.mkdir(parents=True, exist_ok=True)
     with atomic_path(arguments.out / "results.csv") as temp_path:
@@ -341,7 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = targets(ordered)
     atomic_write_text(
         arguments.out / "results.md",
-        markdown_table(shown) + "\n\n## Targets (issue 4)\n\n" + markdown_table(verdicts) + "\n",
+        preface
+        + markdown_table(shown)
+        + "\n\n## Targets (issue 4)\n\n"
+        + markdown_table(verdicts)
+        + "\n",
     )
     chart(ordered, arguments.out / "results.png")
     print(markdown_table(shown))

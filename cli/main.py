@@ -9,21 +9,22 @@ from __future__ import annotations
 
 import enum
 import logging
+import shlex
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import click
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from planner import errors
-from planner.records import MemorySource
+from planner.records import CostSource, MemorySource, Profile
 from planner.units import format_bytes, parse_bytes
 
 app = typer.Typer(
@@ -33,7 +34,26 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-stdout = Console(highlight=False, soft_wrap=True)
+
+
+class _ResultsConsole(Console):
+    """stdout: as wide as the terminal, or where stdout is not a terminal (a pipe, a file, a
+    test's runner) without a width, so table rows are written whole: never wrapped at 80
+    columns, names never split, headers never cut."""
+
+    UNBOUNDED_WIDTH = 100_000
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        return size if self.is_terminal else ConsoleDimensions(self.UNBOUNDED_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+stdout = _ResultsConsole(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # Exit codes: documented in the README ("Exit codes"); tests rely on them.
@@ -80,6 +100,18 @@ VerboseOption = Annotated[
 ]
 
 
+def _warn(message: str) -> None:
+    stderr.print(f"[bold yellow]warning:[/] {escape(message)}", markup=True)
+
+
+def _warn_own_checkpointing(profile: Profile) -> None:
+    """Say, on stderr, what checkpointing the model does itself and how it was planned."""
+    from planner.workload import own_checkpointing_notes
+
+    for note in own_checkpointing_notes(profile.assumptions):
+        _warn(note)
+
+
 def _fail(message: str, code: int) -> NoReturn:
     stderr.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
     raise typer.Exit(code)
@@ -119,8 +151,14 @@ def _configure_logging(verbose: bool) -> None:
 
 @contextmanager
 def _progress() -> Iterator[Callable[[str, int, int], None]]:
+    """A progress line on stderr while the library works. The model file's code runs in
+    here, so its own prints (nanoGPT prints its parameter count) go to stderr too: stdout
+    holds only ckpt-plan's results."""
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=stderr, transient=True) as progress:
+    with (
+        redirect_stdout(sys.stderr),
+        Progress(*columns, console=stderr, transient=True) as progress,
+    ):
         task = progress.add_task("loading the model file", total=None)
 
         def update(what: str, done: int, total: int) -> None:
@@ -292,16 +330,31 @@ def profile(
         from planner.profile_io import save_profile, save_profile_table
         from planner.report import write_report
 
-        with _progress() as progress:
-            result = profile_and_plan(
-                model,
-                budget_bytes,
-                device=device.value,
-                seed=seed,
-                memory=memory,
-                target=spec,
-                progress=progress,
-            )
+        try:
+            with _progress() as progress:
+                result = profile_and_plan(
+                    model,
+                    budget_bytes,
+                    device=device.value,
+                    seed=seed,
+                    memory=memory,
+                    target=spec,
+                    progress=progress,
+                )
+        except errors.InfeasibleBudgetError as error:
+            # Keep what was measured: re-solving at a budget that fits needs no new profile.
+            if isinstance(error.profile, Profile):
+                _warn_own_checkpointing(error.profile)
+                plan_path = out or Path("profiles") / error.profile.model_name / "plan.json"
+                saved = save_profile(error.profile, plan_path.parent / "profile.json")
+                stdout.print(f"wrote {saved} (the profile; no plan, none fits the budget)")
+                stdout.print(
+                    "re-solve it without profiling again: ckpt-plan solve "
+                    f"{shlex.quote(str(saved))} --budget {error.min_budget_bytes}"
+                    + ("" if spec is not None else f" --check {shlex.quote(str(model))}")
+                )
+            raise
+        _warn_own_checkpointing(result.profile)
         name = result.profile.model_name
         plan_path = out or Path("profiles") / name / "plan.json"
         charts = report_dir or Path("reports") / name
@@ -417,15 +470,19 @@ def solve(
     with _errors_to_exit_codes(verbose):
         from planner.pipeline import plan_checked
         from planner.plan import save_plan
-        from planner.profile_io import load_profile
+        from planner.profile_io import load_profile, save_profile
 
         loaded = load_profile(profile_path)
         with _progress() as progress:
             result = plan_checked(
                 loaded, budget_bytes, model_path=check, device=loaded.device, progress=progress
             )
+        wrote = []
+        if loaded.cost_source is CostSource.NONE:
+            # Timed now (it was saved when no plan fit): keep the times for the next solve.
+            wrote.append(save_profile(result.profile, profile_path))
         plan_path = out or profile_path.parent / "plan.json"
-        _print_plan_summary(result, [save_plan(result.plan, plan_path)])
+        _print_plan_summary(result, [*wrote, save_plan(result.plan, plan_path)])
 
 
 @app.command()
@@ -450,6 +507,12 @@ def tradeoff(
         from planner.profile_io import load_profile
 
         loaded = load_profile(profile_path)
+        if loaded.cost_source is CostSource.NONE:
+            raise errors.ProfileFileError(
+                f"{profile_path} holds no times (it was saved when no plan fit its budget): "
+                f"run `ckpt-plan solve {profile_path} --budget B` once with a budget that fits, "
+                "which times the model and saves them"
+            )
         started = time.perf_counter()
         with _progress() as progress:
             progress(f"solving {points} budgets", 0, points)
@@ -531,9 +594,6 @@ def verify(
         from planner.check import CheckReference
         from planner.verify import verify_plan
 
-        def warn(message: str) -> None:
-            stderr.print(f"[bold yellow]warning:[/] {escape(message)}", markup=True)
-
         try:
             with _progress() as progress:
                 progress("running the planned step and its reference", 0, 0)
@@ -546,7 +606,7 @@ def verify(
                     reference=None
                     if reference is ReferenceChoice.auto
                     else CheckReference(reference.value),
-                    on_warning=warn,
+                    on_warning=_warn,
                 )
         except errors.PlanCheckError as error:
             # With --debug the message is one line, a blank line, then checkpoint's trace.

@@ -489,15 +489,17 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-bytes", type=int, default=None)
     arguments = parser.parse_args(argv)
     try:
-        result = run_check(
-            arguments.model_path,
-            arguments.plan_path,
-            device=arguments.device,
-            seed=arguments.seed,
-            debug=arguments.debug,
-            reference=CheckReference(arguments.reference),
-            limit_bytes=arguments.limit_bytes,
-        )
+        # stdout carries the result line alone; the model file's own prints go to stderr.
+        with contextlib.redirect_stdout(sys.stderr):
+            result = run_check(
+                arguments.model_path,
+                arguments.plan_path,
+                device=arguments.device,
+                seed=arguments.seed,
+                debug=arguments.debug,
+                reference=CheckReference(arguments.reference),
+                limit_bytes=arguments.limit_bytes,
+            )
     except PlannerError as error:
         print(json.dumps({"error": str(error), "error_type": type(error).__name__}))
         return 0

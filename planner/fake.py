@@ -74,6 +74,7 @@ from planner.workload import (
     _user_code,
     build_optimizer,
     map_tensors,
+    switch_off_own_checkpointing,
 )
 
 __all__ = [
@@ -590,7 +591,9 @@ def build_fake_workload(
         model_file=model_file,
     )
     model = _build_model(model_file, session, seed)
+    with _user_code("switching off the model's own checkpointing", model_file.path):
+        notes = switch_off_own_checkpointing(model)
     batch = _fake_batch(model_file, session, seed)
     optimizer = _fake_optimizer(model_file, model, session)
-    workload = Workload(model_file, model, batch, optimizer, torch.device(tensor_device))
+    workload = Workload(model_file, model, batch, optimizer, torch.device(tensor_device), notes)
     return workload, session

@@ -29,21 +29,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.check import CheckReference, PlanCheck, check_plan
-from planner.errors import InfeasibleBudgetError, PlanCheckError, ProfilingError
+from planner.errors import (
+    InfeasibleBudgetError,
+    PlanCheckError,
+    ProfileFileError,
+    ProfilingError,
+)
 from planner.fake import FakeExecutionError, build_fake_workload
 from planner.plan import CheckpointMethod, Plan
 from planner.planning import build_plan, plan_for_budget, unit_children, unit_cost_ms
 from planner.profiler import ProgressCallback, record_memory
-from planner.records import MemorySource, Profile
+from planner.records import CostSource, MemorySource, Profile
 from planner.safety import exclude_modules, find_recompute_mismatches
 from planner.solver import Solution, Solver
 from planner.targets import DeviceSpec, check_budget_fits, roofline_costs
 from planner.timing import measure_costs, with_measured_costs
 from planner.tracking import MemoryLimitExceeded
-from planner.units import format_bytes
+from planner.units import format_bytes, format_bytes_apart
 from planner.workload import ModelFile, build_workload, load_model_file
 
-__all__ = ["PlanningResult", "plan_checked", "profile_and_plan", "profile_model_file"]
+__all__ = [
+    "PlanningResult",
+    "measure_profile_costs",
+    "plan_checked",
+    "profile_and_plan",
+    "profile_model_file",
+]
 
 # Provisional costs, only to choose a timing plan that fits (never shown): a roofline with
 # round numbers for this machine's device. Relative costs are what matter there.
@@ -162,14 +173,41 @@ def profile_model_file(
         logger.warning("%s", note)
     if target is not None:
         return roofline_costs(profile, target)
+    try:
+        return measure_profile_costs(
+            model_file,
+            profile,
+            device=device,
+            seed=seed,
+            budget_bytes=budget_bytes,
+            timing_steps=timing_steps,
+            progress=progress,
+        )
+    except InfeasibleBudgetError as error:
+        error.profile = profile  # memory only (no times): `solve` times it at a budget that fits
+        raise
+
+
+def measure_profile_costs(
+    model_file: ModelFile,
+    profile: Profile,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    budget_bytes: int | None = None,
+    timing_steps: int = 3,
+    progress: ProgressCallback | None = None,
+) -> Profile:
+    """``profile`` (its memory recorded, its times not: ``cost_source`` ``none``) with its
+    times measured here, in real steps with a timing plan that fits ``budget_bytes`` (see
+    the module docstring). Raises :class:`InfeasibleBudgetError` (with the smallest budget
+    that fits) before anything real is allocated where no plan fits the budget."""
     provisional = roofline_costs(
         profile, _PROVISIONAL_SPECS[device.split(":")[0]], estimate_only=True
     )
     if budget_bytes is None:
         timing_plan = build_plan(provisional, [], 0, strategy="timing")
     else:
-        # Raises InfeasibleBudgetError (with the smallest budget that fits) before anything
-        # real is allocated.
         timing_plan, _ = plan_for_budget(provisional, budget_bytes)
     costs = measure_costs(
         model_file,
@@ -227,6 +265,30 @@ def _probe(
     return find_recompute_mismatches(workload, names, seed=seed)
 
 
+def _timed(
+    profile: Profile,
+    budget_bytes: int,
+    *,
+    model_path: str | Path | None,
+    seed: int,
+    progress: ProgressCallback | None,
+) -> Profile:
+    path = Path(model_path if model_path is not None else profile.model_file)
+    if not path.is_file():
+        raise ProfileFileError(
+            f"this profile holds no times (it was saved when no plan fit its budget) and its "
+            f"model file {path} is not there: pass the model file (--check MODEL.py) to time it"
+        )
+    return measure_profile_costs(
+        load_model_file(path),
+        profile,
+        device=profile.device,
+        seed=seed,
+        budget_bytes=budget_bytes,
+        progress=progress,
+    )
+
+
 def plan_checked(
     profile: Profile,
     budget_bytes: int,
@@ -239,7 +301,13 @@ def plan_checked(
     progress: ProgressCallback | None = None,
 ) -> PlanningResult:
     """Solve for ``budget_bytes`` and, if ``model_path`` is given, check the plan by running
-    it (against ``reference``; on CPU the run is stopped if it passes the budget)."""
+    it (against ``reference``; on CPU the run is stopped if it passes the budget).
+
+    A profile without times (``cost_source`` ``none``: saved by ``profile`` when no plan fit
+    its budget) is timed first, within ``budget_bytes``, on ``model_path`` or else the model
+    file the profile names."""
+    if profile.cost_source is CostSource.NONE:
+        profile = _timed(profile, budget_bytes, model_path=model_path, seed=seed, progress=progress)
     solver = Solver(profile)
     target = budget_bytes
     probed: set[str] = set()
@@ -250,12 +318,14 @@ def plan_checked(
             plan, solution = plan_for_budget(
                 profile, budget_bytes, solver=solver, plan_budget_bytes=target
             )
-        except InfeasibleBudgetError:
+        except InfeasibleBudgetError as error:
             if attempt == 1:
+                error.profile = profile
                 raise
+            budget_text, target_text = format_bytes_apart(budget_bytes, target)
             raise PlanCheckError(
-                f"plans predicted to fit {format_bytes(budget_bytes)} measured over it, and no "
-                f"plan fits the corrected target {format_bytes(target)}; try a larger budget"
+                f"plans predicted to fit {budget_text} measured over it, and no "
+                f"plan fits the corrected target {target_text}; try a larger budget"
             ) from None
         if model_path is None:
             return PlanningResult(profile, plan, solution, None, attempt)

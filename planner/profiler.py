@@ -57,6 +57,7 @@ from planner.tracking import (
     written_arguments,
 )
 from planner.workload import (
+    OWN_CHECKPOINTING_NOTE,
     Workload,
     compute_loss,
     describe_batch,
@@ -72,6 +73,7 @@ __all__ = [
     "TimelineRecorder",
     "find_blocks",
     "profile_workload",
+    "recomputed_in_backward",
     "record_memory",
 ]
 
@@ -446,23 +448,98 @@ def _record_step(
     return recorder.timeline(final_kinds), recorder.peak_bytes
 
 
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
+
+
+def _stack_class(module: torch.nn.Module, *, at_least: int = 2) -> type | None:
+    """The class of the blocks ``module`` stacks: a ``ModuleList``/``Sequential`` whose
+    ``at_least`` or more children are all of one class and not leaves (a run of Linear and
+    ReLU is not a stack of blocks). None for anything else."""
+    if not isinstance(module, _CONTAINERS):
+        return None
+    children = list(module.children())
+    if len(children) < at_least or len({type(child) for child in children}) != 1:
+        return None
+    if not any(True for _ in children[0].children()):
+        return None
+    return type(children[0])
+
+
+def _inner_blocks(name: str, module: torch.nn.Module) -> list[str]:
+    """The residual blocks inside one block of a stack, where it is a stage of them: a stage
+    that is itself an ``nn.Sequential`` of blocks (``stages.0`` -> ``stages.0.1``), or a
+    stage module holding one (timm's ``stages.0`` -> ``stages.0.blocks.1``). Only
+    ``nn.Sequential`` counts, which runs its children one after the other: a ``ModuleList``
+    inside a block (experts of a mixture) is not a chain of blocks. Otherwise ``[name]``."""
+    if isinstance(module, torch.nn.Sequential) and _stack_class(module, at_least=1):
+        stage = [(name, module)]
+    else:
+        stage = [
+            (f"{name}.{child_name}", child)
+            for child_name, child in module.named_children()
+            if isinstance(child, torch.nn.Sequential) and _stack_class(child, at_least=1)
+        ]
+        if len(stage) != 1:
+            return [name]
+    stage_name, stage_module = stage[0]
+    return [
+        block
+        for child_name, child in stage_module.named_children()
+        for block in _inner_blocks(f"{stage_name}.{child_name}", child)
+    ]
+
+
 def find_blocks(model: torch.nn.Module) -> tuple[str, ...]:
-    """The model's repeated blocks: the children of the ``ModuleList``/``Sequential`` with
-    the most parameters among those holding two or more children of one class."""
-    best: tuple[int, tuple[str, ...]] = (0, ())
+    """The model's repeated blocks, the ones a user checkpoints by hand ("every block").
+
+    Start from the stack with the most parameters: the children of the
+    ``ModuleList``/``Sequential`` holding two or more non-leaf children of one class
+    (``blocks.*`` of a GPT, ``model.layers.*`` of a Llama). On convolutional networks that
+    stack is one stage, or a stack of stages, and checkpointing a whole stage saves little,
+    so two rules make it every residual block instead:
+
+    * Sibling stages: an ``nn.Sequential`` stack joins its siblings (same parent) that are
+      ``nn.Sequential`` stacks of the same block class, in registration order (torchvision's
+      ``layer1.0`` ... ``layer4.1``).
+    * Nested stages: a block that is itself an ``nn.Sequential`` of blocks, or that holds
+      exactly one such ``nn.Sequential``, is replaced by those blocks, recursively
+      (``stages.0.1``; timm's ``stages.0.blocks.1``).
+
+    Transformer stacks are ``ModuleList``s whose blocks hold no ``nn.Sequential`` of blocks,
+    so neither rule changes them; stacks in different parents (T5's encoder and decoder
+    blocks) stay apart.
+    """
+    best: tuple[int, str, torch.nn.Module | None] = (0, "", None)
     for name, module in model.named_modules():
-        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+        if _stack_class(module) is None:
             continue
-        children = list(module.named_children())
-        if len(children) < 2 or len({type(child) for _, child in children}) != 1:
-            continue
-        if not any(True for _ in children[0][1].children()):
-            continue  # a run of leaves (Linear, ReLU) is not a stack of blocks
-        size = sum(p.numel() for p in module.parameters()) + len(children)
+        size = sum(p.numel() for p in module.parameters()) + len(module)
         if size > best[0]:
-            prefix = f"{name}." if name else ""
-            best = (size, tuple(prefix + child_name for child_name, _ in children))
-    return best[1]
+            best = (size, name, module)
+    _, name, stack = best
+    if stack is None:
+        return ()
+    stacks = [(name, stack)]
+    if name and isinstance(stack, torch.nn.Sequential):
+        parent_name, _, _ = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        stacks = [
+            (f"{parent_name}.{sibling_name}" if parent_name else sibling_name, sibling)
+            for sibling_name, sibling in parent.named_children()
+            if sibling is stack
+            or (
+                isinstance(sibling, torch.nn.Sequential)
+                and _stack_class(sibling, at_least=1) is _stack_class(stack)
+            )
+        ]
+    return tuple(
+        block
+        for stack_name, stack_module in stacks
+        for child_name, child in stack_module.named_children()
+        for block in _inner_blocks(
+            f"{stack_name}.{child_name}" if stack_name else child_name, child
+        )
+    )
 
 
 def _unique_bytes(tensors: list[torch.Tensor]) -> int:
@@ -610,6 +687,42 @@ def _with_workspace(timeline: MemoryTimeline, workspace_bytes: int) -> MemoryTim
     return dataclasses.replace(timeline, storages=(*timeline.storages, workspace))
 
 
+def recomputed_in_backward(timeline: MemoryTimeline) -> tuple[str, ...]:
+    """Modules whose forward ran again during backward in the recorded (unplanned) step:
+    checkpointing the model does in its own code (``torch.utils.checkpoint``, reentrant or
+    not, ``checkpoint_sequential``, timm's ``checkpoint_seq``) recomputes them there. Only
+    the outermost of nested ones, in the order of their first forward."""
+    forward_end = timeline.phase_end_events.get("forward", timeline.event_count)
+    backward_end = timeline.phase_end_events.get("backward", timeline.event_count)
+
+    def in_backward(index: int) -> bool:
+        return forward_end < timeline.calls[index].forward_start_event <= backward_end
+
+    first_call: dict[str, int] = {}
+    for index, call in enumerate(timeline.calls):
+        first_call.setdefault(call.module_name, index)
+    names = {
+        call.module_name
+        for index, call in enumerate(timeline.calls)
+        if in_backward(index) and (call.parent_call < 0 or not in_backward(call.parent_call))
+    }
+    return tuple(sorted(names, key=first_call.__getitem__))
+
+
+def _own_checkpointing_seen(timeline: MemoryTimeline) -> tuple[str, ...]:
+    recomputed = recomputed_in_backward(timeline)
+    if not recomputed:
+        return ()
+    shown = ", ".join(name or "the root module" for name in recomputed[:4])
+    shown += f" and {len(recomputed) - 4} more" if len(recomputed) > 4 else ""
+    return (
+        f"{OWN_CHECKPOINTING_NOTE}{shown} itself (their forward runs again during backward: "
+        "a torch.utils.checkpoint call in its code, with no switch ckpt-plan knows); it "
+        "cannot be switched off here, so the plan counts it: every predicted peak includes "
+        "that recomputation, and checkpointing those modules again frees nothing",
+    )
+
+
 def _profile_from_timeline(
     workload: Workload,
     timeline: MemoryTimeline,
@@ -638,6 +751,9 @@ def _profile_from_timeline(
             if s.kind == kind and s.free_event == timeline.event_count
         )
 
+    notes = (*workload.notes, *_own_checkpointing_seen(timeline))
+    for note in notes:
+        logger.info("%s", note)  # the CLI shows them as warnings (own_checkpointing_notes)
     model = workload.model
     return Profile(
         schema_version=PROFILE_SCHEMA_VERSION,
@@ -658,7 +774,7 @@ def _profile_from_timeline(
         block_names=find_blocks(model),
         memory_source=memory_source,
         cost_source=cost_source,
-        assumptions=assumptions,
+        assumptions=(*assumptions, *notes),
         workspace_bytes=kind_bytes("workspace"),
     )
 

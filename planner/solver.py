@@ -73,7 +73,7 @@ import numpy as np
 from planner.errors import InfeasibleBudgetError
 from planner.memory_model import MemoryModel, sequential_segments
 from planner.records import Profile
-from planner.units import format_bytes
+from planner.units import format_bytes, format_bytes_apart
 
 __all__ = ["Solution", "Solver", "lowest_peak", "solve"]
 
@@ -332,9 +332,10 @@ class Solver:
             if lowest <= budget_bytes:  # cannot happen with a finished search; be safe
                 best, proven = names, False
         if best is None:
+            budget_text, lowest_text = format_bytes_apart(budget_bytes, lowest)
             raise InfeasibleBudgetError(
-                f"no checkpointing plan fits {format_bytes(budget_bytes)}: the smallest budget "
-                f"that fits is {format_bytes(lowest)} ({lowest} bytes, checkpointing "
+                f"no checkpointing plan fits {budget_text}: the smallest budget "
+                f"that fits is {lowest_text} ({lowest} bytes, checkpointing "
                 f"{len(names)} module{'s' if len(names) != 1 else ''}); "
                 + self._floor_explanation(names)
                 + (f"; {note}" if (note := self.profile.excluded_blocks_note()) else ""),

@@ -11,7 +11,7 @@ from decimal import Decimal
 
 from planner.errors import BudgetError
 
-__all__ = ["format_bytes", "parse_bytes"]
+__all__ = ["format_bytes", "format_bytes_apart", "parse_bytes"]
 
 _UNITS: dict[str, int] = {
     "": 1,
@@ -53,8 +53,10 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
-def format_bytes(size_bytes: int | float, *, binary: bool = True) -> str:
-    """Format a byte count for people: ``format_bytes(3 * 2**20) == "3.00 MiB"``."""
+def format_bytes(size_bytes: int | float, *, binary: bool = True, decimals: int = 2) -> str:
+    """Format a byte count for people: ``format_bytes(3 * 2**20) == "3.00 MiB"``.
+
+    ``decimals`` digits after the point (bytes are always whole)."""
     base, names = (
         (1024, ("B", "KiB", "MiB", "GiB", "TiB"))
         if binary
@@ -68,6 +70,26 @@ def format_bytes(size_bytes: int | float, *, binary: bool = True) -> str:
     value = abs(value)
     for name in names:
         if value < base or name == names[-1]:
-            return f"{sign}{value:.0f} {name}" if name == "B" else f"{sign}{value:.2f} {name}"
+            return (
+                f"{sign}{value:.0f} {name}" if name == "B" else f"{sign}{value:.{decimals}f} {name}"
+            )
         value /= base
     raise AssertionError("unreachable")
+
+
+def format_bytes_apart(*sizes_bytes: int, binary: bool = True) -> tuple[str, ...]:
+    """Format sizes that are compared in one message so that different sizes read differently.
+
+    Two decimals as :func:`format_bytes`, more where two different sizes would print the
+    same (a budget a few bytes under the smallest that fits), and whole byte counts where
+    four decimals are not enough:
+    ``format_bytes_apart(300 * 2**20 - 300, 300 * 2**20) == ("299.9997 MiB", "300.0000 MiB")``
+    and ``format_bytes_apart(10**9, 10**9 + 10) == ("1,000,000,000 bytes", "1,000,000,010
+    bytes")``.
+    """
+    distinct = len(set(sizes_bytes))
+    for decimals in (2, 3, 4):
+        texts = tuple(format_bytes(size, binary=binary, decimals=decimals) for size in sizes_bytes)
+        if len(set(texts)) == distinct:
+            return texts
+    return tuple(f"{size:,} bytes" for size in sizes_bytes)

@@ -2,7 +2,8 @@
 
 A model file defines ``build_model()`` and ``sample_batch()``, and optionally
 ``training_step(model, batch)``, ``loss_fn(output, batch)`` and
-``build_optimizer(parameters)``. :func:`load_model_file` checks that contract once and
+``build_optimizer(parameters)`` or ``build_optimizer(model)`` (see
+:func:`optimizer_takes_model`). :func:`load_model_file` checks that contract once and
 returns a :class:`ModelFile`; :func:`build_workload` makes a fresh, seeded model, batch and
 optimizer; :func:`run_training_step` runs one step the same way everywhere (profiling,
 checking a plan, benchmarks), so that every measurement is of the same step.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -35,7 +37,10 @@ __all__ = [
     "describe_batch",
     "load_model_file",
     "map_tensors",
+    "optimizer_takes_model",
+    "own_checkpointing_notes",
     "run_training_step",
+    "switch_off_own_checkpointing",
 ]
 
 
@@ -54,13 +59,85 @@ class ModelFile:
 
 @dataclass
 class Workload:
-    """A live model, its batch and its optimizer on one device (mutable: it trains)."""
+    """A live model, its batch and its optimizer on one device (mutable: it trains).
+    ``notes``: what was changed in the model to plan it (its own checkpointing switched off,
+    see :func:`switch_off_own_checkpointing`), one line each."""
 
     model_file: ModelFile
     model: torch.nn.Module
     batch: Any
     optimizer: torch.optim.Optimizer
     device: torch.device
+    notes: tuple[str, ...] = ()
+
+
+# Checkpointing a model does itself, switched by a flag on its modules: Hugging Face's
+# `gradient_checkpointing` (set by `gradient_checkpointing_enable()`) and timm's
+# `grad_checkpointing` (set by `set_grad_checkpointing()`). Checkpointing in the model's own
+# code with no flag is seen in the recorded step instead (planner.profiler).
+OWN_CHECKPOINTING_FLAGS = ("gradient_checkpointing", "grad_checkpointing")
+OWN_CHECKPOINTING_NOTE = "the model checkpoints "
+"""How a profile's ``assumptions`` line about the model's own checkpointing begins."""
+
+
+def own_checkpointing_notes(assumptions: tuple[str, ...]) -> tuple[str, ...]:
+    """The lines of a profile's or plan's ``assumptions`` about checkpointing the model does
+    itself (switched off to plan, or counted where it could not be)."""
+    return tuple(line for line in assumptions if line.startswith(OWN_CHECKPOINTING_NOTE))
+
+
+def _flags_on(model: torch.nn.Module) -> list[tuple[str, str]]:
+    """(module name, flag) for each own-checkpointing flag that is on (``True``)."""
+    return [
+        (name, flag)
+        for name, module in model.named_modules()
+        for flag in OWN_CHECKPOINTING_FLAGS
+        if vars(module).get(flag) is True
+    ]
+
+
+def _where(flags: list[tuple[str, str]]) -> str:
+    names = [f"{name}.{flag}" if name else flag for name, flag in flags]
+    shown = ", ".join(names[:4])
+    return shown + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[str, ...]:
+    """Switch off the checkpointing ``model`` does itself where it lets us, so a plan is made
+    for the model without it (the plan then chooses what to checkpoint). Returns one line
+    per finding for the profile's assumptions: what was on, how it was switched off (to do
+    the same in training), or that it could not be (and the plan counts it)."""
+    flags = _flags_on(model)
+    if not flags:
+        return ()
+    how = []
+    if getattr(model, "is_gradient_checkpointing", False) and callable(
+        getattr(model, "gradient_checkpointing_disable", None)
+    ):
+        model.gradient_checkpointing_disable()  # type: ignore[operator]
+        how.append("model.gradient_checkpointing_disable()")
+    if callable(getattr(model, "set_grad_checkpointing", None)) and _flags_on(model):
+        with contextlib.suppress(Exception):
+            model.set_grad_checkpointing(False)  # type: ignore[operator]
+            how.append("model.set_grad_checkpointing(False)")
+    left = _flags_on(model)
+    for name, flag in left:
+        with contextlib.suppress(Exception):
+            setattr(model.get_submodule(name), flag, False)
+    if left and len(left) > len(_flags_on(model)):
+        how.append(f"setting {_where(left)} to False")
+    found = f"{OWN_CHECKPOINTING_NOTE}itself ({_where(flags)} on)"
+    stuck = _flags_on(model)
+    if stuck:
+        return (
+            f"{found}: {_where(stuck)} could not be switched off, so the plan counts that "
+            "checkpointing (its modules are recomputed whatever the plan)",
+        )
+    return (
+        f"{found}: switched off to plan as if it were not there, with {' and '.join(how)}; "
+        "do the same in training before apply_plan, or the modules it covers are "
+        "checkpointed twice",
+    )
 
 
 def _error_location(error: BaseException, path: Path) -> str:
@@ -113,7 +190,7 @@ def load_model_file(path: str | Path) -> ModelFile:
             raise ModelFileError(f"{name} in {path} must be a function")
         return function
 
-    return ModelFile(
+    model_file = ModelFile(
         path=source,
         name=source.stem,
         build_model=required("build_model", "build_model() -> torch.nn.Module"),
@@ -122,6 +199,43 @@ def load_model_file(path: str | Path) -> ModelFile:
         loss_fn=optional("loss_fn"),
         build_optimizer=optional("build_optimizer"),
     )
+    if model_file.build_optimizer is not None:
+        optimizer_takes_model(model_file)  # a wrong signature fails here, before any work
+    return model_file
+
+
+def optimizer_takes_model(model_file: ModelFile) -> bool:
+    """Whether the model file's ``build_optimizer`` is given the model, or its parameters.
+
+    The rule, by the signature: a function whose one parameter is named ``model`` gets the
+    model (``build_optimizer(model)``: weight-decay groups by module type, as nanoGPT's
+    ``configure_optimizers`` builds them); any other name gets ``model.parameters()``
+    (``build_optimizer(parameters)``). It must take exactly one argument."""
+    function = model_file.build_optimizer
+    assert function is not None
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin without a signature: the classic contract
+        return False
+    positional = [
+        parameter
+        for parameter in signature.parameters.values()
+        if parameter.kind
+        in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    required = [
+        parameter
+        for parameter in signature.parameters.values()
+        if parameter.default is inspect.Parameter.empty
+        and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    if not positional or len(required) > 1 or (required and required[0] is not positional[0]):
+        raise ModelFileError(
+            f"build_optimizer{signature} in {model_file.path} must take one argument: "
+            "build_optimizer(model) to get the model, or build_optimizer(parameters) to get "
+            "model.parameters()"
+        )
+    return positional[0].name == "model"
 
 
 def map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -168,17 +282,22 @@ def build_workload(
         )
     model = model.to(target)
     model.train()
+    with _user_code("switching off the model's own checkpointing", model_file.path):
+        notes = switch_off_own_checkpointing(model)
     with _user_code("sample_batch()", model_file.path):
         torch.manual_seed(seed + 1)
         batch = _to_device(model_file.sample_batch(), target)
-    return Workload(model_file, model, batch, build_optimizer(model_file, model), target)
+    optimizer = build_optimizer(model_file, model)
+    return Workload(model_file, model, batch, optimizer, target, notes)
 
 
 def build_optimizer(model_file: ModelFile, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """The model file's optimizer over ``model``'s parameters (default: AdamW, lr 1e-3)."""
+    """The model file's optimizer over ``model``'s parameters (default: AdamW, lr 1e-3),
+    given the model or its parameters as :func:`optimizer_takes_model` says."""
     with _user_code("build_optimizer()", model_file.path):
         if model_file.build_optimizer is not None:
-            optimizer = model_file.build_optimizer(model.parameters())
+            takes_model = optimizer_takes_model(model_file)
+            optimizer = model_file.build_optimizer(model if takes_model else model.parameters())
         else:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if not isinstance(optimizer, torch.optim.Optimizer):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from planner.units import parse_bytes
 from planner.workload import build_workload, load_model_file, run_training_step
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-ALL = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
+ALL = ["gpt", "mlp", "cnn", "resnet", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 DATA = Path(__file__).resolve().parent / "data"
 
 
@@ -30,6 +31,34 @@ def test_example_follows_the_contract_and_is_deterministic(name: str) -> None:
         losses.append(run_training_step(workload, seed=0))
     assert torch.isfinite(losses[0])
     assert torch.equal(losses[0], losses[1])
+
+
+@pytest.mark.parametrize(
+    ("name", "blocks"),
+    [
+        ("cnn", [f"stages.{stage}.{index}" for stage in (0, 1, 2) for index in (0, 1)]),
+        ("resnet", [f"layer{stage}.{index}" for stage in (1, 2, 3, 4) for index in (0, 1)]),
+    ],
+)
+def test_every_block_on_a_cnn_wraps_the_residual_blocks(name: str, blocks: list[str]) -> None:
+    """The baseline users compare with is what they would checkpoint by hand, and it saves
+    what it should: predicted (fake step) and measured (real step) far below unplanned."""
+    from planner.apply import apply_plan
+    from planner.fake import build_fake_workload
+    from planner.measure import measure_step
+    from planner.planning import baseline_every_block
+    from planner.profiler import record_memory
+
+    model_file = load_model_file(EXAMPLES / f"{name}.py")
+    workload, session = build_fake_workload(model_file)
+    profile = record_memory(workload, session=session)
+    every = baseline_every_block(profile)
+    assert [decision.module_name for decision in every.modules] == blocks
+    real = build_workload(model_file, seed=0)
+    apply_plan(real.model, every)
+    measured = measure_step(real, seed=0).peak_bytes
+    assert measured == every.predicted_peak_bytes
+    assert measured < 0.8 * profile.measured_peak_bytes
 
 
 def test_profile_writes_a_checked_plan_that_fits(tmp_path: Path) -> None:
@@ -71,7 +100,7 @@ def test_profile_writes_a_checked_plan_that_fits(tmp_path: Path) -> None:
     assert f"wrote {out}" in result.stdout
 
 
-def test_profile_with_a_budget_too_small_exits_3_and_writes_nothing(tmp_path: Path) -> None:
+def test_profile_with_a_budget_too_small_exits_3_and_keeps_the_profile(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     result = CliRunner().invoke(
         app,
@@ -90,24 +119,40 @@ def test_profile_with_a_budget_too_small_exits_3_and_writes_nothing(tmp_path: Pa
     message = result.stderr.strip()
     assert "smallest budget that fits is" in message
     assert len(message.splitlines()) == 1 and "Traceback" not in result.output
-    assert not out.exists() and not (tmp_path / "charts").exists()
-    # The smallest budget it names really does fit.
     smallest = message.split("smallest budget that fits is ")[1].split(" (")[1].split(" bytes")[0]
-    ok = CliRunner().invoke(
-        app,
-        [
-            "profile",
-            str(EXAMPLES / "mlp.py"),
-            "--budget",
-            smallest,
-            "--out",
-            str(out),
-            "--report-dir",
-            str(tmp_path / "charts"),
-        ],
-    )
-    assert ok.exit_code == 0, ok.output
-    assert load_plan(out).measured_peak_bytes <= int(smallest)  # type: ignore[operator]
+    # No plan and no report, but the profile (memory only) and how to re-solve it.
+    assert not out.exists() and not (tmp_path / "charts").exists()
+    saved = tmp_path / "profile.json"
+    assert load_profile(saved).cost_source.value == "none"
+    assert f"wrote {saved}" in result.stdout
+    hint = next(line for line in result.stdout.splitlines() if "ckpt-plan solve" in line)
+    command = shlex.split(hint.split("ckpt-plan ", 1)[1])
+    assert command == [
+        "solve",
+        str(saved),
+        "--budget",
+        smallest,
+        "--check",
+        str(EXAMPLES / "mlp.py"),
+    ]
+    # Without times the frontier cannot be drawn: one line saying what to run.
+    untimed = CliRunner().invoke(app, ["tradeoff", str(saved)])
+    assert untimed.exit_code == 6 and "holds no times" in untimed.stderr
+    # The printed command re-solves without profiling again, at exactly the smallest budget.
+    solved = CliRunner().invoke(app, command)
+    assert solved.exit_code == 0, solved.output
+    plan = load_plan(out)
+    assert plan.predicted_peak_bytes == int(smallest) == plan.budget_bytes
+    assert plan.checked and plan.measured_peak_bytes == int(smallest)
+    assert load_profile(saved).cost_source.value == "measured"  # timed once, kept
+    # Not a terminal: rows are written whole, not wrapped at 80 columns.
+    figures = next(line for line in solved.stdout.splitlines() if line.startswith("figures from"))
+    assert figures.rstrip().endswith("times measured here"), solved.stdout
+    frontier = CliRunner().invoke(app, ["tradeoff", str(saved), "--points", "3"])
+    assert frontier.exit_code == 0, frontier.output
+    header = next(line for line in frontier.stdout.splitlines() if "strategy" in line)
+    for column in ("budget_mib", "predicted_peak_mib", "recompute_ms", "overhead_pct", "units"):
+        assert f" {column} " in header, frontier.stdout
 
 
 def test_profile_for_a_target_device_writes_an_unchecked_plan(tmp_path: Path) -> None:
@@ -140,3 +185,47 @@ def test_a_bad_target_exits_2_and_writes_nothing(
     assert result.exit_code == 2, result.output
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def _checked_plan(tmp_path: Path, model: Path, budget: str):  # type: ignore[no-untyped-def]
+    """`ckpt-plan profile` of ``model`` into ``tmp_path``: the result and its plan, which
+    must be checked, wrap something, and be measured at its prediction within the budget."""
+    out = tmp_path / "plan.json"
+    arguments = ["profile", str(model), "--budget", budget, "--out", str(out)]
+    result = CliRunner().invoke(app, [*arguments, "--report-dir", str(tmp_path / "charts")])
+    assert result.exit_code == 0, result.output
+    plan = load_plan(out)
+    assert plan.modules and plan.checked
+    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= plan.budget_bytes
+    return result, plan
+
+
+def test_a_nanogpt_style_file_with_build_optimizer_of_the_model(tmp_path: Path) -> None:
+    """build_optimizer(model) with weight-decay groups by module type (nanoGPT's
+    configure_optimizers): planned and checked like any optimizer, its state counted. The
+    model's own print (its parameter count) goes to stderr, not into the results."""
+    result, _ = _checked_plan(tmp_path, DATA / "nanogpt_optimizer.py", "965000")
+    assert "number of parameters" not in result.stdout
+    assert "number of parameters: 0.03M" in result.stderr
+    assert result.stdout.startswith("checkpointed modules of nanogpt_optimizer")
+    profile = load_profile(tmp_path / "profile.json")
+    # AdamW keeps two tensors and a float32 step per parameter, in both groups (the tied
+    # embedding counted once).
+    tensors = len(list(load_model_file(DATA / "nanogpt_optimizer.py").build_model().parameters()))
+    assert profile.optimizer_state_bytes == 2 * profile.parameter_bytes + 4 * tensors
+
+
+@pytest.mark.parametrize(
+    ("name", "budget", "said"),
+    [
+        ("timm_flag", "3.9MB", "switched off to plan as if it were not there"),
+        ("own_checkpoint", "3.0MiB", "cannot be switched off here, so the plan counts it"),
+    ],
+)
+def test_profile_names_checkpointing_the_model_does_itself(
+    tmp_path: Path, name: str, budget: str, said: str
+) -> None:
+    result, plan = _checked_plan(tmp_path, DATA / f"{name}.py", budget)
+    warnings = [line for line in result.stderr.splitlines() if "checkpoints" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: ") and said in warnings[0]
+    assert any(said in line for line in plan.assumptions)  # recorded in the plan too

@@ -77,3 +77,15 @@ def test_predicted_peak_equals_measured_on_random_small_configs(tmp_path: Path, 
         assert int(row["measured_bytes"]) <= int(row["budget_bytes"]), (config.description, row)
     if "use_cache=True" in config.description:
         assert rows[0]["modules"]  # planned around the layers the cache rules out
+
+
+def test_hugging_face_gradient_checkpointing_is_switched_off_and_said() -> None:
+    from planner.workload import switch_off_own_checkpointing
+
+    model = load_model_file(EXAMPLES / "hf_gpt2.py").build_model()
+    model.gradient_checkpointing_enable()
+    assert model.is_gradient_checkpointing
+    (note,) = switch_off_own_checkpointing(model)
+    assert not model.is_gradient_checkpointing
+    assert "checkpoints itself (transformer.gradient_checkpointing, transformer.h.0." in note
+    assert "with model.gradient_checkpointing_disable()" in note

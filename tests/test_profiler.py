@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from planner.measure import measure_step
 from planner.memory_model import MemoryModel
 from planner.planning import build_plan
 from planner.profiler import find_blocks, profile_workload
-from planner.workload import build_workload
+from planner.workload import build_workload, load_model_file
 from tests.models import (
     BatchNormNet,
     SharedBlockModel,
@@ -19,6 +21,8 @@ from tests.models import (
     stack_file,
     tricky_file,
 )
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _measured_peak(file, names, profile) -> int:  # type: ignore[no-untyped-def]
@@ -128,6 +132,82 @@ def test_find_blocks_picks_the_repeated_stack() -> None:
     assert find_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())) == ()
 
 
+class _Residual(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(width, width, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(width)
+        # a 1x1 shortcut as torchvision writes it: a Sequential of leaves, not of blocks
+        self.downsample = torch.nn.Sequential(torch.nn.Conv2d(width, width, 1))
+
+
+class _TimmStage(torch.nn.Module):
+    """timm's layout: a stage module with a downsample and an nn.Sequential of blocks."""
+
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        self.downsample = torch.nn.Conv2d(width, width, 2, stride=2)
+        self.blocks = torch.nn.Sequential(*(_Residual(width) for _ in range(depth)))
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(width, width)
+
+
+class _Layer(torch.nn.Module):
+    """A transformer layer with a ModuleList of experts (a mixture): not a chain of blocks."""
+
+    def __init__(self, width: int, experts: int) -> None:
+        super().__init__()
+        self.attention = _Attention(width)
+        self.experts = torch.nn.ModuleList(
+            torch.nn.Sequential(
+                torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+            )
+            for _ in range(experts)
+        )
+
+
+class _Coder(torch.nn.Module):
+    def __init__(self, width: int, depth: int, cross: bool) -> None:
+        super().__init__()
+        self.block = torch.nn.ModuleList(_Layer(width, 3 if cross else 2) for _ in range(depth))
+
+
+def test_find_blocks_on_cnns_is_every_residual_block() -> None:
+    def built(name: str) -> torch.nn.Module:
+        return load_model_file(EXAMPLES / f"{name}.py").build_model()
+
+    # torchvision: layer1..layer4 are sibling Sequentials of blocks, not the largest alone.
+    resnet = [f"layer{stage}.{index}" for stage in (1, 2, 3, 4) for index in (0, 1)]
+    assert find_blocks(built("resnet")) == tuple(resnet)
+    # Nested Sequentials: stages -> stages.N -> blocks.
+    cnn = [f"stages.{stage}.{index}" for stage in (0, 1, 2) for index in (0, 1)]
+    assert find_blocks(built("cnn")) == tuple(cnn)
+    # timm: stages.N.blocks.M (the stage module holds a downsample and one Sequential).
+    timm = torch.nn.Module()
+    timm.stem = torch.nn.Conv2d(3, 8, 3)
+    timm.stages = torch.nn.Sequential(*(_TimmStage(8, depth) for depth in (2, 3)))
+    expected = ["stages.0.blocks.0", "stages.0.blocks.1"]
+    expected += [f"stages.1.blocks.{index}" for index in range(3)]
+    assert find_blocks(timm) == tuple(expected)
+
+
+def test_find_blocks_keeps_transformer_stacks() -> None:
+    # Stacks in different parents stay apart (T5's encoder and decoder): the larger one.
+    seq2seq = torch.nn.Module()
+    seq2seq.encoder = _Coder(16, 2, cross=False)
+    seq2seq.decoder = _Coder(16, 2, cross=True)
+    assert find_blocks(seq2seq) == ("decoder.block.0", "decoder.block.1")
+    # A ModuleList of experts inside each layer is not a chain to descend into.
+    assert find_blocks(_Coder(16, 3, cross=False)) == ("block.0", "block.1", "block.2")
+    # A root Sequential of blocks has no siblings to join.
+    root = torch.nn.Sequential(*(_Residual(4) for _ in range(3)))
+    assert find_blocks(root) == ("0", "1", "2")
+
+
 @pytest.mark.parametrize(
     ("optimizer", "state_per_parameter"), [("adamw", 2), ("adam", 2), ("sgd_momentum", 1)]
 )
@@ -166,3 +246,40 @@ def test_a_block_that_stores_tensors_into_its_argument_is_excluded() -> None:
     plain = profile_workload(build_workload(caching_file(use_cache=False), seed=0))
     assert plain.module("blocks.0").is_candidate
     assert plain.excluded_blocks_note() == ""
+
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def test_a_model_that_checkpoints_itself_behind_a_flag_is_profiled_with_it_off() -> None:
+    from planner.fake import build_fake_workload
+    from planner.profiler import record_memory
+
+    timm_style = load_model_file(DATA / "timm_flag.py")
+    workload, session = build_fake_workload(timm_style)
+    profile = record_memory(workload, session=session)
+    assert any("grad_checkpointing on" in line for line in profile.assumptions)
+    assert profile.module("blocks.0").checkpoint_saving_bytes > 0  # a candidate again
+    on = build_workload(timm_style, seed=0)
+    off_peak = measure_step(on, seed=0).peak_bytes  # built with the flag switched off
+    on = build_workload(timm_style, seed=0)
+    on.model.set_grad_checkpointing(True)
+    assert profile.measured_peak_bytes == off_peak > measure_step(on, seed=0).peak_bytes
+
+
+def test_checkpoint_calls_in_the_model_code_are_seen_and_counted(stack_profile) -> None:  # type: ignore[no-untyped-def]
+    from planner.fake import build_fake_workload
+    from planner.profiler import recomputed_in_backward, record_memory
+
+    own = load_model_file(DATA / "own_checkpoint.py")
+    workload, session = build_fake_workload(own)
+    profile = record_memory(workload, session=session)
+    assert recomputed_in_backward(profile.timeline) == ("blocks.0", "blocks.1")
+    (note,) = profile.assumptions
+    assert "checkpoints blocks.0, blocks.1 itself" in note
+    assert "cannot be switched off here, so the plan counts it" in note
+    # Counted: the recorded step is the real one, recomputation included.
+    assert profile.measured_peak_bytes == measure_step(build_workload(own, seed=0)).peak_bytes
+    assert profile.module("blocks.0").excluded_reason == "checkpointing it frees nothing"
+    assert profile.module("blocks.2").is_candidate
+    assert recomputed_in_backward(stack_profile[1].timeline) == ()  # none in a plain model

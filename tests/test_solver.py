@@ -366,6 +366,29 @@ def test_infeasible_budget_says_the_smallest_budget(chain_profile: Profile) -> N
     assert solve(chain_profile, error.min_budget_bytes).module_names == ("blocks.0",)
 
 
+def test_a_budget_a_few_bytes_short_prints_two_different_sizes() -> None:
+    # Timeline A in MiB: the smallest budget is 1270 MiB; 5 bytes under it rounds to the
+    # same 1270.00 MiB, so the message must print enough to tell them apart.
+    timeline = timeline_a()
+    storages = tuple(
+        replace(storage, size_bytes=storage.size_bytes * 2**20) for storage in timeline.storages
+    )
+    profile = _profile(
+        replace(timeline, storages=storages),
+        {"blocks.0": 2.0, "blocks.1": 3.0},
+        parameter_bytes=1000 * 2**20,
+    )
+    budget = 1270 * 2**20 - 5
+    with pytest.raises(InfeasibleBudgetError) as raised:
+        solve(profile, budget)
+    assert raised.value.min_budget_bytes == 1270 * 2**20
+    message = str(raised.value)
+    fits = message.split("no checkpointing plan fits ")[1].split(":")[0]
+    smallest = message.split("the smallest budget that fits is ")[1].split(" (")[0]
+    assert fits != smallest, message
+    assert (fits, smallest) == (f"{budget:,} bytes", f"{1270 * 2**20:,} bytes")
+
+
 def test_nested_candidates_are_never_chosen_with_their_ancestor() -> None:
     # Every reachable budget of 30 random trees (up to three levels of nesting).
     rng = random.Random(1234)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import BudgetError
-from planner.units import format_bytes, parse_bytes
+from planner.units import format_bytes, format_bytes_apart, parse_bytes
 
 
 @pytest.mark.parametrize(
@@ -130,3 +130,22 @@ def test_format_then_parse_round_trips_to_the_printed_precision(text: str) -> No
     binary = "i" in text
     printed = format_bytes(size_bytes, binary=binary).replace(" ", "")
     assert parse_bytes(printed) == pytest.approx(size_bytes, rel=0.005)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "expected"),
+    [
+        # Far apart: two decimals, as format_bytes.
+        ((300 * 2**20, 301 * 2**20), ("300.00 MiB", "301.00 MiB")),
+        # 300 bytes apart: 2 decimals would print 300.00 twice; 4 tell them apart.
+        ((300 * 2**20 - 300, 300 * 2**20), ("299.9997 MiB", "300.0000 MiB")),
+        # 5 bytes apart: byte counts.
+        ((300 * 2**20 - 5, 300 * 2**20), ("314,572,795 bytes", "314,572,800 bytes")),
+        # Equal sizes stay equal.
+        ((2**20, 2**20), ("1.00 MiB", "1.00 MiB")),
+    ],
+)
+def test_format_bytes_apart_prints_different_sizes_differently(
+    sizes: tuple[int, int], expected: tuple[str, str]
+) -> None:
+    assert format_bytes_apart(*sizes) == expected

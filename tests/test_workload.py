@@ -114,3 +114,90 @@ def test_describe_batch_records_shapes_and_dtypes() -> None:
     described = describe_batch({"input_ids": torch.zeros(2, 5, dtype=torch.long)})
     assert described == {"input_ids": {"shape": [2, 5], "dtype": "int64"}}
     assert describe_batch((torch.zeros(3),))["0"] == {"shape": [3], "dtype": "float32"}
+
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def test_build_optimizer_named_model_gets_the_model_on_real_and_fake_workloads() -> None:
+    from planner.fake import build_fake_workload
+
+    nanogpt = load_model_file(DATA / "nanogpt_optimizer.py")
+    real = build_workload(nanogpt, seed=0)
+    fake, _ = build_fake_workload(nanogpt)
+    for workload in (real, fake):
+        # nanoGPT's weight-decay groups, built from module types: the model was passed.
+        groups = workload.optimizer.param_groups
+        assert [group["weight_decay"] for group in groups] == [0.1, 0.0]
+        grouped = [id(p) for group in groups for p in group["params"]]
+        assert sorted(grouped) == sorted(id(p) for p in workload.model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("signature", "gets"),
+    [("model", "model"), ("parameters", "parameters"), ("params, lr=1e-3", "parameters")],
+)
+def test_build_optimizer_gets_the_model_only_when_its_argument_is_named_model(
+    tmp_path: Path, signature: str, gets: str
+) -> None:
+    source = GOOD + (
+        f"def build_optimizer({signature}):\n"
+        "    first = " + signature.split(",")[0] + "\n"
+        "    assert isinstance(first, torch.nn.Module) == " + str(gets == "model") + "\n"
+        "    parameters = first.parameters() if isinstance(first, torch.nn.Module) else first\n"
+        "    return torch.optim.SGD(parameters, lr=0.1)\n"
+    )
+    workload = build_workload(load_model_file(write(tmp_path, source)), seed=0)
+    assert isinstance(workload.optimizer, torch.optim.SGD)
+
+
+@pytest.mark.parametrize("signature", ["", "model, parameters", "*groups"])
+def test_build_optimizer_with_a_wrong_signature_is_a_one_line_error(
+    tmp_path: Path, signature: str
+) -> None:
+    source = GOOD + f"def build_optimizer({signature}):\n    return None\n"
+    with pytest.raises(ModelFileError) as raised:
+        load_model_file(write(tmp_path, source))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert f"build_optimizer({signature})" in message
+    assert "build_optimizer(model) to get the model" in message
+
+
+def test_a_timm_style_flag_is_switched_off_and_said() -> None:
+    from planner.workload import switch_off_own_checkpointing
+
+    timm_style = load_model_file(DATA / "timm_flag.py")
+    model = timm_style.build_model()
+    assert model.grad_checkpointing  # the file turns it on
+    (note,) = switch_off_own_checkpointing(model)
+    assert model.grad_checkpointing is False
+    assert "checkpoints itself (grad_checkpointing on)" in note
+    assert "with model.set_grad_checkpointing(False)" in note
+    assert switch_off_own_checkpointing(model) == ()  # nothing left on
+    # Every workload is built with it off: the profile, the timing and the check alike.
+    workload = build_workload(timm_style, seed=0)
+    assert workload.model.grad_checkpointing is False and workload.notes == (note,)
+
+
+class _Stubborn(torch.nn.Module):
+    """A module whose checkpointing flag cannot be changed once set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.gradient_checkpointing = True
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "gradient_checkpointing" and name in vars(self):
+            raise AttributeError("read-only")
+        super().__setattr__(name, value)
+
+
+def test_a_flag_that_cannot_be_switched_off_is_said_and_counted() -> None:
+    from planner.workload import switch_off_own_checkpointing
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), _Stubborn())
+    (note,) = switch_off_own_checkpointing(model)
+    assert "1.gradient_checkpointing on" in note
+    assert "could not be switched off, so the plan counts" in note
