@@ -468,15 +468,22 @@ def solve(
     _configure_logging(verbose)
     budget_bytes = _budget(budget)
     with _errors_to_exit_codes(verbose):
-        from planner.pipeline import plan_checked
         from planner.plan import save_plan
+        from planner.planning import PlanningResult, plan_for_budget
         from planner.profile_io import load_profile, save_profile
 
         loaded = load_profile(profile_path)
-        with _progress() as progress:
-            result = plan_checked(
-                loaded, budget_bytes, model_path=check, device=loaded.device, progress=progress
-            )
+        if check is None and loaded.cost_source is not CostSource.NONE:
+            # Solving alone is pure Python: no torch to import, nothing to run.
+            plan, solution = plan_for_budget(loaded, budget_bytes)
+            result = PlanningResult(loaded, plan, solution, None, 1)
+        else:
+            from planner.pipeline import plan_checked
+
+            with _progress() as progress:
+                result = plan_checked(
+                    loaded, budget_bytes, model_path=check, device=loaded.device, progress=progress
+                )
         wrote = []
         if loaded.cost_source is CostSource.NONE:
             # Timed now (it was saved when no plan fit): keep the times for the next solve.

@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
-from planner.check import CheckReference, PlanCheck, check_plan
+from planner.check import CheckReference, check_plan
 from planner.errors import (
     InfeasibleBudgetError,
     PlanCheckError,
@@ -37,11 +36,17 @@ from planner.errors import (
 )
 from planner.fake import FakeExecutionError, build_fake_workload
 from planner.plan import CheckpointMethod, Plan
-from planner.planning import build_plan, plan_for_budget, unit_children, unit_cost_ms
+from planner.planning import (
+    PlanningResult,
+    build_plan,
+    plan_for_budget,
+    unit_children,
+    unit_cost_ms,
+)
 from planner.profiler import ProgressCallback, record_memory
 from planner.records import CostSource, MemorySource, Profile
 from planner.safety import exclude_modules, find_recompute_mismatches
-from planner.solver import Solution, Solver
+from planner.solver import Solver
 from planner.targets import DeviceSpec, check_budget_fits, roofline_costs
 from planner.timing import measure_costs, with_measured_costs
 from planner.tracking import MemoryLimitExceeded
@@ -241,15 +246,6 @@ def _probe_names(profile: Profile, plan: Plan) -> list[str]:
         else:
             names.append(decision.module_name)
     return names
-
-
-@dataclass(frozen=True)
-class PlanningResult:
-    profile: Profile
-    plan: Plan
-    solution: Solution
-    check: PlanCheck | None
-    attempts: int
 
 
 def _probe(

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from planner.memory_model import MemoryModel, parse_unit, sequential_segments
 from planner.plan import CheckpointMethod, ModuleDecision, Plan
 from planner.records import Profile
 from planner.solver import Solution, Solver
 
+if TYPE_CHECKING:
+    from planner.check import PlanCheck
+
 __all__ = [
+    "PlanningResult",
     "baseline_every_block",
     "baseline_plans",
     "build_plan",
@@ -16,6 +23,18 @@ __all__ = [
     "unit_children",
     "unit_cost_ms",
 ]
+
+
+@dataclass(frozen=True)
+class PlanningResult:
+    """A solved plan, the profile it was solved on (with any modules excluded on the way),
+    and its check (None when it was not run)."""
+
+    profile: Profile
+    plan: Plan
+    solution: Solution
+    check: PlanCheck | None
+    attempts: int
 
 
 def unit_children(profile: Profile, name: str) -> list[str]:

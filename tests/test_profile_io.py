@@ -55,3 +55,22 @@ def test_bad_profile_files_are_rejected(tmp_path: Path) -> None:
     (tmp_path / "future.json").write_text(json.dumps({"schema_version": 99}))
     with pytest.raises(ProfileFileError, match="newer"):
         load_profile(tmp_path / "future.json")
+
+
+def test_solving_a_saved_profile_imports_no_torch(profile, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`ckpt-plan solve PROFILE --budget B` (no --check) is pure Python: a new process
+    solves a saved profile and writes the plan without importing torch."""
+    import subprocess
+    import sys
+
+    path = save_profile(profile, tmp_path / "profile.json")
+    budget = (MemoryModel(profile.timeline).peak_bytes() * 9) // 10
+    code = (
+        "import sys; from typer.testing import CliRunner; from cli.main import app; "
+        f"result = CliRunner().invoke(app, ['solve', {str(path)!r}, '--budget', '{budget}B']); "
+        "print(result.output); "
+        "sys.exit(result.exit_code or ('torch' in sys.modules and 9))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "plan.json").is_file()
