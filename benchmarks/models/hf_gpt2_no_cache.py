@@ -1,29 +1,10 @@
-"""Issue 17's config with use_cache=False, as training should build it: every layer is a
-candidate again (compare hf_gpt2_use_cache.py)."""
+"""Issue 17's GPT-2 config with use_cache=False, as training should build it: every
+layer is a candidate again. The model and batch are hf_gpt2_use_cache.py's."""
 
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+import functools
+import runpy
+from pathlib import Path
 
-USE_CACHE = False
-BATCH_SIZE, SEQ_LEN, VOCAB_SIZE = 4, 256, 8000
-
-
-def build_model() -> torch.nn.Module:
-    config = GPT2Config(
-        n_layer=6,
-        n_embd=256,
-        n_head=4,
-        n_positions=256,
-        vocab_size=VOCAB_SIZE,
-        bos_token_id=0,
-        eos_token_id=0,
-        use_cache=USE_CACHE,
-    )
-    model = GPT2LMHeadModel(config)
-    model.loss_type = "ForCausalLM"
-    return model
-
-
-def sample_batch():
-    input_ids = torch.randint(0, VOCAB_SIZE, (BATCH_SIZE, SEQ_LEN))
-    return {"input_ids": input_ids, "labels": input_ids}
+_base = runpy.run_path(str(Path(__file__).with_name("hf_gpt2_use_cache.py")))
+build_model = functools.partial(_base["build_model"], use_cache=False)
+sample_batch = _base["sample_batch"]

@@ -1,16 +1,15 @@
 """Issue 17's GPT-2 config as a new user writes it: ``use_cache`` left at its default (True),
 so in training every layer fills the DynamicCache it is passed. ckpt-plan excludes those
-layers (their recomputation would fill it again) and plans around them; with
-``USE_CACHE = False`` the layers are candidates again."""
+layers (their recomputation would fill it again) and plans around them; hf_gpt2_no_cache.py
+builds it with use_cache=False, and the layers are candidates again."""
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-USE_CACHE = True
 BATCH_SIZE, SEQ_LEN, VOCAB_SIZE = 4, 256, 8000
 
 
-def build_model() -> torch.nn.Module:
+def build_model(use_cache: bool = True) -> torch.nn.Module:
     config = GPT2Config(
         n_layer=6,
         n_embd=256,
@@ -19,7 +18,7 @@ def build_model() -> torch.nn.Module:
         vocab_size=VOCAB_SIZE,
         bos_token_id=0,
         eos_token_id=0,
-        use_cache=USE_CACHE,
+        use_cache=use_cache,
     )
     model = GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"

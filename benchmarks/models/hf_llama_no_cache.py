@@ -1,28 +1,10 @@
-"""Issue 17's config with use_cache=False, as training should build it: every layer is a
-candidate again (compare hf_llama_use_cache.py)."""
+"""Issue 17's Llama config with use_cache=False, as training should build it: every
+layer is a candidate again. The model and batch are hf_llama_use_cache.py's."""
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+import functools
+import runpy
+from pathlib import Path
 
-USE_CACHE = False
-BATCH_SIZE, SEQ_LEN, VOCAB_SIZE = 4, 256, 8000
-
-
-def build_model() -> torch.nn.Module:
-    config = LlamaConfig(
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB_SIZE,
-        max_position_embeddings=512,
-        attention_dropout=0.0,
-        use_cache=USE_CACHE,
-    )
-    return LlamaForCausalLM(config)
-
-
-def sample_batch():
-    input_ids = torch.randint(0, VOCAB_SIZE, (BATCH_SIZE, SEQ_LEN))
-    return {"input_ids": input_ids, "labels": input_ids}
+_base = runpy.run_path(str(Path(__file__).with_name("hf_llama_use_cache.py")))
+build_model = functools.partial(_base["build_model"], use_cache=False)
+sample_batch = _base["sample_batch"]
