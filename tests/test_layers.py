@@ -1,0 +1,104 @@
+"""The import graph points one way: records -> model -> measure -> cli.
+
+* **records** (``errors``, ``units``, ``records``, ``fileio``): plain data and helpers.
+* **model** (the memory model, the solver, plans, profile files, targets, reports): pure
+  Python over the records; no torch, so planning from a saved profile never imports it.
+* **measure** (tracking, workloads, fake tensors, the profiler, timing, applying and
+  checking plans, the pipeline): runs torch.
+* **cli**: the typer app over all of the above; nothing in ``planner`` imports it.
+
+A module may import its own layer and the layers below. Imports under ``if TYPE_CHECKING:``
+are for annotations only and do not count. A new module must be given a layer here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS: dict[str, tuple[str, ...]] = {
+    "records": ("errors", "units", "records", "fileio"),
+    "model": ("memory_model", "plan", "targets", "profile_io", "solver", "planning", "report"),
+    "measure": (
+        "tracking",
+        "workload",
+        "apply",
+        "fake",
+        "profiler",
+        "timing",
+        "measure",
+        "safety",
+        "check",
+        "verify",
+        "pipeline",
+    ),
+}
+ORDER = list(LAYERS)
+LAYER_OF = {module: layer for layer, modules in LAYERS.items() for module in modules}
+TORCH_FREE = ("records", "model")
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Top-level names of every module ``path`` imports at run time (function bodies
+    included; ``if TYPE_CHECKING:`` blocks left out)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(child) for item in node.body for child in ast.walk(item))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            if node.module == "planner":  # from planner import apply, ...
+                found.update(f"planner.{alias.name}" for alias in node.names)
+    return found
+
+
+def _planner_modules() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "planner").glob("*.py") if p.stem != "__init__")
+
+
+def test_every_planner_module_has_a_layer() -> None:
+    missing = [name for name in _planner_modules() if name not in LAYER_OF]
+    assert not missing, f"give these modules a layer in tests/test_layers.py: {missing}"
+
+
+@pytest.mark.parametrize("name", _planner_modules())
+def test_imports_point_down_the_layers(name: str) -> None:
+    layer = LAYER_OF.get(name)
+    if layer is None:
+        pytest.skip("no layer yet (test_every_planner_module_has_a_layer fails)")
+    imports = _runtime_imports(ROOT / "planner" / f"{name}.py")
+    assert not any(module == "cli" or module.startswith("cli.") for module in imports)
+    for module in imports:
+        if not module.startswith("planner."):
+            continue
+        target = LAYER_OF.get(module.split(".")[1])
+        if target is None:
+            continue
+        assert ORDER.index(target) <= ORDER.index(layer), (
+            f"planner.{name} ({layer}) imports {module} ({target}), a layer above it"
+        )
+    if layer in TORCH_FREE:
+        torch_imports = sorted(m for m in imports if m == "torch" or m.startswith("torch."))
+        assert not torch_imports, f"planner.{name} ({layer}) must not import {torch_imports}"
+
+
+def test_the_layer_check_sees_a_violation(tmp_path: Path) -> None:
+    """The scan finds imports in function bodies and ignores annotation-only ones."""
+    source = tmp_path / "module.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from planner.check import PlanCheck\n"
+        "def f():\n    import torch\n    from planner import apply\n"
+    )
+    assert _runtime_imports(source) >= {"torch", "planner", "planner.apply"}
+    assert "planner.check" not in _runtime_imports(source)
