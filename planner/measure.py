@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from planner.tracking import PeakMemoryTracker, workload_tensors
-from planner.workload import Workload, compute_loss, run_training_step
+from planner.workload import Workload, run_training_step
 
 __all__ = ["StepMeasurement", "measure_step"]
 
@@ -64,13 +64,7 @@ def measure_step(
     )
     begin = time.perf_counter()
     with tracker:
-        workload.optimizer.zero_grad(set_to_none=True)
-        torch.manual_seed(seed)
-        loss = compute_loss(workload.model_file, workload.model, workload.batch)
-        loss.backward()
-        workload.optimizer.step()
-        loss_value = loss.detach()
-        del loss
+        loss_value = run_training_step(workload, seed=seed)
     tracked_ms = (time.perf_counter() - begin) * 1000.0
     # The optimizer step reads gradients but does not change them; copy them outside the
     # tracked region so the copies do not count toward the peak.

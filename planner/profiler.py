@@ -427,16 +427,8 @@ def _record_step(
     ``ignore``: tensors not on the planned device (see ``FakeSession.host_tensors``)."""
     recorder = TimelineRecorder(workload, charge_as=charge_as, limit_bytes=limit_bytes)
     recorder.ignore(ignore)
-    torch.manual_seed(seed)
     with recorder:
-        workload.optimizer.zero_grad(set_to_none=True)
-        loss = compute_loss(workload.model_file, workload.model, workload.batch)
-        recorder.mark_phase_end("forward")
-        loss.backward()
-        recorder.mark_phase_end("backward")
-        workload.optimizer.step()
-        recorder.mark_phase_end("optimizer")
-        del loss
+        run_training_step(workload, seed=seed, phase_ended=recorder.mark_phase_end)
     # Storages that became gradients or optimizer state during the step are static memory.
     final_kinds: dict[int, str] = {}
     for kind, tensors in workload_tensors(workload.model, workload.optimizer, None).items():

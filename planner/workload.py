@@ -346,19 +346,34 @@ def user_code_errors(workload: Workload) -> contextlib.AbstractContextManager[No
     return _user_code("the training step", workload.model_file.path)
 
 
-def run_training_step(workload: Workload, seed: int | None = None) -> torch.Tensor:
+def run_training_step(
+    workload: Workload,
+    seed: int | None = None,
+    *,
+    phase_ended: Callable[[str], None] | None = None,
+) -> torch.Tensor:
     """One steady-state step: zero grads (to None), forward + loss, backward, optimizer step.
+    The one training step every stage runs (warm-up, timing, the recorded and the measured
+    step).
 
     Returns the loss, detached. ``seed`` reseeds the global RNG first so that random ops
-    (dropout) draw the same numbers in runs that should be comparable.
+    (dropout) draw the same numbers in runs that should be comparable. ``phase_ended`` is
+    called with ``"forward"`` (the loss computed), ``"backward"`` and ``"optimizer"`` as
+    each phase ends. An error in the model's code is a one-line :class:`ProfilingError`.
     """
     if seed is not None:
         torch.manual_seed(seed)
     with _user_code("the training step", workload.model_file.path):
         workload.optimizer.zero_grad(set_to_none=True)
         loss = compute_loss(workload.model_file, workload.model, workload.batch)
+        if phase_ended:
+            phase_ended("forward")
         loss.backward()
+        if phase_ended:
+            phase_ended("backward")
         workload.optimizer.step()
+        if phase_ended:
+            phase_ended("optimizer")
     return loss.detach()
 
 
