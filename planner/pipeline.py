@@ -40,7 +40,7 @@ from planner.planning import (
     PlanningResult,
     build_plan,
     plan_for_budget,
-    unit_children,
+    recomputed_modules,
     unit_cost_ms,
 )
 from planner.profiler import ProgressCallback, record_memory
@@ -235,11 +235,11 @@ def _probe_names(profile: Profile, plan: Plan) -> list[str]:
     """The modules to try for recomputation: each wrapped module, and for
     ``checkpoint_sequential`` the children it runs in checkpointed segments."""
     names: list[str] = []
-    for decision in plan.modules:
+    for decision, unit in zip(plan.modules, plan.units, strict=True):
         if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
             names.extend(
                 child
-                for child in unit_children(profile, decision.module_name)
+                for child in recomputed_modules(profile, unit)
                 if any(True for m in profile.modules if m.module_name.startswith(child + "."))
                 or profile.module(child).is_candidate
             )

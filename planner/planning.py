@@ -20,6 +20,7 @@ __all__ = [
     "build_plan",
     "frontier",
     "plan_for_budget",
+    "recomputed_modules",
     "unit_children",
     "unit_cost_ms",
 ]
@@ -49,18 +50,24 @@ def unit_children(profile: Profile, name: str) -> list[str]:
     ]
 
 
-def unit_cost_ms(profile: Profile, unit: str) -> float:
-    """Recompute time of a plan unit: the module's forward time, or for ``name#k`` the
-    forward times of the children in the checkpointed segments."""
+def recomputed_modules(profile: Profile, unit: str) -> list[str]:
+    """The modules whose whole forward a plan unit recomputes: the module itself, or for
+    ``name#k`` (``checkpoint_sequential`` in k segments) the children in the checkpointed
+    segments (the last segment runs without checkpointing)."""
     name, segments = parse_unit(unit)
     if segments is None:
-        return profile.module(name).forward_ms
+        return [name]
     children = unit_children(profile, name)
-    return sum(
-        profile.module(child).forward_ms
+    return [
+        child
         for first, last in sequential_segments(len(children), segments)
         for child in children[first : last + 1]
-    )
+    ]
+
+
+def unit_cost_ms(profile: Profile, unit: str) -> float:
+    """Recompute time of a plan unit: the forward times of the modules it recomputes."""
+    return sum(profile.module(name).forward_ms for name in recomputed_modules(profile, unit))
 
 
 def _decision(profile: Profile, unit: str, memory: MemoryModel) -> ModuleDecision:

@@ -41,14 +41,14 @@ from matplotlib.patches import Patch
 
 from planner.errors import BudgetError, PlanFileError, PlanMismatchError
 from planner.fileio import atomic_path, atomic_write_text
-from planner.memory_model import MemoryModel, sequential_segments
+from planner.memory_model import MemoryModel
 from planner.plan import Plan, plan_from_dict
 from planner.planning import (
     baseline_plans,
     build_plan,
     frontier,
     plan_for_budget,
-    unit_children,
+    recomputed_modules,
 )
 from planner.profile_io import load_profile
 from planner.records import CostSource, MemorySource, ModuleProfile, Profile
@@ -363,15 +363,7 @@ def _is_inside(name: str, root: str) -> bool:
 def _recomputed_roots(profile: Profile, plan: Plan) -> list[str]:
     """The modules whose whole forward the plan recomputes: the wrapped modules, and for
     ``checkpoint_sequential`` the children in its checkpointed segments."""
-    roots = []
-    for decision in plan.modules:
-        if decision.segments is None:
-            roots.append(decision.module_name)
-            continue
-        children = unit_children(profile, decision.module_name)
-        for first, last in sequential_segments(len(children), decision.segments):
-            roots.extend(children[first : last + 1])
-    return roots
+    return [name for unit in plan.units for name in recomputed_modules(profile, unit)]
 
 
 def module_frame(profile: Profile, plan: Plan, *, group_above: int = 24) -> pd.DataFrame:

@@ -369,3 +369,20 @@ def test_empty_plan_report_has_no_planned_curve(profile: Profile) -> None:
     labels = [line.get_label() for line in figure.axes[0].get_lines()]
     assert not any("with plan" in label for label in labels)
     assert module_frame(profile, plan)["chosen_count"].sum() == 0
+
+
+def test_what_a_unit_recomputes(profile: Profile) -> None:
+    """One answer for the cost, the probe and the charts: a module recomputes itself;
+    ``name#k`` recomputes the children in its k-1 checkpointed segments, not the last."""
+    from planner.planning import recomputed_modules, unit_children, unit_cost_ms
+
+    container = next(
+        m.module_name for m in profile.modules if len(unit_children(profile, m.module_name)) >= 4
+    )
+    children = unit_children(profile, container)
+    assert recomputed_modules(profile, children[0]) == [children[0]]
+    size = len(children) // 2
+    assert recomputed_modules(profile, f"{container}#2") == children[:size]
+    assert unit_cost_ms(profile, f"{container}#2") == pytest.approx(
+        sum(profile.module(child).forward_ms for child in children[:size])
+    )
