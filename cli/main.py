@@ -7,25 +7,35 @@ one line and an exit code from :data:`EXIT_CODES`; a traceback appears only with
 
 from __future__ import annotations
 
-import enum
-import logging
 import shlex
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated
 
-import click
 import typer
-from rich.console import Console, ConsoleDimensions
-from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cli.boundary import (
+    configure_logging,
+    errors_to_exit_codes,
+    progress_line,
+    stderr,
+    stdout,
+    warn,
+)
+from cli.options import (
+    BudgetOption,
+    Device,
+    DeviceOption,
+    ProfileArgument,
+    ReferenceChoice,
+    VerboseOption,
+    parse_budget,
+    require_device,
+)
+from cli.render import print_plan_summary, warn_own_checkpointing
 from planner import errors
 from planner.records import CostSource, MemorySource, Profile
-from planner.units import format_bytes, parse_bytes
+from planner.units import format_bytes
 
 app = typer.Typer(
     name="ckpt-plan",
@@ -34,228 +44,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-class _ResultsConsole(Console):
-    """stdout: as wide as the terminal, or where stdout is not a terminal (a pipe, a file, a
-    test's runner) without a width, so table rows are written whole: never wrapped at 80
-    columns, names never split, headers never cut."""
-
-    UNBOUNDED_WIDTH = 100_000
-
-    @property
-    def size(self) -> ConsoleDimensions:
-        size = super().size
-        return size if self.is_terminal else ConsoleDimensions(self.UNBOUNDED_WIDTH, size.height)
-
-    @size.setter
-    def size(self, new_size: tuple[int, int]) -> None:
-        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
-
-
-stdout = _ResultsConsole(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
-
-# Exit codes: documented in the README ("Exit codes"); tests rely on them.
-EXIT_CODES: dict[type[errors.PlannerError], int] = {
-    errors.BudgetError: 2,
-    errors.TargetSpecError: 2,
-    errors.InfeasibleBudgetError: 3,
-    errors.ModelFileError: 4,
-    errors.ProfilingError: 4,
-    errors.PlanCheckError: 5,
-    errors.PlanFileError: 6,
-    errors.ProfileFileError: 6,
-    errors.PlanMismatchError: 6,
-}
-EXIT_INTERRUPTED = 130
-EXIT_INTERNAL = 1
-
-
-class Device(str, enum.Enum):
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class ReferenceChoice(str, enum.Enum):
-    auto = "auto"
-    unplanned = "unplanned"
-    recomputation = "recomputation"
-
-
-# -- shared options ---------------------------------------------------------------------
-BudgetOption = Annotated[
-    str,
-    typer.Option(
-        "--budget",
-        "-b",
-        help="Peak memory allowed for one training step, e.g. 12GB, 11.5GiB, 800MiB "
-        "(GB/MB: powers of 10; GiB/MiB: powers of 2; a bare number is bytes).",
-        show_default=False,
-    ),
-]
-DeviceOption = Annotated[Device, typer.Option("--device", help="Device to profile and check on.")]
-VerboseOption = Annotated[
-    bool, typer.Option("--verbose", "-v", help="Log details to stderr; show tracebacks on errors.")
-]
-
-
-def _warn(message: str) -> None:
-    stderr.print(f"[bold yellow]warning:[/] {escape(message)}", markup=True)
-
-
-def _warn_own_checkpointing(profile: Profile) -> None:
-    """Say, on stderr, what checkpointing the model does itself and how it was planned."""
-    from planner.workload import own_checkpointing_notes
-
-    for note in own_checkpointing_notes(profile.assumptions):
-        _warn(note)
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    stderr.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
-    raise typer.Exit(code)
-
-
-@contextmanager
-def _errors_to_exit_codes(verbose: bool) -> Iterator[None]:
-    """The boundary where typed library errors become one line and an exit code."""
-    try:
-        yield
-    except errors.PlannerError as error:
-        if verbose:
-            stderr.print_exception()
-        code = next((c for kind, c in EXIT_CODES.items() if isinstance(error, kind)), EXIT_INTERNAL)
-        _fail(str(error), code)
-    except KeyboardInterrupt:
-        _fail("interrupted; no plan was written", EXIT_INTERRUPTED)
-    except (typer.Exit, typer.Abort, click.ClickException):
-        raise
-    except Exception as error:  # a bug, not bad input: one line, the traceback on request
-        if verbose:
-            stderr.print_exception()
-        _fail(
-            f"unexpected {type(error).__name__}: {error} (a ckpt-plan bug; re-run with "
-            "--verbose for the traceback and report it)",
-            EXIT_INTERNAL,
-        )
-
-
-def _configure_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
-@contextmanager
-def _progress() -> Iterator[Callable[[str, int, int], None]]:
-    """A progress line on stderr while the library works. The model file's code runs in
-    here, so its own prints (nanoGPT prints its parameter count) go to stderr too: stdout
-    holds only ckpt-plan's results."""
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with (
-        redirect_stdout(sys.stderr),
-        Progress(*columns, console=stderr, transient=True) as progress,
-    ):
-        task = progress.add_task("loading the model file", total=None)
-
-        def update(what: str, done: int, total: int) -> None:
-            progress.update(task, description=what, completed=done, total=total or None)
-
-        yield update
-
-
-def _require_device(device: Device | None) -> None:
-    if device is Device.cuda:
-        import torch
-
-        if not torch.cuda.is_available():
-            _fail("--device cuda: no CUDA device is available here; use --device cpu", 2)
-
-
-def _budget(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except errors.BudgetError as error:
-        _fail(f"--budget: {error}", EXIT_CODES[errors.BudgetError])
-
-
-def _print_plan_summary(result: Any, wrote: list[Path]) -> None:
-    plan, profile = result.plan, result.profile
-    table = Table(title=f"checkpointed modules of {profile.model_name}", title_justify="left")
-    table.add_column("module", overflow="fold")
-    table.add_column("type")
-    table.add_column("calls", justify="right")
-    table.add_column("saved (MiB)", justify="right")
-    table.add_column("recompute (ms)", justify="right")
-    table.add_column("RNG replay")
-    for decision in plan.modules:
-        record = profile.module(decision.module_name)
-        table.add_row(
-            decision.module_name,
-            record.module_type,
-            str(record.call_count),
-            f"{decision.saving_bytes / 2**20:.2f}",
-            f"{decision.recompute_ms:.1f}",
-            "yes" if decision.preserve_rng_state else "no",
-        )
-    if plan.modules:
-        stdout.print(table)
-    else:
-        stdout.print("No checkpointing needed: the unplanned step already fits the budget.")
-    fake = plan.memory_source == "fake"
-    rows = [
-        ("budget", format_bytes(plan.budget_bytes)),
-        (
-            f"unplanned peak ({'fake-tensor step' if fake else 'measured'})",
-            format_bytes(plan.baseline_peak_bytes),
-        ),
-        ("predicted peak with plan", format_bytes(plan.predicted_peak_bytes)),
-    ]
-    if plan.measured_peak_bytes is not None:
-        rows.append(("measured peak with plan", format_bytes(plan.measured_peak_bytes)))
-    rows += [
-        ("static (params+grads+optimizer)", format_bytes(plan.static_bytes)),
-        (
-            "recompute per step",
-            f"{plan.recompute_ms:.1f} ms = {plan.predicted_overhead:+.1%} "
-            f"of a {plan.step_ms:.1f} ms step",
-        ),
-        (
-            "figures from",
-            ("fake tensors (no memory used)" if fake else "a real unplanned step")
-            + "; times "
-            + (f"estimated for {plan.target} (roofline)" if plan.target else "measured here"),
-        ),
-    ]
-    summary = Table(show_header=False, box=None, pad_edge=False)
-    summary.add_column(style="bold")
-    summary.add_column()
-    for key, value in rows:
-        summary.add_row(key, value)
-    stdout.print(summary)
-    check = result.check
-    if check is not None and check.reference == "recomputation":
-        stdout.print(
-            "checked by running it in a separate process, within the budget: every "
-            f"recomputation bit-identical to its forward ({check.recomputed_ops} ops), buffers "
-            "and RNG state as without the plan, so loss and gradients are the unplanned "
-            "step's; state_dict keys unchanged"
-        )
-    elif check is not None:
-        stdout.print(
-            "checked by running it in a separate process: loss, gradients and buffers equal "
-            "the unplanned step's; state_dict keys unchanged"
-        )
-    elif plan.target:
-        stdout.print(
-            f"not run: made for {plan.target}, which is not here; run `ckpt-plan verify "
-            "MODEL.py PLAN` on it before training"
-        )
-    for path in wrote:
-        stdout.print(f"wrote {path}")
 
 
 @app.command()
@@ -314,9 +102,9 @@ def profile(
     No pass needs more memory than BUDGET (with the default --memory fake): the step is
     recorded on fake tensors, times are taken in steps that fit, and the check runs only
     the planned step."""
-    _configure_logging(verbose)
-    budget_bytes = _budget(budget)
-    with _errors_to_exit_codes(verbose):
+    configure_logging(verbose)
+    budget_bytes = parse_budget(budget)
+    with errors_to_exit_codes(verbose):
         spec = None
         if target is not None:
             from planner.targets import load_spec
@@ -324,14 +112,14 @@ def profile(
             spec = load_spec(target)
             device = Device(spec.device_type)
         else:
-            _require_device(device)
+            require_device(device)
         from planner.pipeline import profile_and_plan
         from planner.plan import save_plan
         from planner.profile_io import save_profile, save_profile_table
         from planner.report import write_report
 
         try:
-            with _progress() as progress:
+            with progress_line() as progress:
                 result = profile_and_plan(
                     model,
                     budget_bytes,
@@ -344,7 +132,7 @@ def profile(
         except errors.InfeasibleBudgetError as error:
             # Keep what was measured: re-solving at a budget that fits needs no new profile.
             if isinstance(error.profile, Profile):
-                _warn_own_checkpointing(error.profile)
+                warn_own_checkpointing(error.profile)
                 plan_path = out or Path("profiles") / error.profile.model_name / "plan.json"
                 saved = save_profile(error.profile, plan_path.parent / "profile.json")
                 stdout.print(f"wrote {saved} (the profile; no plan, none fits the budget)")
@@ -354,7 +142,7 @@ def profile(
                     + ("" if spec is not None else f" --check {shlex.quote(str(model))}")
                 )
             raise
-        _warn_own_checkpointing(result.profile)
+        warn_own_checkpointing(result.profile)
         name = result.profile.model_name
         plan_path = out or Path("profiles") / name / "plan.json"
         charts = report_dir or Path("reports") / name
@@ -373,7 +161,7 @@ def profile(
             result.profile, result.plan, charts, measured=measured, frontier_points=20
         )
         wrote.append(save_plan(result.plan, plan_path))  # last: a plan file means a complete run
-        _print_plan_summary(result, wrote)
+        print_plan_summary(result, wrote)
 
 
 @app.command()
@@ -419,30 +207,20 @@ def report(
 ) -> None:
     """Write the charts (trade-off, modules, memory timeline) and summary.md for a plan or a
     profile, without profiling again."""
-    _configure_logging(verbose)
-    budget_bytes = _budget(budget) if budget is not None else None
-    with _errors_to_exit_codes(verbose):
+    configure_logging(verbose)
+    budget_bytes = parse_budget(budget) if budget is not None else None
+    with errors_to_exit_codes(verbose):
         from planner.report import load_report_inputs, write_report
 
         loaded, plan = load_report_inputs(
             source, profile_path=profile_path, budget_bytes=budget_bytes
         )
         folder = out_dir or Path("reports") / loaded.model_name
-        with _progress() as progress:
+        with progress_line() as progress:
             progress("solving budgets for the trade-off curve and drawing", 0, 0)
             wrote = write_report(loaded, plan, folder, formats=("png", "svg") if svg else ("png",))
         for path in wrote:
             stdout.print(f"wrote {path}")
-
-
-ProfileArgument = Annotated[
-    Path,
-    typer.Argument(
-        help="A profile.json written by `ckpt-plan profile` (beside its plan).",
-        show_default=False,
-        metavar="PROFILE.json",
-    ),
-]
 
 
 @app.command()
@@ -465,9 +243,9 @@ def solve(
     verbose: VerboseOption = False,
 ) -> None:
     """Re-plan for another BUDGET from a saved profile, without profiling again."""
-    _configure_logging(verbose)
-    budget_bytes = _budget(budget)
-    with _errors_to_exit_codes(verbose):
+    configure_logging(verbose)
+    budget_bytes = parse_budget(budget)
+    with errors_to_exit_codes(verbose):
         from planner.plan import save_plan
         from planner.planning import PlanningResult, plan_for_budget
         from planner.profile_io import load_profile, save_profile
@@ -480,7 +258,7 @@ def solve(
         else:
             from planner.pipeline import plan_checked
 
-            with _progress() as progress:
+            with progress_line() as progress:
                 result = plan_checked(
                     loaded, budget_bytes, model_path=check, device=loaded.device, progress=progress
                 )
@@ -489,7 +267,7 @@ def solve(
             # Timed now (it was saved when no plan fit): keep the times for the next solve.
             wrote.append(save_profile(result.profile, profile_path))
         plan_path = out or profile_path.parent / "plan.json"
-        _print_plan_summary(result, [*wrote, save_plan(result.plan, plan_path)])
+        print_plan_summary(result, [*wrote, save_plan(result.plan, plan_path)])
 
 
 @app.command()
@@ -503,8 +281,8 @@ def tradeoff(
 ) -> None:
     """The memory/time frontier: the cheapest plan at POINTS budgets from the smallest
     that fits to the unplanned peak, and the usual baselines for comparison."""
-    _configure_logging(verbose)
-    with _errors_to_exit_codes(verbose):
+    configure_logging(verbose)
+    with errors_to_exit_codes(verbose):
         import time
 
         import pandas as pd
@@ -521,7 +299,7 @@ def tradeoff(
                 "which times the model and saves them"
             )
         started = time.perf_counter()
-        with _progress() as progress:
+        with progress_line() as progress:
             progress(f"solving {points} budgets", 0, points)
             plans = frontier(loaded, points)
         seconds = time.perf_counter() - started
@@ -593,16 +371,16 @@ def verify(
 ) -> None:
     """Run the planned step and show it trains exactly as the unplanned step would (see
     --reference), and that its peak is within the budget: exit 0 if so, 5 if not."""
-    _configure_logging(verbose)
-    with _errors_to_exit_codes(verbose):
-        _require_device(device)
+    configure_logging(verbose)
+    with errors_to_exit_codes(verbose):
+        require_device(device)
         from rich.markup import escape
 
         from planner.check import CheckReference
         from planner.verify import verify_plan
 
         try:
-            with _progress() as progress:
+            with progress_line() as progress:
                 progress("running the planned step and its reference", 0, 0)
                 result = verify_plan(
                     model,
@@ -613,7 +391,7 @@ def verify(
                     reference=None
                     if reference is ReferenceChoice.auto
                     else CheckReference(reference.value),
-                    on_warning=_warn,
+                    on_warning=warn,
                 )
         except errors.PlanCheckError as error:
             # With --debug the message is one line, a blank line, then checkpoint's trace.

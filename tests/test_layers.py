@@ -102,3 +102,18 @@ def test_the_layer_check_sees_a_violation(tmp_path: Path) -> None:
     )
     assert _runtime_imports(source) >= {"torch", "planner", "planner.apply"}
     assert "planner.check" not in _runtime_imports(source)
+
+
+def test_the_cli_is_commands_over_options_rendering_and_the_boundary() -> None:
+    """``cli.main`` holds the commands; ``cli.options`` and ``cli.render`` sit on
+    ``cli.boundary`` (consoles, exit codes, errors), which imports no other cli module."""
+    allowed = {
+        "boundary": set(),
+        "options": {"cli.boundary"},
+        "render": {"cli.boundary"},
+        "main": {"cli.boundary", "cli.options", "cli.render"},
+    }
+    for name, may_import in allowed.items():
+        imports = _runtime_imports(ROOT / "cli" / f"{name}.py")
+        used = {module for module in imports if module == "cli" or module.startswith("cli.")}
+        assert used <= may_import, (name, used - may_import)

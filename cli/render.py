@@ -1,0 +1,98 @@
+"""What the commands print: the plan summary and notes about the profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from cli.boundary import stdout, warn
+from planner.records import Profile
+from planner.units import format_bytes
+
+__all__ = ["print_plan_summary", "warn_own_checkpointing"]
+
+
+def warn_own_checkpointing(profile: Profile) -> None:
+    """Say, on stderr, what checkpointing the model does itself and how it was planned."""
+    from planner.workload import own_checkpointing_notes
+
+    for note in own_checkpointing_notes(profile.assumptions):
+        warn(note)
+
+
+def print_plan_summary(result: Any, wrote: list[Path]) -> None:
+    plan, profile = result.plan, result.profile
+    table = Table(title=f"checkpointed modules of {profile.model_name}", title_justify="left")
+    table.add_column("module", overflow="fold")
+    table.add_column("type")
+    table.add_column("calls", justify="right")
+    table.add_column("saved (MiB)", justify="right")
+    table.add_column("recompute (ms)", justify="right")
+    table.add_column("RNG replay")
+    for decision in plan.modules:
+        record = profile.module(decision.module_name)
+        table.add_row(
+            decision.module_name,
+            record.module_type,
+            str(record.call_count),
+            f"{decision.saving_bytes / 2**20:.2f}",
+            f"{decision.recompute_ms:.1f}",
+            "yes" if decision.preserve_rng_state else "no",
+        )
+    if plan.modules:
+        stdout.print(table)
+    else:
+        stdout.print("No checkpointing needed: the unplanned step already fits the budget.")
+    fake = plan.memory_source == "fake"
+    rows = [
+        ("budget", format_bytes(plan.budget_bytes)),
+        (
+            f"unplanned peak ({'fake-tensor step' if fake else 'measured'})",
+            format_bytes(plan.baseline_peak_bytes),
+        ),
+        ("predicted peak with plan", format_bytes(plan.predicted_peak_bytes)),
+    ]
+    if plan.measured_peak_bytes is not None:
+        rows.append(("measured peak with plan", format_bytes(plan.measured_peak_bytes)))
+    rows += [
+        ("static (params+grads+optimizer)", format_bytes(plan.static_bytes)),
+        (
+            "recompute per step",
+            f"{plan.recompute_ms:.1f} ms = {plan.predicted_overhead:+.1%} "
+            f"of a {plan.step_ms:.1f} ms step",
+        ),
+        (
+            "figures from",
+            ("fake tensors (no memory used)" if fake else "a real unplanned step")
+            + "; times "
+            + (f"estimated for {plan.target} (roofline)" if plan.target else "measured here"),
+        ),
+    ]
+    summary = Table(show_header=False, box=None, pad_edge=False)
+    summary.add_column(style="bold")
+    summary.add_column()
+    for key, value in rows:
+        summary.add_row(key, value)
+    stdout.print(summary)
+    check = result.check
+    if check is not None and check.reference == "recomputation":
+        stdout.print(
+            "checked by running it in a separate process, within the budget: every "
+            f"recomputation bit-identical to its forward ({check.recomputed_ops} ops), buffers "
+            "and RNG state as without the plan, so loss and gradients are the unplanned "
+            "step's; state_dict keys unchanged"
+        )
+    elif check is not None:
+        stdout.print(
+            "checked by running it in a separate process: loss, gradients and buffers equal "
+            "the unplanned step's; state_dict keys unchanged"
+        )
+    elif plan.target:
+        stdout.print(
+            f"not run: made for {plan.target}, which is not here; run `ckpt-plan verify "
+            "MODEL.py PLAN` on it before training"
+        )
+    for path in wrote:
+        stdout.print(f"wrote {path}")
