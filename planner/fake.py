@@ -65,7 +65,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from planner.errors import ModelFileError, ProfilingError
+from planner.errors import ProfilingError
 from planner.tracking import writes_in_place, written_arguments
 from planner.workload import (
     ModelFile,
@@ -73,6 +73,7 @@ from planner.workload import (
     _error_location,
     _user_code,
     build_optimizer,
+    checked_model,
     map_tensors,
     switch_off_own_checkpointing,
 )
@@ -533,11 +534,7 @@ def _build_model(model_file: ModelFile, session: FakeSession, seed: int) -> torc
         with _user_code("build_model()", model_file.path), session.running():
             torch.manual_seed(seed)
             model = model_file.build_model()
-    if not isinstance(model, torch.nn.Module):
-        raise ModelFileError(
-            f"build_model() in {model_file.path} returned {type(model).__name__}, "
-            "not a torch.nn.Module"
-        )
+    model = checked_model(model_file, model)
     _to_fake(model, copier)
     model.train()
     return model

@@ -47,7 +47,7 @@ from planner.profiler import ProgressCallback, record_memory
 from planner.records import CostSource, MemorySource, Profile
 from planner.safety import exclude_modules, find_recompute_mismatches
 from planner.solver import Solver
-from planner.targets import DeviceSpec, check_budget_fits, roofline_costs
+from planner.targets import DeviceSpec, check_budget_fits, provisional_costs, roofline_costs
 from planner.timing import measure_costs, with_measured_costs
 from planner.tracking import MemoryLimitExceeded
 from planner.units import format_bytes, format_bytes_apart
@@ -60,13 +60,6 @@ __all__ = [
     "profile_and_plan",
     "profile_model_file",
 ]
-
-# Provisional costs, only to choose a timing plan that fits (never shown): a roofline with
-# round numbers for this machine's device. Relative costs are what matter there.
-_PROVISIONAL_SPECS = {
-    "cpu": DeviceSpec("this-cpu", "cpu", 2**62, {"float32": 1e11}, 2e10),
-    "cuda": DeviceSpec("this-gpu", "cuda", 2**62, {"float32": 2e13, "bfloat16": 2e14}, 1e12),
-}
 
 
 def _cuda_workspace_bytes(device: str) -> int:
@@ -207,9 +200,7 @@ def measure_profile_costs(
     times measured here, in real steps with a timing plan that fits ``budget_bytes`` (see
     the module docstring). Raises :class:`InfeasibleBudgetError` (with the smallest budget
     that fits) before anything real is allocated where no plan fits the budget."""
-    provisional = roofline_costs(
-        profile, _PROVISIONAL_SPECS[device.split(":")[0]], estimate_only=True
-    )
+    provisional = provisional_costs(profile, device)
     if budget_bytes is None:
         timing_plan = build_plan(provisional, [], 0, strategy="timing")
     else:

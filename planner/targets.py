@@ -39,6 +39,7 @@ __all__ = [
     "TargetSpecError",
     "load_spec",
     "op_time_ms",
+    "provisional_costs",
     "roofline_costs",
 ]
 
@@ -211,3 +212,17 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
             "max(FLOPs / peak, bytes / bandwidth)",
         ),
     )
+
+
+# Provisional costs, only to choose a plan before times are measured (never shown): a
+# roofline with round numbers for this machine's device. Relative costs are what matter.
+_PROVISIONAL_SPECS = {
+    "cpu": DeviceSpec("this-cpu", "cpu", 2**62, {"float32": 1e11}, 2e10),
+    "cuda": DeviceSpec("this-gpu", "cuda", 2**62, {"float32": 2e13, "bfloat16": 2e14}, 1e12),
+}
+
+
+def provisional_costs(profile: Profile, device: str) -> Profile:
+    """``profile`` with rough roofline times for ``device`` (``"cpu"``, ``"cuda:0"``), its
+    ``cost_source`` unchanged: enough to solve for a plan that fits before measuring."""
+    return roofline_costs(profile, _PROVISIONAL_SPECS[device.split(":")[0]], estimate_only=True)

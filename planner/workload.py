@@ -33,6 +33,7 @@ __all__ = [
     "Workload",
     "build_optimizer",
     "build_workload",
+    "checked_model",
     "compute_loss",
     "describe_batch",
     "load_model_file",
@@ -267,6 +268,16 @@ def _user_code(what: str, path: Path) -> Iterator[None]:
         raise ProfilingError(f"{what} raised {type(error).__name__} ({where}): {error}") from error
 
 
+def checked_model(model_file: ModelFile, model: object) -> torch.nn.Module:
+    """What ``build_model()`` returned, if it is a module (a one-line error if not)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ModelFileError(
+            f"build_model() in {model_file.path} returned {type(model).__name__}, "
+            "not a torch.nn.Module"
+        )
+    return model
+
+
 def build_workload(
     model_file: ModelFile, device: str | torch.device = "cpu", seed: int = 0
 ) -> Workload:
@@ -274,12 +285,7 @@ def build_workload(
     target = torch.device(device)
     with _user_code("build_model()", model_file.path):
         torch.manual_seed(seed)
-        model = model_file.build_model()
-    if not isinstance(model, torch.nn.Module):
-        raise ModelFileError(
-            f"build_model() in {model_file.path} returned {type(model).__name__}, "
-            "not a torch.nn.Module"
-        )
+        model = checked_model(model_file, model_file.build_model())
     model = model.to(target)
     model.train()
     with _user_code("switching off the model's own checkpointing", model_file.path):

@@ -146,14 +146,13 @@ def predicted_and_measured(path: Path, fractions: tuple[float, ...]) -> list[dic
     from planner.planning import build_plan
     from planner.profiler import record_memory
     from planner.solver import Solver
-    from planner.targets import DeviceSpec, roofline_costs
+    from planner.targets import provisional_costs
     from planner.workload import build_workload, load_model_file
 
     model_file = load_model_file(path)
     workload, session = build_fake_workload(model_file, "cpu", seed=0)
-    # Relative costs for solving (any will do: the prediction is what is tested).
-    spec = DeviceSpec("test-cpu", "cpu", 2**62, {"float32": 1e11}, 2e10)
-    profile = roofline_costs(record_memory(workload, session=session), spec, estimate_only=True)
+    # Rough costs to solve with (any will do: the prediction is what is tested).
+    profile = provisional_costs(record_memory(workload, session=session), "cpu")
     solver = Solver(profile)
     _, lowest = solver.lowest_peak()
     unplanned = profile.measured_peak_bytes
