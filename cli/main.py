@@ -435,7 +435,9 @@ def verify(
                     "gradients",
                     verdict(
                         check.gradients_equal,
-                        f"max difference {check.max_gradient_difference:.3g}",
+                        f"max difference {check.max_gradient_difference:.3g}"
+                        if check.gradients_equal is not None
+                        else next(iter(check.differences), ""),
                     ),
                 ),
                 ("buffers", verdict(check.buffers_equal)),

@@ -330,6 +330,9 @@ class PeakMemoryTracker:
 
     def __enter__(self) -> PeakMemoryTracker:
         if self.device.type == "cuda":
+            # The allocator counts every tensor: holding last step's gradients here would
+            # count them after ``zero_grad(set_to_none=True)`` freed them in the step.
+            self._existing = {}
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.start_bytes = torch.cuda.memory_allocated(self.device)

@@ -78,3 +78,17 @@ def test_a_cuda_plan_is_measured_at_its_predicted_peak() -> None:
     recomputation = check_plan(path, plan, device="cuda", reference=CheckReference.RECOMPUTATION)
     assert recomputation.passed and recomputation.recomputation_equal
     assert recomputation.measured_peak_bytes == check.measured_peak_bytes
+
+
+@pytest.mark.cuda
+def test_a_measured_cuda_step_does_not_count_last_steps_gradients() -> None:
+    from planner.measure import measure_step
+    from planner.workload import build_workload, load_model_file, run_training_step
+
+    workload = build_workload(load_model_file(DATA / "small_gpt.py"), device="cuda", seed=0)
+    measured = measure_step(workload, seed=0)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    run_training_step(workload, seed=0)
+    torch.cuda.synchronize()
+    assert measured.peak_bytes == torch.cuda.max_memory_allocated()

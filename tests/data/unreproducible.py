@@ -1,0 +1,25 @@
+"""A step that does not reproduce itself: the loss adds a term that grows with every step
+run in the process (as kernels with atomic adds give other bits on every run). Two
+unplanned steps from the same seed differ, so they are no bit-exact reference."""
+
+import torch
+from torch import nn
+
+_steps = 0
+
+
+def build_model() -> nn.Module:
+    return nn.Sequential(
+        nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 32)),
+        nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 32)),
+    )
+
+
+def sample_batch():
+    return torch.randn(512, 32)
+
+
+def training_step(model: nn.Module, batch) -> torch.Tensor:
+    global _steps
+    _steps += 1
+    return model(batch).pow(2).mean() * (1 + _steps * 1e-3)
