@@ -68,7 +68,7 @@ COLUMNS = [
 def plan_model(path: Path, full: bool) -> tuple[list[dict[str, Any]], dict[str, Plan]]:
     from planner.pipeline import plan_checked, profile_model_file
     from planner.planning import baseline_plans
-    from planner.solver import Solver
+    from planner.solve import Solver
     from planner.workload import load_model_file
 
     started = time.perf_counter()

@@ -49,7 +49,7 @@ from planner.pipeline import plan_checked, profile_model_file  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.planning import baseline_every_block  # noqa: E402
 from planner.profiler import profile_workload  # noqa: E402
-from planner.solver import Solver  # noqa: E402
+from planner.solve import Solver  # noqa: E402
 from planner.workload import build_workload, load_model_file  # noqa: E402
 
 DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]

@@ -34,7 +34,7 @@ from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.memory_model import MemoryModel  # noqa: E402
 from planner.pipeline import profile_and_plan  # noqa: E402
 from planner.profiler import record_memory  # noqa: E402
-from planner.solver import Solver  # noqa: E402
+from planner.solve import Solver  # noqa: E402
 from planner.workload import build_workload, load_model_file, run_training_step  # noqa: E402
 
 DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from planner.pipeline import profile_model_file  # noqa: E402
 from planner.planning import frontier  # noqa: E402
 from planner.profile_io import load_profile, save_profile  # noqa: E402
-from planner.solver import Solver  # noqa: E402
+from planner.solve import Solver  # noqa: E402
 from planner.workload import load_model_file  # noqa: E402
 
 
@@ -60,17 +60,17 @@ def main(argv: list[str] | None = None) -> int:
         solution = fresh.solve(budget)
         times.append(time.perf_counter() - started)
         proven.append(solution.proven_optimal)
-        path = "integer program" if fresh._integer_program_used else "tree program"
+        path = "integer program" if fresh.integer_program_used else "tree program"
         # The integer program on the same budget, for comparison (not timed against the
         # target; it may stop at its time limit unproven).
-        program = Solver(profile, solver.memory)._program()
+        program = Solver(profile, solver.memory).integer_program()
         started = time.perf_counter()
         other, other_proven = program.solve(budget)
         other_s = time.perf_counter() - started
         other_ms = fresh.cost(other) if other is not None else float("nan")
         # Exactness check: at the tree program's cost resolution, no plan that fits (the
         # integer program's included) is cheaper than the tree program's answer.
-        quanta = fresh._dp().quanta
+        quanta = fresh.tree_program().quanta
         agree.append(other is None or quanta(solution.units) <= quanta(other) or not other_proven)
         print(
             f"  budget at {fraction:.0%}: {times[-1]:.3f} s ({path}), {len(solution.units)} "

@@ -390,6 +390,8 @@ def run_check(
             recompute_mismatches=mismatched,
         )
 
+    loss_equal: bool | None
+    gradients_equal: bool | None
     loss_equal, gradients_equal, max_difference, differences = _compare_steps(
         reference_run, planned
     )

@@ -46,7 +46,7 @@ from planner.planning import (
 from planner.profiler import ProgressCallback, record_memory
 from planner.records import CostSource, MemorySource, Profile
 from planner.safety import exclude_modules, find_recompute_mismatches
-from planner.solver import Solver
+from planner.solve import Solver
 from planner.targets import DeviceSpec, check_budget_fits, provisional_costs, roofline_costs
 from planner.timing import measure_costs, with_measured_costs
 from planner.tracking import MemoryLimitExceeded

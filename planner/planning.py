@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from planner.memory_model import MemoryModel, parse_unit, sequential_segments
 from planner.plan import CheckpointMethod, ModuleDecision, Plan
 from planner.records import Profile
-from planner.solver import Solution, Solver
+from planner.solve import Solution, Solver
 
 if TYPE_CHECKING:
     from planner.check import PlanCheck

@@ -52,7 +52,7 @@ from planner.planning import (
 )
 from planner.profile_io import load_profile
 from planner.records import CostSource, MemorySource, ModuleProfile, Profile
-from planner.solver import Solver
+from planner.solve import Solver
 from planner.units import format_bytes
 
 __all__ = [

@@ -145,7 +145,7 @@ def predicted_and_measured(path: Path, fractions: tuple[float, ...]) -> list[dic
     from planner.measure import measure_step
     from planner.planning import build_plan
     from planner.profiler import record_memory
-    from planner.solver import Solver
+    from planner.solve import Solver
     from planner.targets import provisional_costs
     from planner.workload import build_workload, load_model_file
 

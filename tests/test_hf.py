@@ -42,21 +42,21 @@ def test_the_tree_program_takes_llamas_shared_rotary_inputs() -> None:
     """Every Llama layer takes the same rotary tables: under a plan they live while any
     checkpointed layer holds them. The tree program tracks that with a flag (no integer
     program needed) and agrees with the integer program at budgets across the range."""
-    from planner.solver import Solver
+    from planner.solve import Solver
 
     profile = profile_model_file(load_model_file(EXAMPLES / "hf_llama.py"))
     solver = Solver(profile, exhaustive_evaluations=0)
     _, lowest = solver.lowest_peak()
-    program = solver._dp()
+    program = solver.tree_program()
     assert program.classes  # the shared inputs were found
     for fraction in (0.0, 0.2, 0.5, 0.8):
         budget = int(lowest + fraction * (profile.measured_peak_bytes - lowest))
         solution = solver.solve(budget)
         assert solution.proven_optimal and solution.predicted_peak_bytes <= budget
-        other, proven = Solver(profile, solver.memory)._program().solve(budget)
+        other, proven = Solver(profile, solver.memory).integer_program().solve(budget)
         assert proven and other is not None
         assert program.quanta(solution.units) <= program.quanta(other)
-    assert not solver._integer_program_used
+    assert not solver.integer_program_used
     assert any(row is not None and row.shared.any() for row in program.rows.values())
 
 

@@ -11,7 +11,7 @@ from planner.errors import ProfileFileError
 from planner.memory_model import MemoryModel
 from planner.profile_io import load_profile, module_table, save_profile, save_profile_table
 from planner.profiler import profile_workload
-from planner.solver import solve
+from planner.solve import solve
 from planner.workload import build_workload
 from tests.models import stack_file
 

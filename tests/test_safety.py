@@ -28,7 +28,7 @@ from planner.planning import build_plan, plan_for_budget
 from planner.profiler import profile_workload
 from planner.records import Profile
 from planner.safety import exclude_modules, find_recompute_mismatches
-from planner.solver import Solver
+from planner.solve import Solver
 from planner.workload import (
     ModelFile,
     Workload,

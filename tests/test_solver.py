@@ -24,7 +24,8 @@ from planner.records import (
     Profile,
     StorageLifetime,
 )
-from planner.solver import Solver, _Incompatible, lowest_peak, solve
+from planner.solve import Solver, lowest_peak, solve
+from planner.solve.tree_dp import Incompatible
 from tests.test_memory_model import timeline_a, timeline_b
 
 
@@ -519,7 +520,7 @@ def test_the_integer_program_matches_brute_force(seed: int) -> None:
     profile = random_profile(seed)
     plans = _brute_force(profile)
     solver = Solver(profile, exhaustive_evaluations=0)
-    program = solver._program()
+    program = solver.integer_program()
     lowest_names = program.lowest_peak()
     assert solver.peak(lowest_names) == min(peak for _, peak, _ in plans)
     _assert_antichain(lowest_names)
@@ -541,7 +542,7 @@ def _tree_program_cases(seed: int, shared_input: bool = False) -> tuple[int, int
     profile = random_profile(seed, exclude_some=seed % 3 == 2, shared_input=shared_input)
     plans = _brute_force(profile)
     solver = Solver(profile, exhaustive_evaluations=0)
-    program = solver._dp()
+    program = solver.tree_program()
     if shared_input and not program.classes:
         return 0, 0, 0
     peaks = sorted({peak for _, peak, _ in plans})
@@ -550,7 +551,7 @@ def _tree_program_cases(seed: int, shared_input: bool = False) -> tuple[int, int
     for budget in budgets:
         try:
             names = program.solve(budget)
-        except _Incompatible:
+        except Incompatible:
             continue
         solved += 1
         feasible = [cost for cost, peak, _ in plans if peak <= budget]
@@ -602,8 +603,8 @@ def test_the_tree_program_finds_the_lowest_peak() -> None:
         plans = _brute_force(profile)
         solver = Solver(profile, exhaustive_evaluations=0)
         try:
-            names = solver._dp().lowest_peak()
-        except _Incompatible:
+            names = solver.tree_program().lowest_peak()
+        except Incompatible:
             continue  # rows not of prefix form: the integer program's case
         solved += 1
         assert solver.peak(names) == min(peak for _, peak, _ in plans), seed
@@ -617,7 +618,7 @@ def test_planning_from_a_saved_profile_imports_no_torch() -> None:
     import subprocess
     import sys
 
-    modules = "solver, memory_model, planning, plan, profile_io, records, report, targets"
+    modules = "solve, memory_model, planning, plan, profile_io, records, report, targets"
     code = (
         f"import sys; from planner import {modules}; import planner; "
         "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')); "

@@ -13,7 +13,7 @@ from planner.pipeline import profile_and_plan, profile_model_file
 from planner.planning import baseline_every_block, build_plan, unit_cost_ms
 from planner.profiler import record_memory
 from planner.records import CostSource, MemorySource
-from planner.solver import Solver
+from planner.solve import Solver
 from planner.targets import load_spec
 from planner.timing import measure_costs, with_measured_costs
 from planner.tracking import MemoryLimitExceeded

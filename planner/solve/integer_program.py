@@ -1,0 +1,202 @@
+"""The integer program with lazy constraints (scipy's HiGHS ``milp``), for the budgets whose
+rows the tree program cannot represent (one input storage shared by several blocks that
+could each be checkpointed, say), and for the lowest peak there.
+
+Rows are added lazily: solve, replay the answer exactly, add the row of the event (or spike)
+where the replay exceeds the budget, repeat; the loop ends with a plan whose exact replay
+fits, the cheapest under the memory model (``proven_optimal``) at the program's cost
+resolution of 10 microseconds, unless HiGHS hit its time limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+
+from planner.solve.rows import MemoryRows, PlanPeaks, Violation
+from planner.solve.tree import UnitTree
+
+__all__ = ["IntegerProgram"]
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Silence what HiGHS prints from C++ straight to file descriptor 1 (a stray debugging
+    line in some releases), which would land in the middle of the CLI's output."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no usable descriptor 1: nothing to protect
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+class IntegerProgram:
+    """The lazy-constraint integer program: binary ``x_u`` per unit (plus the helper columns
+    of :class:`~planner.solve.rows.MemoryRows`); minimise ``sum_u cost_u x_u`` subject to
+    one unit per path (a row per leaf of the unit tree) and the memory and spike rows,
+    added lazily where the exact replay of an answer exceeds the budget.
+    """
+
+    def __init__(self, tree: UnitTree, memory_rows: MemoryRows, peaks: PlanPeaks) -> None:
+        self.tree = tree
+        self.memory_rows = memory_rows
+        self.peaks = peaks
+        self.units = list(tree.names)
+        # One unit per path: a row per unit-tree leaf node (its units and its ancestors').
+        self.path_rows: list[dict[int, float]] = []
+        for leaf in tree.nodes:
+            if tree.node_children[leaf]:
+                continue
+            row: dict[int, float] = {}
+            node: str | None = leaf
+            while node is not None:
+                row.update((i, 1.0) for i in tree.node_units[node])
+                node = tree.node_parent[node]
+            self.path_rows.append(row)
+        # Costs in whole 10-microsecond units: an integral objective lets HiGHS round its
+        # bounds, which closes the tiny gaps between near-identical blocks quickly. The
+        # answer is exact at that resolution, far below the timing noise of a profile.
+        self.cost = np.round(np.array([tree.cost_ms[u] for u in self.units]) * 100.0)
+        self.scale = float(memory_rows.base.max()) or 1.0
+        self.rounds = 0
+        self.time_limit_s = 20.0
+        self.timed_out = False
+
+    # -- solving -------------------------------------------------------------------------
+    def _milp(
+        self,
+        objective: np.ndarray,
+        rows: list[tuple[dict[int, float], float]],
+        *,
+        peak_column: bool = False,
+    ) -> np.ndarray | None:
+        """Solve with the given rows (plus path and helper-link rows). Columns: units,
+        helpers, then the peak variable when ``peak_column``."""
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_array
+
+        helpers = len(self.memory_rows.helpers)
+        count = len(self.units) + helpers + (1 if peak_column else 0)
+        all_rows = [(row, 1.0) for row in self.path_rows] + self.memory_rows.link_rows + rows
+        data, row_index, column_index, upper = [], [], [], []
+        for number, (row, bound) in enumerate(all_rows):
+            for column, value in row.items():
+                if value:
+                    row_index.append(number)
+                    column_index.append(column)
+                    data.append(value)
+            upper.append(bound)
+        matrix = coo_array((data, (row_index, column_index)), shape=(len(all_rows), count)).tocsr()
+        full_objective = np.zeros(count)
+        full_objective[: len(self.units)] = objective[: len(self.units)]
+        if peak_column:
+            full_objective[-1] = objective[-1]
+        integrality = np.zeros(count)
+        integrality[: len(self.units)] = 1
+        high = np.ones(count)
+        if peak_column:
+            high[-1] = np.inf
+        with _quiet_stdout():
+            result = milp(
+                full_objective,
+                constraints=[LinearConstraint(matrix, -np.inf, np.array(upper))],
+                integrality=integrality,
+                bounds=Bounds(np.zeros(count), high),
+                options={"mip_rel_gap": 0.0, "time_limit": self.time_limit_s},
+            )
+        self.rounds += 1
+        if result.status == 1:  # time limit: the answer (if any) is not proven optimal
+            self.timed_out = True
+        if result.x is None:
+            return None
+        return np.asarray(result.x)
+
+    def _chosen(self, x: np.ndarray) -> tuple[str, ...]:
+        return tuple(sorted(u for u, value in zip(self.units, x, strict=False) if value > 0.5))
+
+    def _scaled(self, row: dict[int, float], bound: float) -> tuple[dict[int, float], float]:
+        # Memory rows in units of the unplanned peak, so HiGHS's tolerances are relative.
+        return {c: v / self.scale for c, v in row.items()}, bound / self.scale
+
+    def solve(self, budget_bytes: int) -> tuple[tuple[str, ...] | None, bool]:
+        budget = float(budget_bytes)
+        rows: list[tuple[dict[int, float], float]] = []
+        added: set[Violation] = set()
+        violation = self.memory_rows.violation((), budget)
+        if violation is None:
+            return (), True
+        self.timed_out = False
+        exact = True
+        chosen: tuple[str, ...] = ()
+        for _ in range(500):
+            if violation in added:
+                # Cannot happen with exact rows; kept as a safety net: cut off this plan.
+                exact = False
+                rows.append(({self.tree.index[u]: 1.0 for u in chosen}, len(chosen) - 1.0))
+            else:
+                added.add(violation)
+                rows.append(self._scaled(*self.memory_rows.row_for(violation, budget)))
+            x = self._milp(self.cost, rows)
+            if x is None:
+                return None, exact and not self.timed_out
+            chosen = self._chosen(x)
+            violation = self.memory_rows.violation(chosen, budget)
+            if violation is None:
+                return chosen, exact and not self.timed_out
+        logger.warning("integer program did not converge; no plan returned")
+        return None, False
+
+    def lowest_peak(self) -> tuple[str, ...]:
+        """Minimise the peak: a column z with z >= each lazily added memory/spike row.
+
+        Each round solves for the lowest ``z``, replays the answer exactly and adds the row
+        where the replay exceeds ``z``; it stops when the replay equals ``z``.
+        """
+        count = len(self.units)
+        # Objective: the peak (in units of the unplanned peak), plus a tiny cost term that
+        # prefers the cheaper of two plans with the same peak.
+        objective = np.concatenate([self.cost / (self.cost.sum() + 1.0) * 1e-9, [1.0]])
+        peak_rows: list[tuple[dict[int, float], float]] = []  # delta.x - z <= -base
+        cuts: list[tuple[dict[int, float], float]] = []
+        added: set[Violation] = set()
+        best: tuple[int, tuple[str, ...]] = (self.peaks(()), ())
+        violation: Violation | None = ("point", int(self.memory_rows.base.argmax()), -1)
+        chosen: tuple[str, ...] = ()
+        for _ in range(200):
+            assert violation is not None
+            if violation in added:  # safety net, as in solve()
+                cuts.append(({self.tree.index[u]: 1.0 for u in chosen}, len(chosen) - 1.0))
+            else:
+                added.add(violation)
+                peak_rows.append(self._scaled(*self.memory_rows.row_for(violation, 0.0)))
+            peak_column = count + len(self.memory_rows.helpers)
+            rows = [({**row, peak_column: -1.0}, bound) for row, bound in peak_rows] + cuts
+            x = self._milp(objective, rows, peak_column=True)
+            if x is None:
+                break
+            chosen = self._chosen(x[:count])
+            lower = float(x[-1]) * self.scale
+            peak = self.peaks(chosen)
+            if peak < best[0]:
+                best = (peak, chosen)
+            if best[0] <= lower + 0.5:
+                break
+            violation = self.memory_rows.violation(chosen, lower + 0.5)
+            if violation is None:
+                break
+        return best[1]

@@ -1,0 +1,197 @@
+"""The solver's front: which search answers a budget (exhaustive for small trees, the tree
+program, the integer program where the tree program cannot take a row), the lowest feasible
+peak, and the "budget too small" error that says what the floor is made of."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from planner.errors import InfeasibleBudgetError
+from planner.memory_model import MemoryModel
+from planner.records import Profile
+from planner.solve.exhaustive import branch_and_bound
+from planner.solve.integer_program import IntegerProgram
+from planner.solve.rows import MemoryRows, PlanPeaks
+from planner.solve.tree import UnitTree
+from planner.solve.tree_dp import Incompatible, TreeDP
+from planner.units import format_bytes, format_bytes_apart
+
+__all__ = ["Solution", "Solver", "lowest_peak", "solve"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Solution:
+    """A set of units to checkpoint with its predicted peak and recompute cost."""
+
+    module_names: tuple[str, ...]
+    predicted_peak_bytes: int
+    recompute_ms: float
+    proven_optimal: bool
+    evaluations: int
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        return self.module_names
+
+
+class Solver:
+    """Holds a profile's memory model and unit tree; answers many budgets quickly.
+
+    ``tree`` (:class:`~planner.solve.tree.UnitTree`) is what may be chosen; ``peak`` the
+    exact replay of a plan; the tree program and the integer program are built on first
+    need and share their memory rows, so a sweep of budgets reuses the rows found."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        memory: MemoryModel | None = None,
+        *,
+        sequential: bool = True,
+        exhaustive_evaluations: int = 2_000,
+    ) -> None:
+        self.profile = profile
+        self.memory = memory or MemoryModel(profile.timeline)
+        self.exhaustive_evaluations = exhaustive_evaluations
+        self.tree = UnitTree(profile, self.memory, sequential=sequential)
+        self.names = self.tree.names
+        self.plan_count = self.tree.plan_count
+        self.peak = PlanPeaks(self.memory)
+        self.integer_program_used = False
+        self._memory_rows: MemoryRows | None = None
+        self._integer_program: IntegerProgram | None = None
+        self._tree_program: TreeDP | None = None
+        self._known: list[tuple[int, float, tuple[str, ...]]] = []
+
+    @property
+    def evaluations(self) -> int:
+        """Plans replayed exactly so far."""
+        return self.peak.evaluations
+
+    def cost(self, units: Iterable[str]) -> float:
+        return self.tree.cost(units)
+
+    def conflicts(self, first: str, second: str) -> bool:
+        return self.tree.conflicts(first, second)
+
+    # -- the solvers, built on first need ----------------------------------------------
+    def memory_rows(self) -> MemoryRows:
+        if self._memory_rows is None:
+            self._memory_rows = MemoryRows(self.tree, self.memory)
+        return self._memory_rows
+
+    def tree_program(self) -> TreeDP:
+        if self._tree_program is None:
+            self._tree_program = TreeDP(self.tree, self.memory_rows(), self.peak)
+        return self._tree_program
+
+    def integer_program(self) -> IntegerProgram:
+        if self._integer_program is None:
+            self._integer_program = IntegerProgram(self.tree, self.memory_rows(), self.peak)
+        return self._integer_program
+
+    # -- answers -----------------------------------------------------------------------
+    def _floor_explanation(self, names: tuple[str, ...]) -> str:
+        """What the lowest peak is made of, and what would lower it where plans cannot."""
+        static = (
+            "static memory alone (parameters, gradients, optimizer state) is "
+            f"{format_bytes(self.profile.static_bytes)}"
+        )
+        curve = self.memory.memory_curve(names)
+        phases = self.memory.timeline.phase_end_events
+        backward_end = phases.get("backward")
+        if backward_end is None or len(curve) <= backward_end + 1:
+            return static
+        optimizer_peak = int(curve[backward_end + 1 :].max(initial=0))
+        if optimizer_peak < self.peak(names):
+            return static
+        temporaries = optimizer_peak - self.profile.static_bytes - self.profile.workspace_bytes
+        return (
+            f"{static}, and the optimizer step itself peaks at {format_bytes(optimizer_peak)} "
+            f"({format_bytes(max(0, temporaries))} of temporaries, after every activation is "
+            "freed), which no checkpointing can lower: use an optimizer that updates in place "
+            "(torch.optim's fused=True, or foreach=False) or a larger budget"
+        )
+
+    def lowest_peak(self) -> tuple[tuple[str, ...], int]:
+        """The plan with the lowest predicted peak (ties: the cheapest)."""
+        best, finished = None, False
+        if self.plan_count <= self.exhaustive_evaluations:
+            best, finished = branch_and_bound(
+                self.tree, self.peak, None, self.exhaustive_evaluations
+            )
+        if not finished:
+            try:
+                best = self.tree_program().lowest_peak()
+                # Among the plans with that peak, the cheapest.
+                cheapest = self.tree_program().solve(self.peak(best), fitting=best)
+                best = best if cheapest is None else cheapest
+            except Incompatible:
+                best = self.integer_program().lowest_peak()
+        assert best is not None
+        self._remember(best)
+        return best, self.peak(best)
+
+    def solve(self, budget_bytes: int, max_evaluations: int | None = None) -> Solution:
+        """The cheapest plan whose predicted peak is within ``budget_bytes``."""
+        start = self.evaluations
+        limit = self.exhaustive_evaluations if max_evaluations is None else max_evaluations
+        best, proven = None, False
+        if self.plan_count <= limit:
+            best, proven = branch_and_bound(self.tree, self.peak, budget_bytes, limit)
+        if not proven:
+            try:
+                best = self.tree_program().solve(budget_bytes, fitting=self._fitting(budget_bytes))
+                proven = True
+            except Incompatible as error:
+                logger.debug("tree DP cannot take row %s; solving the integer program", error)
+                self.integer_program_used = True
+                best, proven = self.integer_program().solve(budget_bytes)
+        if best is None:
+            names, lowest = self.lowest_peak()
+            if lowest <= budget_bytes:  # cannot happen with a finished search; be safe
+                best, proven = names, False
+        if best is None:
+            budget_text, lowest_text = format_bytes_apart(budget_bytes, lowest)
+            raise InfeasibleBudgetError(
+                f"no checkpointing plan fits {budget_text}: the smallest budget "
+                f"that fits is {lowest_text} ({lowest} bytes, checkpointing "
+                f"{len(names)} module{'s' if len(names) != 1 else ''}); "
+                + self._floor_explanation(names)
+                + (f"; {note}" if (note := self.profile.excluded_blocks_note()) else ""),
+                budget_bytes=budget_bytes,
+                min_budget_bytes=lowest,
+            )
+        self._remember(best)
+        return Solution(
+            module_names=best,
+            predicted_peak_bytes=self.peak(best),
+            recompute_ms=self.cost(best),
+            proven_optimal=proven,
+            evaluations=self.evaluations - start,
+        )
+
+    def _remember(self, plan: tuple[str, ...]) -> None:
+        self._known.append((self.peak(plan), self.cost(plan), plan))
+
+    def _fitting(self, budget_bytes: int) -> tuple[str, ...] | None:
+        """The cheapest plan solved before whose peak fits this budget (bounds the DP)."""
+        fitting = [(cost, plan) for peak, cost, plan in self._known if peak <= budget_bytes]
+        return min(fitting)[1] if fitting else None
+
+
+def solve(profile: Profile, budget_bytes: int, max_evaluations: int | None = None) -> Solution:
+    """The cheapest plan (least recompute time) whose predicted peak is within the budget.
+
+    Raises :class:`InfeasibleBudgetError` (with the smallest budget that fits) when no plan
+    fits.
+    """
+    return Solver(profile).solve(budget_bytes, max_evaluations)
+
+
+def lowest_peak(profile: Profile) -> int:
+    """The lowest predicted peak of any plan (the smallest usable budget)."""
+    return Solver(profile).lowest_peak()[1]
