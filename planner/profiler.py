@@ -443,16 +443,27 @@ def _record_step(
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
 
 
+def _is_block(module: torch.nn.Module) -> bool:
+    """Whether a module can be one block of a stack: it has submodules, or it is a model's
+    own layer holding its parameters itself and computing with ``torch`` functions (not one
+    of ``torch.nn``'s layers: a run of ``nn.Linear`` is a stack of layers, not of blocks)."""
+    if any(True for _ in module.children()):
+        return True
+    return not type(module).__module__.startswith("torch.") and any(
+        True for _ in module.parameters(recurse=False)
+    )
+
+
 def _stack_class(module: torch.nn.Module, *, at_least: int = 2) -> type | None:
     """The class of the blocks ``module`` stacks: a ``ModuleList``/``Sequential`` whose
-    ``at_least`` or more children are all of one class and not leaves (a run of Linear and
-    ReLU is not a stack of blocks). None for anything else."""
+    ``at_least`` or more children are all of one class and blocks (:func:`_is_block`; a run
+    of Linear and ReLU is not a stack of blocks). None for anything else."""
     if not isinstance(module, _CONTAINERS):
         return None
     children = list(module.children())
     if len(children) < at_least or len({type(child) for child in children}) != 1:
         return None
-    if not any(True for _ in children[0].children()):
+    if not _is_block(children[0]):
         return None
     return type(children[0])
 
@@ -485,7 +496,7 @@ def find_blocks(model: torch.nn.Module) -> tuple[str, ...]:
     """The model's repeated blocks, the ones a user checkpoints by hand ("every block").
 
     Start from the stack with the most parameters: the children of the
-    ``ModuleList``/``Sequential`` holding two or more non-leaf children of one class
+    ``ModuleList``/``Sequential`` holding two or more blocks of one class
     (``blocks.*`` of a GPT, ``model.layers.*`` of a Llama). On convolutional networks that
     stack is one stage, or a stack of stages, and checkpointing a whole stage saves little,
     so two rules make it every residual block instead:
@@ -563,8 +574,6 @@ def _module_profiles(
         devices = {d for call in call_records for d in call.devices}
         if not name:
             reason = "the root module"
-        elif not any(True for _ in module.children()):
-            reason = "a leaf module"
         elif not calls:
             reason = "not called in the training step"
         elif updated := sorted({a for call in call_records for a in call.updated_arguments}):

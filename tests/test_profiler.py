@@ -53,13 +53,22 @@ def test_static_memory_is_parameters_gradients_and_adamw_state(stack_profile) ->
     assert 2 * parameter_bytes <= profile.optimizer_state_bytes <= 2 * parameter_bytes + 4096
 
 
-def test_candidates_are_blocks_and_inner_containers_not_root_or_leaves(stack_profile) -> None:  # type: ignore[no-untyped-def]
+def test_candidates_are_the_modules_whose_checkpointing_frees_memory(stack_profile) -> None:  # type: ignore[no-untyped-def]
+    """Blocks, inner containers and leaf layers alike, by what checkpointing them frees;
+    never the root, and never a module that frees nothing."""
     _, profile = stack_profile
     names = {m.module_name for m in profile.candidates}
     assert {"blocks.0", "blocks.3", "blocks.0.mlp"} <= names
     assert "" not in names
-    assert "head" not in names and "blocks.0.mlp.0" not in names
-    assert profile.module("head").excluded_reason == "a leaf module"
+    for record in profile.modules:
+        if record.module_name in names:
+            assert record.checkpoint_saving_bytes > 0
+        elif record.module_name and record.call_count:
+            assert record.checkpoint_saving_bytes <= 0 or record.excluded_reason
+    # Leaf layers: LayerNorm (its statistics) and Dropout (its mask) free memory; a Linear
+    # inside the MLP frees nothing (its input is the MLP's own activation, kept anyway).
+    assert {"blocks.0.norm", "blocks.0.dropout"} <= names
+    assert profile.module("blocks.0.mlp.0").excluded_reason == "checkpointing it frees nothing"
     assert profile.block_names == ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
 
 
@@ -283,3 +292,22 @@ def test_checkpoint_calls_in_the_model_code_are_seen_and_counted(stack_profile) 
     assert profile.module("blocks.0").excluded_reason == "checkpointing it frees nothing"
     assert profile.module("blocks.2").is_candidate
     assert recomputed_in_backward(stack_profile[1].timeline) == ()  # none in a plain model
+
+
+def test_blocks_without_child_modules_are_blocks_and_candidates() -> None:
+    """A stack of leaf modules that hold their own parameters and compute with torch
+    functions is the model's blocks; each is a candidate, since checkpointing it frees its
+    activations; every-block checkpointing lowers the peak, and the check passes."""
+    from planner.check import CheckReference, check_plan
+    from planner.pipeline import profile_model_file
+    from planner.planning import baseline_every_block
+
+    path = Path(__file__).resolve().parent / "data" / "functional_blocks.py"
+    profile = profile_model_file(load_model_file(path))
+    assert profile.block_names == tuple(f"blocks.{i}" for i in range(8))
+    for name in profile.block_names:
+        assert profile.module(name).is_candidate, profile.module(name).excluded_reason
+    plan = baseline_every_block(profile, budget_bytes=profile.measured_peak_bytes)
+    assert plan.predicted_peak_bytes < 0.7 * profile.measured_peak_bytes
+    check = check_plan(path, plan, reference=CheckReference.UNPLANNED)
+    assert check.passed and check.measured_peak_bytes == plan.predicted_peak_bytes
