@@ -13,6 +13,11 @@ Design notes
   modules already wrapped the same way are left alone, others are re-wrapped or unwrapped.
 * **No grad, no checkpoint.** Under ``torch.no_grad()`` (evaluation) the original forward
   runs directly: there is nothing to save, so nothing to recompute.
+* **A guard on the first training forward.** The first forward with grad enabled after
+  ``apply_plan`` compares what it sees with what the plan was made for (the batch's shapes
+  and dtypes, the parameters' dtypes) and looks for the model's own gradient checkpointing
+  (Hugging Face's ``gradient_checkpointing``), and logs one warning line for each
+  difference, with the fix. Then it removes itself: no cost on later steps.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,9 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.errors import PlanFileError, PlanMismatchError
 from planner.plan import CheckpointMethod, ModuleDecision, Plan, load_plan
+from planner.workload import OWN_CHECKPOINTING_FLAGS
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "apply_plan",
@@ -36,6 +45,7 @@ __all__ = [
     "model_fingerprint",
     "observing_recomputation",
     "remove_plan",
+    "step_differences",
     "wrapped_modules",
 ]
 
@@ -230,9 +240,12 @@ def remove_plan(model: torch.nn.Module) -> None:
     for module in model.modules():
         if is_wrapped(module):
             _unwrap(module)
+    _FirstForwardGuard.remove(model)
 
 
-def apply_plan(model: torch.nn.Module, plan_or_path: Plan | str | Path) -> torch.nn.Module:
+def apply_plan(
+    model: torch.nn.Module, plan_or_path: Plan | str | Path, *, guard: bool = True
+) -> torch.nn.Module:
     """Wrap the submodules a plan names in non-reentrant activation checkpointing, in place.
 
     ``plan_or_path`` is a :class:`Plan` or the path of a plan JSON file. The model must be
@@ -243,6 +256,10 @@ def apply_plan(model: torch.nn.Module, plan_or_path: Plan | str | Path) -> torch
     Guarantees: ``state_dict`` keys are unchanged; applying the same plan twice is the same as
     once; on any error (:class:`PlanFileError`, :class:`PlanMismatchError`) the model is left
     exactly as it was. Returns ``model`` for chaining.
+
+    With ``guard`` (the default) the first training forward logs a warning for each way its
+    step differs from the plan's (another batch shape or dtype, parameters cast since, the
+    model's own gradient checkpointing on; see :func:`step_differences`), then costs nothing.
     """
     plan = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
     actual = model_fingerprint(model)
@@ -299,4 +316,104 @@ def apply_plan(model: torch.nn.Module, plan_or_path: Plan | str | Path) -> torch
             if is_wrapped(module):
                 _unwrap(module)
             _wrap(module, decision)
+    _FirstForwardGuard.remove(model)
+    if guard:
+        _FirstForwardGuard.install(model, plan)
     return model
+
+
+class _FirstForwardGuard:
+    """A forward pre-hook on the root module that runs once, on the first forward with grad
+    enabled, warns where the step differs from the plan's, and removes itself. A class (not
+    a closure) so that models stay picklable."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.handle: Any = None
+
+    @classmethod
+    def remove(cls, model: torch.nn.Module) -> None:
+        for key, hook in list(model._forward_pre_hooks.items()):
+            if isinstance(hook, cls):
+                del model._forward_pre_hooks[key]
+                model._forward_pre_hooks_with_kwargs.pop(key, None)
+
+    @classmethod
+    def install(cls, model: torch.nn.Module, plan: Plan) -> None:
+        guard = cls(plan)
+        guard.handle = model.register_forward_pre_hook(guard, with_kwargs=True)
+
+    @torch.compiler.disable
+    def __call__(self, model: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        if not torch.is_grad_enabled():
+            return None  # evaluation: nothing is saved, so nothing the plan decided matters
+        self.handle.remove()
+        for warning in step_differences(model, self.plan, args, kwargs):
+            logger.warning("ckpt-plan: %s", warning)
+        return None
+
+
+def step_differences(
+    model: torch.nn.Module, plan: Plan, args: Any = (), kwargs: Any = None
+) -> list[str]:
+    """How a forward call of ``model`` with ``args``/``kwargs`` differs from the step the
+    plan was made for, one sentence each (empty: as planned). Compared: the batch's tensors
+    (by keyword, or by position for a tuple or single-tensor batch), the parameters' dtypes,
+    and the model's own gradient checkpointing."""
+    found = []
+    # Compared only where the call has the batch's own structure: model(**batch) for a dict
+    # batch; model(*batch), or model(batch[0]) as a training_step does, for a tuple or one
+    # tensor. A training_step that passes something else is not second-guessed.
+    kwargs = kwargs or {}
+    keys = list(plan.batch)
+    if keys and all(not key.isdigit() for key in keys):
+        given: dict[str, Any] = dict(kwargs) if set(keys) <= set(kwargs) else {}
+    else:
+        given = {str(index): value for index, value in enumerate(args)} if not kwargs else {}
+    changed = []
+    for key, expected in plan.batch.items():
+        value = given.get(key)
+        if not (isinstance(expected, dict) and isinstance(value, torch.Tensor)):
+            continue
+        actual = {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+        if actual != {"shape": expected.get("shape"), "dtype": expected.get("dtype")}:
+            changed.append(
+                f"{key} is {actual['shape']} {actual['dtype']}, the plan's was "
+                f"{expected.get('shape')} {expected.get('dtype')}"
+            )
+    if changed:
+        found.append(
+            "this batch is not the one the plan was made for ("
+            + "; ".join(changed[:3])
+            + "): its memory prediction does not hold; re-run `ckpt-plan profile` with "
+            "sample_batch() returning a batch of this shape"
+        )
+    planned = {row[0]: row[2] for row in plan.fingerprint.get("parameters", [])}
+    now = {
+        name: str(parameter.dtype).removeprefix("torch.")
+        for name, parameter in model.named_parameters()
+    }
+    cast = sorted(
+        {(planned[name], dtype) for name, dtype in now.items() if planned.get(name, dtype) != dtype}
+    )
+    if cast:
+        pairs = ", ".join(f"{before} -> {after}" for before, after in cast)
+        found.append(
+            f"the parameters were cast after the plan was made ({pairs}): the plan was made "
+            "for the other dtype; re-run `ckpt-plan profile` with build_model() returning the "
+            "model as you train it"
+        )
+    own = [
+        f"{name}.{flag}" if name else flag
+        for name, module in model.named_modules()
+        for flag in OWN_CHECKPOINTING_FLAGS
+        if vars(module).get(flag) is True
+    ]
+    if own:
+        found.append(
+            f"the model's own gradient checkpointing is on ({', '.join(own[:3])}) as well as "
+            "the plan: it recomputes more and frees nothing the plan does not; turn it off "
+            "(model.gradient_checkpointing_disable(), or gradient_checkpointing=False in "
+            "Hugging Face's TrainingArguments)"
+        )
+    return found

@@ -434,3 +434,85 @@ def test_a_plan_with_a_policy_this_version_cannot_apply_is_refused() -> None:
     with pytest.raises(PlanFileError, match="cannot apply"):
         apply_plan(model, plan)
     assert_untouched(model)
+
+
+# -- the guard on the first training forward -------------------------------------------
+
+
+class KeywordModel(TinyModel):
+    """Called as ``model(**batch)``, like a Hugging Face model."""
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(x)
+
+
+def _batch_plan(model: nn.Module, batch: dict[str, object]) -> Plan:
+    return dataclasses.replace(make_plan(model, decision("blocks.1")), batch=batch)
+
+
+def _guard_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("ckpt-plan: ")]
+
+
+def test_the_first_training_forward_warns_once_per_difference_then_the_guard_is_gone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    torch.manual_seed(0)
+    model = KeywordModel()
+    planned = {"x": {"shape": [4, WIDTH], "dtype": "float32"}}
+    apply_plan(model, _batch_plan(model, planned))
+    with torch.no_grad():
+        model(x=torch.randn(8, WIDTH))  # evaluation: not the step the plan is for
+    assert not _guard_warnings(caplog) and len(model._forward_pre_hooks) == 1
+    model.gradient_checkpointing = True  # as Hugging Face's gradient_checkpointing_enable()
+    model.double()
+    model(x=torch.randn(8, WIDTH, dtype=torch.float64)).backward()
+    warnings = _guard_warnings(caplog)
+    assert len(warnings) == 3, warnings
+    assert "x is [8, 8] float64, the plan's was [4, 8] float32" in warnings[0]
+    assert "float32 -> float64" in warnings[1]
+    assert "gradient_checkpointing" in warnings[2]
+    assert not model._forward_pre_hooks  # no cost on later steps
+    model(x=torch.randn(8, WIDTH, dtype=torch.float64)).backward()
+    assert len(_guard_warnings(caplog)) == 3
+
+
+def test_the_planned_step_passes_the_guard_silently(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    model = KeywordModel()
+    apply_plan(model, _batch_plan(model, {"x": {"shape": [4, WIDTH], "dtype": "float32"}}))
+    model(x=torch.randn(4, WIDTH), labels=torch.zeros(4)).backward()
+    assert not _guard_warnings(caplog) and not model._forward_pre_hooks
+
+
+def test_a_guarded_model_pickles_and_removing_the_plan_removes_the_guard() -> None:
+    model = build_model()
+    plan = _batch_plan(model, {"0": {"shape": [4, WIDTH], "dtype": "float32"}})
+    apply_plan(model, plan)
+    apply_plan(model, plan)  # again: still one guard
+    assert len(model._forward_pre_hooks) == 1
+    copy_ = pickle.loads(pickle.dumps(model))
+    assert len(copy_._forward_pre_hooks) == 1
+    remove_plan(model)
+    assert not model._forward_pre_hooks
+    apply_plan(model, plan, guard=False)
+    assert not model._forward_pre_hooks and wrapped_modules(model)
+
+
+def test_a_training_step_that_passes_the_model_other_inputs_is_not_second_guessed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A dict batch the forward does not get as keywords (a training_step that unpacks it)
+    is not compared; a tuple batch is compared by position."""
+    model = KeywordModel()
+    apply_plan(model, _batch_plan(model, {"x": {"shape": [4, WIDTH], "dtype": "float32"}}))
+    model(torch.randn(6, WIDTH)).backward()
+    assert not _guard_warnings(caplog)
+    model = build_model()
+    planned = {
+        "0": {"shape": [4, WIDTH], "dtype": "float32"},
+        "1": {"shape": [4], "dtype": "int64"},
+    }
+    apply_plan(model, _batch_plan(model, planned))
+    model(torch.randn(6, WIDTH)).backward()
+    assert "0 is [6, 8] float32, the plan's was [4, 8] float32" in _guard_warnings(caplog)[0]

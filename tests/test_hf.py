@@ -89,3 +89,30 @@ def test_hugging_face_gradient_checkpointing_is_switched_off_and_said() -> None:
     assert not model.is_gradient_checkpointing
     assert "checkpoints itself (transformer.gradient_checkpointing, transformer.h.0." in note
     assert "with model.gradient_checkpointing_disable()" in note
+
+
+@pytest.mark.hf
+def test_the_guard_names_a_bigger_batch_and_hugging_faces_own_checkpointing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As under HF Trainer with per_device_train_batch_size 8 and gradient_checkpointing=True
+    on a plan made for batch 4: one warning line each, on the first step only."""
+    import torch
+
+    from planner.apply import apply_plan
+    from planner.workload import build_workload
+
+    path = EXAMPLES / "hf_gpt2.py"
+    model_file = load_model_file(path)
+    profile = profile_model_file(model_file)
+    plan = baseline_every_block(profile, budget_bytes=profile.measured_peak_bytes)
+    workload = build_workload(model_file, seed=0)
+    model = apply_plan(workload.model, plan)
+    model.gradient_checkpointing_enable()
+    batch = {key: torch.cat([value, value]) for key, value in workload.batch.items()}
+    model(**batch).loss.backward()
+    model(**batch).loss.backward()
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ckpt-plan")]
+    assert len(warnings) == 2, warnings
+    assert "input_ids is [8, 128] int64, the plan's was [4, 128] int64" in warnings[0]
+    assert "gradient_checkpointing" in warnings[1]
