@@ -126,3 +126,20 @@ def test_the_cli_is_commands_over_options_rendering_and_the_boundary() -> None:
         imports = _runtime_imports(ROOT / "cli" / f"{name}.py")
         used = {module for module in imports if module == "cli" or module.startswith("cli.")}
         assert used <= may_import, (name, used - may_import)
+
+
+def test_every_package_of_planner_and_cli_is_in_the_distribution() -> None:
+    """The wheel's package list (pyproject's find rule) takes the subpackages too."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    shipped = set(find_packages(where=str(ROOT), include=include))
+    on_disk = {
+        ".".join(path.parent.relative_to(ROOT).parts)
+        for top in ("planner", "cli")
+        for path in (ROOT / top).rglob("__init__.py")
+    }
+    assert on_disk <= shipped, sorted(on_disk - shipped)
