@@ -454,6 +454,18 @@ def _is_block(module: torch.nn.Module) -> bool:
     )
 
 
+def _is_torch_layer(module: torch.nn.Module) -> bool:
+    """One of ``torch.nn``'s own layers with no submodules (Linear, LayerNorm, Dropout, GELU):
+    checkpointed alone it frees a few bytes per element at most (a mask, a norm's
+    statistics: its input is kept as the checkpoint's) for a checkpoint call each (about
+    0.2 ms on the CPU machine), and a module holding it recomputes it anyway. Not a
+    candidate. A model's own leaf layers (a functional block, Hugging Face's activations
+    and norms, which run several ops) are judged by what they free, like any module."""
+    return type(module).__module__.startswith("torch.nn.") and not any(
+        True for _ in module.children()
+    )
+
+
 def _stack_class(module: torch.nn.Module, *, at_least: int = 2) -> type | None:
     """The class of the blocks ``module`` stacks: a ``ModuleList``/``Sequential`` whose
     ``at_least`` or more children are all of one class and blocks (:func:`_is_block`; a run
@@ -574,6 +586,8 @@ def _module_profiles(
         devices = {d for call in call_records for d in call.devices}
         if not name:
             reason = "the root module"
+        elif _is_torch_layer(module):
+            reason = "one of torch.nn's own layers (an op or two): checkpoint a module holding it"
         elif not calls:
             reason = "not called in the training step"
         elif updated := sorted({a for call in call_records for a in call.updated_arguments}):
