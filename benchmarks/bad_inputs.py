@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 from planner.apply import apply_plan, model_fingerprint  # noqa: E402
 from planner.fileio import atomic_write_text  # noqa: E402
+from planner.measure.profiler import profile_workload  # noqa: E402
+from planner.measure.workload import build_workload, describe_batch, load_model_file  # noqa: E402
 from planner.plan import plan_to_dict, save_plan  # noqa: E402
 from planner.planning import build_plan  # noqa: E402
-from planner.profiler import profile_workload  # noqa: E402
-from planner.workload import build_workload, describe_batch, load_model_file  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
 SMALL_CNN = DATA / "small_cnn.py"
@@ -69,7 +69,7 @@ MODEL_SOURCES = {
         "    return model\n"
     ),
     # Sends SIGINT to its process group from the plan check's child process (python -m
-    # planner.check), as Ctrl-C in a terminal reaches both processes.
+    # planner.check.compare), as Ctrl-C in a terminal reaches both processes.
     "ctrl_c_while_checking.py": (
         "import os, signal, sys\nfrom small_cnn import build_model as _build, sample_batch, "
         "training_step\n\ndef _interrupt(module, args):\n"

@@ -66,10 +66,10 @@ COLUMNS = [
 
 # -- parent: profile, solve, then hand every plan to one measuring process per model -------
 def plan_model(path: Path, full: bool) -> tuple[list[dict[str, Any]], dict[str, Plan]]:
+    from planner.measure.workload import load_model_file
     from planner.pipeline import plan_checked, profile_model_file
     from planner.planning import baseline_plans
     from planner.solve import Solver
-    from planner.workload import load_model_file
 
     started = time.perf_counter()
     profile = profile_model_file(load_model_file(path))
@@ -202,8 +202,8 @@ def measure(spec_path: Path) -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
     from planner.apply import apply_plan
-    from planner.measure import measure_step
-    from planner.workload import build_workload, load_model_file, run_training_step
+    from planner.measure.step import measure_step
+    from planner.measure.workload import build_workload, load_model_file, run_training_step
 
     spec = json.loads(spec_path.read_text())
     model_file = load_model_file(spec["model"])

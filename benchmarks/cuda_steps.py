@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from planner.workload import build_workload, load_model_file, run_training_step  # noqa: E402
+from planner.measure.workload import build_workload, load_model_file, run_training_step  # noqa: E402
 
 
 class PeakOp(TorchDispatchMode):

@@ -29,13 +29,13 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import markdown_table  # noqa: E402
 from planner.apply import apply_plan, remove_plan  # noqa: E402
-from planner.fake import build_fake_workload  # noqa: E402
 from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
+from planner.measure.fake import build_fake_workload  # noqa: E402
+from planner.measure.profiler import record_memory  # noqa: E402
+from planner.measure.workload import build_workload, load_model_file, run_training_step  # noqa: E402
 from planner.memory_model import MemoryModel  # noqa: E402
 from planner.pipeline import profile_and_plan  # noqa: E402
-from planner.profiler import record_memory  # noqa: E402
 from planner.solve import Solver  # noqa: E402
-from planner.workload import build_workload, load_model_file, run_training_step  # noqa: E402
 
 DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 

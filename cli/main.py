@@ -376,8 +376,8 @@ def verify(
         require_device(device)
         from rich.markup import escape
 
-        from planner.check import CheckReference
-        from planner.verify import verify_plan
+        from planner.check.compare import CheckReference
+        from planner.check.verify import verify_plan
 
         try:
             with progress_line() as progress:

@@ -16,7 +16,7 @@ __all__ = ["print_plan_summary", "warn_own_checkpointing"]
 
 def warn_own_checkpointing(profile: Profile) -> None:
     """Say, on stderr, what checkpointing the model does itself and how it was planned."""
-    from planner.workload import own_checkpointing_notes
+    from planner.measure.workload import own_checkpointing_notes
 
     for note in own_checkpointing_notes(profile.assumptions):
         warn(note)

@@ -12,7 +12,7 @@ The config keeps T5's default ``use_cache=True``, as a model built from a downlo
 would: the decoder then makes a key/value cache in its forward, every decoder layer writes to
 it, and cross-attention reads keys/values back from it once filled. A decoder module that is
 recomputed finds the cache already filled and computes something else, which
-``torch.utils.checkpoint`` reports as a ``CheckpointError`` (see planner/safety.py): this
+``torch.utils.checkpoint`` reports as a ``CheckpointError`` (see planner/check/safety.py): this
 file is the hazard's test case. The encoder blocks are ``encoder.block.0`` ...
 ``encoder.block.{NUM_LAYERS-1}``, the decoder blocks ``decoder.block.0`` ... Weights and
 batch come from torch's global RNG; the caller seeds it.

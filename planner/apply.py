@@ -34,8 +34,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import PlanFileError, PlanMismatchError
+from planner.measure.workload import OWN_CHECKPOINTING_FLAGS
 from planner.plan import CheckpointMethod, ModuleDecision, Plan, load_plan
-from planner.workload import OWN_CHECKPOINTING_FLAGS
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ __all__ = [
 _STATE_ATTRIBUTE = "_ckpt_plan_decision"
 _ORIGINAL_ATTRIBUTE = "_ckpt_plan_instance_forward"
 
-# Set only by planner.check while it runs a plan: it sees every checkpointed function (a
+# Set only by planner.check.compare while it runs a plan: it sees every checkpointed function (a
 # module's forward, or one checkpoint_sequential segment) and each of its runs (the
 # forward, then the recomputation), to compare the two op by op.
 _recompute_observer: Any = None
@@ -61,7 +61,7 @@ _recompute_observer: Any = None
 @contextlib.contextmanager
 def observing_recomputation(observer: Any) -> Iterator[None]:
     """Route every checkpointed function through ``observer.region(name, function)``,
-    which returns the function to run (used by :mod:`planner.check`)."""
+    which returns the function to run (used by :mod:`planner.check.compare`)."""
     global _recompute_observer
     previous, _recompute_observer = _recompute_observer, observer
     try:

@@ -1,21 +1,21 @@
 """The whole ``profile`` job as one library call: measure, solve, check by running, re-plan.
 
 Rule one: no pass of the job needs more memory than the budget. The memory timeline is
-recorded on fake tensors (:mod:`planner.fake`); times are measured in steps with a timing
-plan applied that fits the budget (:mod:`planner.timing`), chosen by solving the fake
+recorded on fake tensors (:mod:`planner.measure.fake`); times are measured in steps with a timing
+plan applied that fits the budget (:mod:`planner.measure.timing`), chosen by solving the fake
 profile with provisional roofline costs; the plan's check runs only the planned step. Where
 fake execution cannot run the step, a real step is recorded instead, stopped if its live
 memory passes the budget. With a ``target`` device spec nothing runs for real at all: times
 come from a roofline (:mod:`planner.targets`), and the plan is left unchecked.
 
 Rule two: a plan is returned only after it has been run in a separate process with its peak
-within the budget and its training step unchanged (:mod:`planner.check`: every recomputation
+within the budget and its training step unchanged (:mod:`planner.check.compare`: every recomputation
 bit-identical to its forward, buffers and RNG as without the plan). If the measured peak
 overshoots, the solver aims lower by the overshoot and tries again; a module whose
 recomputation differs is excluded and the plan solved again.
 
 Before that run, every candidate's recomputation is tried once on fake tensors
-(:func:`planner.safety.find_recompute_mismatches`: a module that fills a cache in forward and
+(:func:`planner.check.safety.find_recompute_mismatches`: a module that fills a cache in forward and
 reads it back when recomputed, say; for a profile recorded for real, only the modules a
 plan chose, on a real step). Any found are excluded from the profile, with the reason, and
 the plan is solved again.
@@ -27,14 +27,19 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from planner.check import CheckReference, check_plan
+from planner.check.compare import CheckReference, check_plan
+from planner.check.safety import exclude_modules, find_recompute_mismatches
 from planner.errors import (
     InfeasibleBudgetError,
     PlanCheckError,
     ProfileFileError,
     ProfilingError,
 )
-from planner.fake import FakeExecutionError, build_fake_workload
+from planner.measure.fake import FakeExecutionError, build_fake_workload
+from planner.measure.profiler import ProgressCallback, record_memory
+from planner.measure.timing import measure_costs, with_measured_costs
+from planner.measure.tracking import MemoryLimitExceeded
+from planner.measure.workload import ModelFile, build_workload, load_model_file
 from planner.plan import CheckpointMethod, Plan
 from planner.planning import (
     PlanningResult,
@@ -43,15 +48,10 @@ from planner.planning import (
     recomputed_modules,
     unit_cost_ms,
 )
-from planner.profiler import ProgressCallback, record_memory
 from planner.records import CostSource, MemorySource, Profile
-from planner.safety import exclude_modules, find_recompute_mismatches
 from planner.solve import Solver
 from planner.targets import DeviceSpec, check_budget_fits, provisional_costs, roofline_costs
-from planner.timing import measure_costs, with_measured_costs
-from planner.tracking import MemoryLimitExceeded
 from planner.units import format_bytes, format_bytes_apart
-from planner.workload import ModelFile, build_workload, load_model_file
 
 __all__ = [
     "PlanningResult",
@@ -69,7 +69,7 @@ def _cuda_workspace_bytes(device: str) -> int:
     are released first, so the measure holds whatever ran before."""
     import torch
 
-    from planner.tracking import allocated_bytes
+    from planner.measure.tracking import allocated_bytes
 
     torch.cuda.synchronize(device)
     if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):

@@ -11,7 +11,7 @@ from planner.records import Profile
 from planner.solve import Solution, Solver
 
 if TYPE_CHECKING:
-    from planner.check import PlanCheck
+    from planner.check.compare import PlanCheck
 
 __all__ = [
     "PlanningResult",

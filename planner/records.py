@@ -212,7 +212,7 @@ class Profile:
 
     ``memory_source`` and ``cost_source`` say how the timeline and the times were obtained;
     ``target`` names the device spec of a roofline estimate; ``assumptions`` lists how a
-    fake step modelled its device (see :mod:`planner.fake`) and how times were taken.
+    fake step modelled its device (see :mod:`planner.measure.fake`) and how times were taken.
     """
 
     schema_version: int

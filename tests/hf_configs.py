@@ -141,13 +141,13 @@ def predicted_and_measured(path: Path, fractions: tuple[float, ...]) -> list[dic
     ``lowest + fraction * (unplanned - lowest)``, and measure each plan's real step after
     ``apply_plan`` with an independent live-storage tracker. One row per budget."""
     from planner.apply import apply_plan
-    from planner.fake import build_fake_workload
-    from planner.measure import measure_step
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
+    from planner.measure.step import measure_step
+    from planner.measure.workload import build_workload, load_model_file
     from planner.planning import build_plan
-    from planner.profiler import record_memory
     from planner.solve import Solver
     from planner.targets import provisional_costs
-    from planner.workload import build_workload, load_model_file
 
     model_file = load_model_file(path)
     workload, session = build_fake_workload(model_file, "cpu", seed=0)

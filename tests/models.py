@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.workload import ModelFile
+from planner.measure.workload import ModelFile
 
 
 class Block(nn.Module):

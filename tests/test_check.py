@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from planner.check import CheckReference, check_plan, run_check
+from planner.check.compare import CheckReference, check_plan, run_check
+from planner.measure.workload import load_model_file
 from planner.pipeline import profile_model_file
 from planner.planning import baseline_every_block, build_plan
-from planner.workload import load_model_file
 
 DATA = Path(__file__).resolve().parent / "data"
 

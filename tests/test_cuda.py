@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.tracking import PeakMemoryTracker
+from planner.measure.tracking import PeakMemoryTracker
 
 
 @pytest.mark.cuda
@@ -27,9 +27,9 @@ DATA = Path(__file__).resolve().parent / "data"
 
 @pytest.mark.cuda
 def test_a_fake_cuda_profile_records_the_real_cuda_step() -> None:
-    from planner.fake import build_fake_workload
-    from planner.profiler import record_memory
-    from planner.workload import build_workload, load_model_file
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
+    from planner.measure.workload import build_workload, load_model_file
 
     model_file = load_model_file(DATA / "small_gpt.py")
     workload, session = build_fake_workload(model_file, "cuda")
@@ -42,9 +42,9 @@ def test_a_fake_cuda_profile_records_the_real_cuda_step() -> None:
 
 @pytest.mark.cuda
 def test_the_emulated_cuda_step_predicts_the_real_one() -> None:
-    from planner.fake import build_fake_workload
-    from planner.profiler import record_memory
-    from planner.workload import load_model_file
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
+    from planner.measure.workload import load_model_file
 
     model_file = load_model_file(DATA / "small_gpt.py")
     workload, session = build_fake_workload(model_file, "cuda")
@@ -57,10 +57,10 @@ def test_the_emulated_cuda_step_predicts_the_real_one() -> None:
 
 @pytest.mark.cuda
 def test_a_cuda_plan_is_measured_at_its_predicted_peak() -> None:
-    from planner.check import CheckReference, check_plan
+    from planner.check.compare import CheckReference, check_plan
+    from planner.measure.workload import load_model_file
     from planner.pipeline import profile_model_file
     from planner.planning import baseline_every_block
-    from planner.workload import load_model_file
 
     path = DATA / "small_gpt.py"
     profile = profile_model_file(load_model_file(path), device="cuda")
@@ -82,8 +82,8 @@ def test_a_cuda_plan_is_measured_at_its_predicted_peak() -> None:
 
 @pytest.mark.cuda
 def test_a_measured_cuda_step_does_not_count_last_steps_gradients() -> None:
-    from planner.measure import measure_step
-    from planner.workload import build_workload, load_model_file, run_training_step
+    from planner.measure.step import measure_step
+    from planner.measure.workload import build_workload, load_model_file, run_training_step
 
     workload = build_workload(load_model_file(DATA / "small_gpt.py"), device="cuda", seed=0)
     measured = measure_step(workload, seed=0)

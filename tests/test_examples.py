@@ -10,10 +10,10 @@ import torch
 from typer.testing import CliRunner
 
 from cli.main import app
+from planner.measure.workload import build_workload, load_model_file, run_training_step
 from planner.plan import load_plan
 from planner.profile_io import load_profile
 from planner.units import parse_bytes
-from planner.workload import build_workload, load_model_file, run_training_step
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ALL = ["gpt", "mlp", "cnn", "resnet", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
@@ -44,10 +44,10 @@ def test_every_block_on_a_cnn_wraps_the_residual_blocks(name: str, blocks: list[
     """The baseline users compare with is what they would checkpoint by hand, and it saves
     what it should: predicted (fake step) and measured (real step) far below unplanned."""
     from planner.apply import apply_plan
-    from planner.fake import build_fake_workload
-    from planner.measure import measure_step
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
+    from planner.measure.step import measure_step
     from planner.planning import baseline_every_block
-    from planner.profiler import record_memory
 
     model_file = load_model_file(EXAMPLES / f"{name}.py")
     workload, session = build_fake_workload(model_file)

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from planner.fake import FakeExecutionError, build_fake_workload, is_fake
-from planner.profiler import profile_workload, record_memory
+from planner.measure.fake import FakeExecutionError, build_fake_workload, is_fake
+from planner.measure.profiler import profile_workload, record_memory
+from planner.measure.tracking import allocated_bytes
+from planner.measure.workload import build_workload, load_model_file
 from planner.records import MemorySource, Profile
-from planner.tracking import allocated_bytes
-from planner.workload import build_workload, load_model_file
 from tests.models import model_file, stack_file, tricky_file
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -73,7 +73,7 @@ def test_a_fake_profile_records_the_real_step_exactly(source) -> None:  # type: 
 
 
 def test_a_fake_profile_allocates_no_tensor_memory() -> None:
-    from planner.tracking import StorageWatcher
+    from planner.measure.tracking import StorageWatcher
 
     watcher = StorageWatcher("cpu", real_only=True)
     with watcher:
@@ -236,7 +236,7 @@ def test_index_tensors_made_from_python_lists_keep_their_values() -> None:
     the fake mode; its values are known, so the membership test on the result runs."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from planner.fake import _ValueShadows
+    from planner.measure.fake import _ValueShadows
 
     ids = torch.tensor([[5, 1, 2, 0], [3, 4, 0, 7]])
     mode = FakeTensorMode(allow_non_fake_inputs=True)

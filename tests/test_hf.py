@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from planner.check import check_plan
+from planner.check.compare import check_plan
+from planner.measure.workload import load_model_file
 from planner.pipeline import profile_model_file
 from planner.planning import baseline_every_block, plan_for_budget
-from planner.workload import load_model_file
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -80,7 +80,7 @@ def test_predicted_peak_equals_measured_on_random_small_configs(tmp_path: Path, 
 
 
 def test_hugging_face_gradient_checkpointing_is_switched_off_and_said() -> None:
-    from planner.workload import switch_off_own_checkpointing
+    from planner.measure.workload import switch_off_own_checkpointing
 
     model = load_model_file(EXAMPLES / "hf_gpt2.py").build_model()
     model.gradient_checkpointing_enable()
@@ -100,7 +100,7 @@ def test_the_guard_names_a_bigger_batch_and_hugging_faces_own_checkpointing(
     import torch
 
     from planner.apply import apply_plan
-    from planner.workload import build_workload
+    from planner.measure.workload import build_workload
 
     path = EXAMPLES / "hf_gpt2.py"
     model_file = load_model_file(path)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from planner import pipeline
-from planner.check import PlanCheck
+from planner.check.compare import PlanCheck
 from planner.errors import InfeasibleBudgetError, PlanCheckError
+from planner.measure.profiler import profile_workload
+from planner.measure.workload import build_workload
 from planner.memory_model import MemoryModel
-from planner.profiler import profile_workload
-from planner.workload import build_workload
 from tests.models import stack_file
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from planner.errors import ProfileFileError
+from planner.measure.profiler import profile_workload
+from planner.measure.workload import build_workload
 from planner.memory_model import MemoryModel
 from planner.profile_io import load_profile, module_table, save_profile, save_profile_table
-from planner.profiler import profile_workload
 from planner.solve import solve
-from planner.workload import build_workload
 from tests.models import stack_file
 
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from planner.apply import apply_plan
-from planner.measure import measure_step
+from planner.measure.profiler import find_blocks, profile_workload
+from planner.measure.step import measure_step
+from planner.measure.workload import build_workload, load_model_file
 from planner.memory_model import MemoryModel
 from planner.planning import build_plan
-from planner.profiler import find_blocks, profile_workload
-from planner.workload import build_workload, load_model_file
 from tests.models import (
     BatchNormNet,
     SharedBlockModel,
@@ -262,8 +262,8 @@ DATA = Path(__file__).resolve().parent / "data"
 
 
 def test_a_model_that_checkpoints_itself_behind_a_flag_is_profiled_with_it_off() -> None:
-    from planner.fake import build_fake_workload
-    from planner.profiler import record_memory
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
 
     timm_style = load_model_file(DATA / "timm_flag.py")
     workload, session = build_fake_workload(timm_style)
@@ -278,8 +278,8 @@ def test_a_model_that_checkpoints_itself_behind_a_flag_is_profiled_with_it_off()
 
 
 def test_checkpoint_calls_in_the_model_code_are_seen_and_counted(stack_profile) -> None:  # type: ignore[no-untyped-def]
-    from planner.fake import build_fake_workload
-    from planner.profiler import recomputed_in_backward, record_memory
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import recomputed_in_backward, record_memory
 
     own = load_model_file(DATA / "own_checkpoint.py")
     workload, session = build_fake_workload(own)
@@ -299,7 +299,7 @@ def test_blocks_without_child_modules_are_blocks_and_candidates() -> None:
     """A stack of leaf modules that hold their own parameters and compute with torch
     functions is the model's blocks; each is a candidate, since checkpointing it frees its
     activations; every-block checkpointing lowers the peak, and the check passes."""
-    from planner.check import CheckReference, check_plan
+    from planner.check.compare import CheckReference, check_plan
     from planner.pipeline import profile_model_file
     from planner.planning import baseline_every_block
 

@@ -12,10 +12,11 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from cli.main import app
+from planner.measure.profiler import profile_workload
+from planner.measure.workload import build_workload
 from planner.plan import ModuleDecision, Plan, save_plan
 from planner.planning import baseline_every_block, baseline_plans, build_plan, frontier
 from planner.profile_io import save_profile
-from planner.profiler import profile_workload
 from planner.records import ModuleProfile, Profile
 from planner.report import (
     CHOSEN,
@@ -28,7 +29,6 @@ from planner.report import (
     write_report,
 )
 from planner.units import format_bytes
-from planner.workload import build_workload
 from tests.models import stack_file
 
 

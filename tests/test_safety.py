@@ -1,6 +1,6 @@
 """Checkpointing hazards on real modules: random ops, side effects, recomputation that differs
 from the forward, tensors on another device. For each: the profiler or the recomputation
-probe (planner.safety) finds it, and the plan the tool writes trains exactly as unplanned.
+probe (planner.check.safety) finds it, and the plan the tool writes trains exactly as unplanned.
 
 The tiny model files in tests/data/ isolate one hazard each; the examples at full size
 (dropout GPT, BatchNorm CNN, Hugging Face T5) show the written plan trains (about 5-8 s each
@@ -19,23 +19,23 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
 from planner.apply import apply_plan
-from planner.check import CheckReference, check_plan, run_check
+from planner.check.compare import CheckReference, check_plan, run_check
+from planner.check.safety import exclude_modules, find_recompute_mismatches
 from planner.errors import PlanCheckError, ProfilingError
-from planner.memory_model import MemoryModel
-from planner.pipeline import plan_checked
-from planner.plan import Plan
-from planner.planning import build_plan, plan_for_budget
-from planner.profiler import profile_workload
-from planner.records import Profile
-from planner.safety import exclude_modules, find_recompute_mismatches
-from planner.solve import Solver
-from planner.workload import (
+from planner.measure.profiler import profile_workload
+from planner.measure.workload import (
     ModelFile,
     Workload,
     build_workload,
     load_model_file,
     run_training_step,
 )
+from planner.memory_model import MemoryModel
+from planner.pipeline import plan_checked
+from planner.plan import Plan
+from planner.planning import build_plan, plan_for_budget
+from planner.records import Profile
+from planner.solve import Solver
 from tests.models import model_file
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -2,7 +2,7 @@
 (checked against brute force on random small trees), and infeasible budgets are explained.
 
 Profiles are built by hand: a timeline (hand-written, or simulated below from a random
-module tree) plus one ModuleProfile per module, as ``planner.profiler._module_profiles``
+module tree) plus one ModuleProfile per module, as ``planner.measure.profiler._module_profiles``
 fills them. No torch.
 """
 

@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 
 from planner.errors import InfeasibleBudgetError
-from planner.fake import build_fake_workload
+from planner.measure.fake import build_fake_workload
+from planner.measure.profiler import record_memory
+from planner.measure.timing import measure_costs, with_measured_costs
+from planner.measure.tracking import MemoryLimitExceeded
+from planner.measure.workload import load_model_file
 from planner.pipeline import profile_and_plan, profile_model_file
 from planner.planning import baseline_every_block, build_plan, unit_cost_ms
-from planner.profiler import record_memory
 from planner.records import CostSource, MemorySource
 from planner.solve import Solver
 from planner.targets import load_spec
-from planner.timing import measure_costs, with_measured_costs
-from planner.tracking import MemoryLimitExceeded
 from planner.units import format_bytes
-from planner.workload import load_model_file
 
 DATA = Path(__file__).resolve().parent / "data"
 SMALL_GPT = DATA / "small_gpt.py"
@@ -55,7 +55,7 @@ def test_a_timing_step_that_would_pass_its_limit_is_stopped() -> None:
 
 
 def test_an_infeasible_budget_is_reported_before_anything_real_is_allocated() -> None:
-    from planner.tracking import StorageWatcher
+    from planner.measure.tracking import StorageWatcher
 
     _, lowest = Solver(_memory_profile(WIDE)).lowest_peak()
     watcher = StorageWatcher("cpu", real_only=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from planner.tracking import PeakMemoryTracker, StorageWatcher, iter_tensors
+from planner.measure.tracking import PeakMemoryTracker, StorageWatcher, iter_tensors
 
 
 def test_views_share_one_storage_and_frees_are_seen() -> None:

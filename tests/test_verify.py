@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 from cli.main import app
 from planner.apply import apply_plan, is_wrapped, model_fingerprint
 from planner.errors import PlanFileError, PlanMismatchError
+from planner.measure.profiler import profile_workload
+from planner.measure.workload import build_workload, describe_batch, load_model_file
 from planner.plan import Plan, plan_to_dict, save_plan
 from planner.planning import build_plan
-from planner.profiler import profile_workload
-from planner.workload import build_workload, describe_batch, load_model_file
 
 DATA = Path(__file__).resolve().parent / "data"
 SMALL_CNN = DATA / "small_cnn.py"
@@ -294,7 +294,7 @@ def test_ctrl_c_while_the_plan_is_checked_exits_130_and_writes_nothing(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("planner.check.subprocess.run", interrupted)
+    monkeypatch.setattr("planner.check.compare.subprocess.run", interrupted)
     result = _profile(runner, SMALL_CNN, "360KiB")
     assert result.exit_code == 130, result.output
     _error_line(result, "interrupted")

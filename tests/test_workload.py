@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from planner.errors import ModelFileError, ProfilingError
-from planner.workload import build_workload, compute_loss, describe_batch, load_model_file
+from planner.measure.workload import build_workload, compute_loss, describe_batch, load_model_file
 from tests.models import model_file
 
 GOOD = """
@@ -71,7 +71,7 @@ def test_a_forward_that_raises_is_a_profiling_error_with_the_location(tmp_path: 
     text = GOOD.replace("return output.square().mean()", "raise ValueError('bad loss')")
     loaded = load_model_file(write(tmp_path, text))
     workload = build_workload(loaded)
-    from planner.workload import run_training_step
+    from planner.measure.workload import run_training_step
 
     with pytest.raises(ProfilingError, match="bad loss") as raised:
         run_training_step(workload)
@@ -120,7 +120,7 @@ DATA = Path(__file__).resolve().parent / "data"
 
 
 def test_build_optimizer_named_model_gets_the_model_on_real_and_fake_workloads() -> None:
-    from planner.fake import build_fake_workload
+    from planner.measure.fake import build_fake_workload
 
     nanogpt = load_model_file(DATA / "nanogpt_optimizer.py")
     real = build_workload(nanogpt, seed=0)
@@ -165,7 +165,7 @@ def test_build_optimizer_with_a_wrong_signature_is_a_one_line_error(
 
 
 def test_a_timm_style_flag_is_switched_off_and_said() -> None:
-    from planner.workload import switch_off_own_checkpointing
+    from planner.measure.workload import switch_off_own_checkpointing
 
     timm_style = load_model_file(DATA / "timm_flag.py")
     model = timm_style.build_model()
@@ -195,7 +195,7 @@ class _Stubborn(torch.nn.Module):
 
 
 def test_a_flag_that_cannot_be_switched_off_is_said_and_counted() -> None:
-    from planner.workload import switch_off_own_checkpointing
+    from planner.measure.workload import switch_off_own_checkpointing
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), _Stubborn())
     (note,) = switch_off_own_checkpointing(model)

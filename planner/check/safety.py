@@ -61,10 +61,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.errors import ProfilingError
-from planner.fake import FakeSession, is_fake
+from planner.measure.fake import FakeSession, is_fake
+from planner.measure.tracking import iter_tensors, written_arguments
+from planner.measure.workload import Workload, compute_loss, user_code_errors
 from planner.records import Profile
-from planner.tracking import iter_tensors, written_arguments
-from planner.workload import Workload, compute_loss, user_code_errors
 
 __all__ = ["exclude_modules", "find_recompute_mismatches"]
 

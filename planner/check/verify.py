@@ -1,7 +1,7 @@
 """Verify a written plan against its model file: what ``ckpt-plan verify`` runs.
 
 :func:`verify_plan` reads the plan, loads the model file, warns when the model file's batch is
-not the one the plan was measured with, and runs :func:`planner.check.check_plan` (the
+not the one the plan was measured with, and runs :func:`planner.check.compare.check_plan` (the
 unplanned and the planned step from the same seed, in a separate process). The result,
 :class:`Verification`, says whether the plan passed and, if not, what differs, one item per
 problem, in words a person can act on.
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.check import CheckReference, PlanCheck, check_plan
+from planner.check.compare import CheckReference, PlanCheck, check_plan
 from planner.errors import PlanMismatchError, PlannerError
+from planner.measure.workload import _user_code, describe_batch, load_model_file
 from planner.plan import Plan, load_plan
 from planner.units import format_bytes
-from planner.workload import _user_code, describe_batch, load_model_file
 
 __all__ = ["Verification", "batch_mismatch_warning", "format_batch", "verify_plan"]
 

@@ -1,7 +1,7 @@
 """Measure a real training step: its peak memory, time, loss, gradients and buffers.
 
 This is the independent check on every prediction: it knows nothing of the profile or the
-memory model; it runs the step with :class:`~planner.tracking.PeakMemoryTracker`.
+memory model; it runs the step with :class:`~planner.measure.tracking.PeakMemoryTracker`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from planner.tracking import PeakMemoryTracker, workload_tensors
-from planner.workload import Workload, run_training_step
+from planner.measure.tracking import PeakMemoryTracker, workload_tensors
+from planner.measure.workload import Workload, run_training_step
 
 __all__ = ["StepMeasurement", "measure_step"]
 
@@ -46,7 +46,7 @@ def measure_step(
     seed take identical steps. ``timed_steps`` extra untracked steps give a median time
     (tracking itself slows a step down); with 0 the tracked step's own time is reported.
     ``limit_bytes`` (CPU) stops any step, warm-up included, whose live memory passes it
-    (:class:`~planner.tracking.MemoryLimitExceeded`). Without ``copy_state`` the gradients
+    (:class:`~planner.measure.tracking.MemoryLimitExceeded`). Without ``copy_state`` the gradients
     and buffers are not copied out (the copies cost memory beside the step).
     """
     for step in range(warmup_steps):

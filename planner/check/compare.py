@@ -1,9 +1,9 @@
 """Check a plan by running it: the measured peak and an unchanged training step.
 
 :func:`check_plan` runs the planned step in a fresh Python process (``python -m
-planner.check``), measures its peak with :class:`~planner.tracking.PeakMemoryTracker`, and
-shows that it trains exactly as the unplanned step would, against one of two references
-(:class:`CheckReference`):
+planner.check.compare``), measures its peak with
+:class:`~planner.measure.tracking.PeakMemoryTracker`, and shows that it trains exactly as
+the unplanned step would, against one of two references (:class:`CheckReference`):
 
 * ``unplanned``: the unplanned step is run too, from the same seed, and the loss, every
   gradient and every buffer are compared bit for bit. It needs the unplanned step's memory.
@@ -159,7 +159,7 @@ class _RecomputeComparison:
     def _record(self, func: Any, out: Any) -> None:
         import torch
 
-        from planner.tracking import iter_tensors, returns_view
+        from planner.measure.tracking import iter_tensors, returns_view
 
         name = func._schema.name.removeprefix("aten::")
         if (
@@ -305,10 +305,10 @@ def run_check(
     from torch.utils.checkpoint import set_checkpoint_debug_enabled
 
     from planner.apply import apply_plan, remove_plan
-    from planner.measure import measure_step
+    from planner.measure.step import measure_step
+    from planner.measure.tracking import MemoryLimitExceeded
+    from planner.measure.workload import build_workload, load_model_file
     from planner.plan import load_plan
-    from planner.tracking import MemoryLimitExceeded
-    from planner.workload import build_workload, load_model_file
 
     plan_value = plan if isinstance(plan, Plan) else load_plan(plan)
     model_file = load_model_file(model_path)
@@ -488,7 +488,7 @@ def check_plan(
         command = [
             sys.executable,
             "-m",
-            "planner.check",
+            "planner.check.compare",
             str(model_path),
             str(plan_path),
             "--device",

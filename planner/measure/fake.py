@@ -66,8 +66,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from planner.errors import ProfilingError
-from planner.tracking import writes_in_place, written_arguments
-from planner.workload import (
+from planner.measure.tracking import writes_in_place, written_arguments
+from planner.measure.workload import (
     ModelFile,
     Workload,
     _error_location,

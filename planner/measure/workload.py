@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from planner.errors import ModelFileError, ProfilingError
-from planner.tracking import iter_tensors
+from planner.measure.tracking import iter_tensors
 
 __all__ = [
     "ModelFile",
@@ -75,7 +75,7 @@ class Workload:
 # Checkpointing a model does itself, switched by a flag on its modules: Hugging Face's
 # `gradient_checkpointing` (set by `gradient_checkpointing_enable()`) and timm's
 # `grad_checkpointing` (set by `set_grad_checkpointing()`). Checkpointing in the model's own
-# code with no flag is seen in the recorded step instead (planner.profiler).
+# code with no flag is seen in the recorded step instead (planner.measure.profiler).
 OWN_CHECKPOINTING_FLAGS = ("gradient_checkpointing", "grad_checkpointing")
 OWN_CHECKPOINTING_NOTE = "the model checkpoints "
 """How a profile's ``assumptions`` line about the model's own checkpointing begins."""

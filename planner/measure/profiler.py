@@ -4,9 +4,9 @@
 the optimizer state exists and the step is steady-state), then ONE instrumented step under
 :class:`TimelineRecorder`, which records, in order, every storage made and freed, every
 module forward entered and left, every tensor saved for backward (packed) and read back
-(unpacked), and each op's FLOPs and bytes. With a :class:`~planner.fake.FakeSession` all of
+(unpacked), and each op's FLOPs and bytes. With a :class:`~planner.measure.fake.FakeSession` all of
 it runs on fake tensors (the default of ``ckpt-plan profile``: no memory is used); without
-one, for real. Times are not taken here: :mod:`planner.timing` measures them in steps that
+one, for real. Times are not taken here: :mod:`planner.measure.timing` measures them in steps that
 fit the budget, and :mod:`planner.targets` estimates them for a target device.
 
 :func:`profile_workload` is the all-real profile (a real instrumented step, then timed
@@ -33,6 +33,23 @@ from torch.utils.flop_counter import flop_registry
 
 from planner.apply import model_fingerprint
 from planner.errors import ProfilingError
+from planner.measure.timing import Clock, summed_ms, timed_module_calls
+from planner.measure.tracking import (
+    PeakMemoryTracker,
+    StorageWatcher,
+    iter_tensors,
+    returns_view,
+    workload_tensors,
+    written_arguments,
+)
+from planner.measure.workload import (
+    OWN_CHECKPOINTING_NOTE,
+    Workload,
+    compute_loss,
+    describe_batch,
+    run_training_step,
+    user_code_errors,
+)
 from planner.memory_model import MemoryModel
 from planner.records import (
     PROFILE_SCHEMA_VERSION,
@@ -47,26 +64,9 @@ from planner.records import (
     StorageLifetime,
     forward_totals_by_call,
 )
-from planner.timing import Clock, summed_ms, timed_module_calls
-from planner.tracking import (
-    PeakMemoryTracker,
-    StorageWatcher,
-    iter_tensors,
-    returns_view,
-    workload_tensors,
-    written_arguments,
-)
-from planner.workload import (
-    OWN_CHECKPOINTING_NOTE,
-    Workload,
-    compute_loss,
-    describe_batch,
-    run_training_step,
-    user_code_errors,
-)
 
 if TYPE_CHECKING:
-    from planner.fake import FakeSession
+    from planner.measure.fake import FakeSession
 
 __all__ = [
     "ProgressCallback",
@@ -646,7 +646,7 @@ def record_memory(
     ``cost_source`` is ``none``. With ``session`` the steps run on its fake tensors, and the
     profile is for the session's device. The workload's weights change (real steps).
     ``limit_bytes`` stops a real step whose live memory passes it
-    (:class:`~planner.tracking.MemoryLimitExceeded`). ``workspace_bytes`` is memory the
+    (:class:`~planner.measure.tracking.MemoryLimitExceeded`). ``workspace_bytes`` is memory the
     device's libraries hold for the whole step (cuBLAS workspaces on CUDA): it is added to
     the timeline as one storage alive throughout, so every predicted peak includes it."""
     running = session.running if session is not None else contextlib.nullcontext
