@@ -47,7 +47,8 @@ from planner.measure.tracking import StorageWatcher  # noqa: E402
 from planner.measure.workload import build_workload, load_model_file, run_training_step  # noqa: E402
 from planner.memory_model import MemoryModel  # noqa: E402
 from planner.pipeline import profile_and_plan  # noqa: E402
-from planner.planning import baseline_every_block, build_plan  # noqa: E402
+from planner.planning import build_plan  # noqa: E402
+from planner.solve import Solver  # noqa: E402
 
 MIB = 2**20
 EXAMPLES = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
@@ -157,8 +158,12 @@ def memory_part(names: list[str]) -> str:
         path = ROOT / "examples" / f"{name}.py"
         workload, session = build_fake_workload(load_model_file(path))
         memory = profiler.record_memory(workload, session=session)
-        every = baseline_every_block(memory).predicted_peak_bytes
-        budget = (every + memory.measured_peak_bytes) // 2
+        # Halfway from every block checkpointed (or, where some blocks cannot be, the
+        # smallest feasible peak) to the unplanned peak, as plan_stability.py chooses.
+        model = MemoryModel(memory.timeline)
+        _, lowest = Solver(memory, model).lowest_peak()
+        low = max(model.peak_bytes(memory.block_names), lowest)
+        budget = (low + memory.measured_peak_bytes) // 2
         watcher = StorageWatcher("cpu", real_only=True)
         with watcher:
             result = profile_and_plan(path, budget)
