@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
+
+if TYPE_CHECKING:
+    from planner.records import Profile
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
@@ -15,3 +20,15 @@ def markdown_table(frame: pd.DataFrame) -> str:
         for row in frame.itertuples(index=False)
     ]
     return "\n".join([header, rule, *body])
+
+
+def halfway_budget(profile: Profile) -> int:
+    """Halfway from the peak with every block checkpointed (or, where some blocks cannot be,
+    the smallest feasible peak: T5's decoder) to the unplanned peak."""
+    from planner.memory_model import MemoryModel
+    from planner.solve import Solver
+
+    model = MemoryModel(profile.timeline)
+    _, lowest = Solver(profile, model).lowest_peak()
+    low = max(model.peak_bytes(profile.block_names), lowest)
+    return (low + profile.measured_peak_bytes) // 2

@@ -27,15 +27,13 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import markdown_table  # noqa: E402
+from benchmarks.common import halfway_budget, markdown_table  # noqa: E402
 from planner.apply import apply_plan, remove_plan  # noqa: E402
 from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.measure.fake import build_fake_workload  # noqa: E402
 from planner.measure.profiler import record_memory  # noqa: E402
 from planner.measure.workload import build_workload, load_model_file, run_training_step  # noqa: E402
-from planner.memory_model import MemoryModel  # noqa: E402
 from planner.pipeline import profile_and_plan  # noqa: E402
-from planner.solve import Solver  # noqa: E402
 
 DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 
@@ -51,7 +49,8 @@ def measured_step_ms(path: Path, plans: dict[str, object], repeats: int) -> dict
 
     def step(plan: object, seed: int) -> float:
         if plan is not None:
-            apply_plan(workload.model, plan)  # type: ignore[arg-type]
+            # No first-step guard: it would run inside this timed step, every step.
+            apply_plan(workload.model, plan, guard=False)  # type: ignore[arg-type]
         started = time.perf_counter()
         run_training_step(workload, seed=seed)
         elapsed = (time.perf_counter() - started) * 1000
@@ -73,12 +72,7 @@ def run_model(name: str, runs: int, repeats: int) -> dict[str, object]:
     path = ROOT / "examples" / f"{name}.py"
     workload, session = build_fake_workload(load_model_file(path))
     memory = record_memory(workload, session=session)
-    # Halfway from every block checkpointed (or, where some blocks cannot be, the smallest
-    # feasible peak) to the unplanned peak.
-    model = MemoryModel(memory.timeline)
-    _, lowest = Solver(memory, model).lowest_peak()
-    low = max(model.peak_bytes(memory.block_names), lowest)
-    budget = (low + memory.measured_peak_bytes) // 2
+    budget = halfway_budget(memory)
     results = [profile_and_plan(path, budget) for _ in range(runs)]
     choices = [result.plan.module_names for result in results]
     distinct = {modules: result.plan for modules, result in zip(choices, results, strict=True)}

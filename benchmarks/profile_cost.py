@@ -38,7 +38,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import markdown_table  # noqa: E402
+from benchmarks.common import halfway_budget, markdown_table  # noqa: E402
 from planner.fileio import atomic_write_text  # noqa: E402
 from planner.measure import profiler  # noqa: E402
 from planner.measure.fake import build_fake_workload  # noqa: E402
@@ -48,7 +48,6 @@ from planner.measure.workload import build_workload, load_model_file, run_traini
 from planner.memory_model import MemoryModel  # noqa: E402
 from planner.pipeline import profile_and_plan  # noqa: E402
 from planner.planning import build_plan  # noqa: E402
-from planner.solve import Solver  # noqa: E402
 
 MIB = 2**20
 EXAMPLES = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
@@ -158,12 +157,7 @@ def memory_part(names: list[str]) -> str:
         path = ROOT / "examples" / f"{name}.py"
         workload, session = build_fake_workload(load_model_file(path))
         memory = profiler.record_memory(workload, session=session)
-        # Halfway from every block checkpointed (or, where some blocks cannot be, the
-        # smallest feasible peak) to the unplanned peak, as plan_stability.py chooses.
-        model = MemoryModel(memory.timeline)
-        _, lowest = Solver(memory, model).lowest_peak()
-        low = max(model.peak_bytes(memory.block_names), lowest)
-        budget = (low + memory.measured_peak_bytes) // 2
+        budget = halfway_budget(memory)
         watcher = StorageWatcher("cpu", real_only=True)
         with watcher:
             result = profile_and_plan(path, budget)

@@ -34,7 +34,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import PlanFileError, PlanMismatchError
-from planner.measure.workload import OWN_CHECKPOINTING_FLAGS
+from planner.measure.workload import describe_tensor, flag_names, own_checkpointing_flags
 from planner.plan import CheckpointMethod, ModuleDecision, Plan, load_plan
 
 logger = logging.getLogger(__name__)
@@ -375,7 +375,7 @@ def step_differences(
         value = given.get(key)
         if not (isinstance(expected, dict) and isinstance(value, torch.Tensor)):
             continue
-        actual = {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+        actual = describe_tensor(value)
         if actual != {"shape": expected.get("shape"), "dtype": expected.get("dtype")}:
             changed.append(
                 f"{key} is {actual['shape']} {actual['dtype']}, the plan's was "
@@ -389,10 +389,7 @@ def step_differences(
             "sample_batch() returning a batch of this shape"
         )
     planned = {row[0]: row[2] for row in plan.fingerprint.get("parameters", [])}
-    now = {
-        name: str(parameter.dtype).removeprefix("torch.")
-        for name, parameter in model.named_parameters()
-    }
+    now = {row[0]: row[2] for row in model_fingerprint(model)["parameters"]}
     cast = sorted(
         {(planned[name], dtype) for name, dtype in now.items() if planned.get(name, dtype) != dtype}
     )
@@ -403,15 +400,10 @@ def step_differences(
             "for the other dtype; re-run `ckpt-plan profile` with build_model() returning the "
             "model as you train it"
         )
-    own = [
-        f"{name}.{flag}" if name else flag
-        for name, module in model.named_modules()
-        for flag in OWN_CHECKPOINTING_FLAGS
-        if vars(module).get(flag) is True
-    ]
+    own = own_checkpointing_flags(model)
     if own:
         found.append(
-            f"the model's own gradient checkpointing is on ({', '.join(own[:3])}) as well as "
+            f"the model's own gradient checkpointing is on ({flag_names(own)}) as well as "
             "the plan: it recomputes more and frees nothing the plan does not; turn it off "
             "(model.gradient_checkpointing_disable(), or gradient_checkpointing=False in "
             "Hugging Face's TrainingArguments)"

@@ -449,9 +449,7 @@ def _is_block(module: torch.nn.Module) -> bool:
     of ``torch.nn``'s layers: a run of ``nn.Linear`` is a stack of layers, not of blocks)."""
     if any(True for _ in module.children()):
         return True
-    return not type(module).__module__.startswith("torch.") and any(
-        True for _ in module.parameters(recurse=False)
-    )
+    return not _is_torch_layer(module) and any(True for _ in module.parameters(recurse=False))
 
 
 def _is_torch_layer(module: torch.nn.Module) -> bool:

@@ -87,7 +87,7 @@ def own_checkpointing_notes(assumptions: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(line for line in assumptions if line.startswith(OWN_CHECKPOINTING_NOTE))
 
 
-def _flags_on(model: torch.nn.Module) -> list[tuple[str, str]]:
+def own_checkpointing_flags(model: torch.nn.Module) -> list[tuple[str, str]]:
     """(module name, flag) for each own-checkpointing flag that is on (``True``)."""
     return [
         (name, flag)
@@ -97,7 +97,7 @@ def _flags_on(model: torch.nn.Module) -> list[tuple[str, str]]:
     ]
 
 
-def _where(flags: list[tuple[str, str]]) -> str:
+def flag_names(flags: list[tuple[str, str]]) -> str:
     names = [f"{name}.{flag}" if name else flag for name, flag in flags]
     shown = ", ".join(names[:4])
     return shown + (f" and {len(names) - 4} more" if len(names) > 4 else "")
@@ -108,7 +108,7 @@ def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[str, ...]:
     for the model without it (the plan then chooses what to checkpoint). Returns one line
     per finding for the profile's assumptions: what was on, how it was switched off (to do
     the same in training), or that it could not be (and the plan counts it)."""
-    flags = _flags_on(model)
+    flags = own_checkpointing_flags(model)
     if not flags:
         return ()
     how = []
@@ -117,21 +117,21 @@ def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[str, ...]:
     ):
         model.gradient_checkpointing_disable()  # type: ignore[operator]
         how.append("model.gradient_checkpointing_disable()")
-    if callable(getattr(model, "set_grad_checkpointing", None)) and _flags_on(model):
+    if callable(getattr(model, "set_grad_checkpointing", None)) and own_checkpointing_flags(model):
         with contextlib.suppress(Exception):
             model.set_grad_checkpointing(False)  # type: ignore[operator]
             how.append("model.set_grad_checkpointing(False)")
-    left = _flags_on(model)
+    left = own_checkpointing_flags(model)
     for name, flag in left:
         with contextlib.suppress(Exception):
             setattr(model.get_submodule(name), flag, False)
-    if left and len(left) > len(_flags_on(model)):
-        how.append(f"setting {_where(left)} to False")
-    found = f"{OWN_CHECKPOINTING_NOTE}itself ({_where(flags)} on)"
-    stuck = _flags_on(model)
+    if left and len(left) > len(own_checkpointing_flags(model)):
+        how.append(f"setting {flag_names(left)} to False")
+    found = f"{OWN_CHECKPOINTING_NOTE}itself ({flag_names(flags)} on)"
+    stuck = own_checkpointing_flags(model)
     if stuck:
         return (
-            f"{found}: {_where(stuck)} could not be switched off, so the plan counts that "
+            f"{found}: {flag_names(stuck)} could not be switched off, so the plan counts that "
             "checkpointing (its modules are recomputed whatever the plan)",
         )
     return (
@@ -383,6 +383,12 @@ def run_training_step(
     return loss.detach()
 
 
+def describe_tensor(tensor: torch.Tensor) -> dict[str, object]:
+    """A tensor's shape and dtype as the plan file records them (``{"shape": [4, 128],
+    "dtype": "int64"}``)."""
+    return {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
+
+
 def describe_batch(batch: Any) -> dict[str, object]:
     """Shapes and dtypes of the batch's tensors, for the plan file and mismatch warnings."""
     if isinstance(batch, dict):
@@ -395,15 +401,9 @@ def describe_batch(batch: Any) -> dict[str, object]:
     for key, value in items:
         tensors = list(iter_tensors(value))
         if isinstance(value, torch.Tensor):
-            described[key] = {
-                "shape": list(value.shape),
-                "dtype": str(value.dtype).removeprefix("torch."),
-            }
+            described[key] = describe_tensor(value)
         elif tensors:
-            described[key] = [
-                {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-                for t in tensors
-            ]
+            described[key] = [describe_tensor(t) for t in tensors]
         else:
             described[key] = repr(value)[:80]
     return described
