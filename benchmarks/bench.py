@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 import pandas as pd  # noqa: E402
 
 from benchmarks.common import markdown_table  # noqa: E402
-from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
-from planner.plan import Plan, load_plan, save_plan  # noqa: E402
+from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
+from planner.plan.plan_file import Plan, load_plan, save_plan  # noqa: E402
 
 DEFAULT_MODELS = ["gpt", "mlp", "cnn", "resnet", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 COLUMNS = [
@@ -68,8 +68,8 @@ COLUMNS = [
 def plan_model(path: Path, full: bool) -> tuple[list[dict[str, Any]], dict[str, Plan]]:
     from planner.measure.workload import load_model_file
     from planner.pipeline import plan_checked, profile_model_file
-    from planner.planning import baseline_plans
     from planner.solve import Solver
+    from planner.solve.planning import baseline_plans
 
     started = time.perf_counter()
     profile = profile_model_file(load_model_file(path))

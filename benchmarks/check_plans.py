@@ -42,15 +42,15 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import markdown_table  # noqa: E402
 from planner.check.compare import CheckReference, check_plan  # noqa: E402
-from planner.errors import InfeasibleBudgetError, PlanCheckError  # noqa: E402
-from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
+from planner.core.errors import InfeasibleBudgetError, PlanCheckError  # noqa: E402
+from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.measure.profiler import profile_workload  # noqa: E402
 from planner.measure.workload import build_workload, load_model_file  # noqa: E402
-from planner.memory_model import MemoryModel  # noqa: E402
 from planner.pipeline import plan_checked, profile_model_file  # noqa: E402
-from planner.plan import Plan  # noqa: E402
-from planner.planning import baseline_every_block  # noqa: E402
+from planner.plan.memory_model import MemoryModel  # noqa: E402
+from planner.plan.plan_file import Plan  # noqa: E402
 from planner.solve import Solver  # noqa: E402
+from planner.solve.planning import baseline_every_block  # noqa: E402
 
 DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 if TYPE_CHECKING:
-    from planner.records import Profile
+    from planner.core.records import Profile
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
@@ -25,7 +25,7 @@ def markdown_table(frame: pd.DataFrame) -> str:
 def halfway_budget(profile: Profile) -> int:
     """Halfway from the peak with every block checkpointed (or, where some blocks cannot be,
     the smallest feasible peak: T5's decoder) to the unplanned peak."""
-    from planner.memory_model import MemoryModel
+    from planner.plan.memory_model import MemoryModel
     from planner.solve import Solver
 
     model = MemoryModel(profile.timeline)

@@ -37,13 +37,13 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import markdown_table  # noqa: E402
 from planner.apply import apply_plan  # noqa: E402
 from planner.check.compare import CheckReference, check_plan  # noqa: E402
-from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
+from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.measure.fake import build_fake_workload  # noqa: E402
 from planner.measure.profiler import record_memory  # noqa: E402
 from planner.measure.workload import build_workload, load_model_file, run_training_step  # noqa: E402
 from planner.pipeline import plan_checked, profile_model_file  # noqa: E402
-from planner.planning import baseline_every_block, plan_for_budget  # noqa: E402
-from planner.targets import load_spec, roofline_costs  # noqa: E402
+from planner.plan.targets import load_spec, roofline_costs  # noqa: E402
+from planner.solve.planning import baseline_every_block, plan_for_budget  # noqa: E402
 
 MODELS = {
     "gpt": ROOT / "examples" / "gpt.py",

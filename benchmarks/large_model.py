@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.fileio import atomic_write_text  # noqa: E402
-from planner.units import format_bytes  # noqa: E402
+from planner.core.fileio import atomic_write_text  # noqa: E402
+from planner.core.units import format_bytes  # noqa: E402
 
 # Llama 3 8B (examples/llama3_8b.py): vocabulary, hidden, intermediate, layers, KV width.
 VOCAB, HIDDEN, INTERMEDIATE, LAYERS, KV = 128256, 4096, 14336, 32, 8 * 128

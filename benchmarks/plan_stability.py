@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import halfway_budget, markdown_table  # noqa: E402
 from planner.apply import apply_plan, remove_plan  # noqa: E402
-from planner.fileio import atomic_path, atomic_write_text  # noqa: E402
+from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.measure.fake import build_fake_workload  # noqa: E402
 from planner.measure.profiler import record_memory  # noqa: E402
 from planner.measure.workload import build_workload, load_model_file, run_training_step  # noqa: E402

@@ -39,15 +39,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import halfway_budget, markdown_table  # noqa: E402
-from planner.fileio import atomic_write_text  # noqa: E402
+from planner.core.fileio import atomic_write_text  # noqa: E402
 from planner.measure import profiler  # noqa: E402
 from planner.measure.fake import build_fake_workload  # noqa: E402
 from planner.measure.timing import measure_costs  # noqa: E402
 from planner.measure.tracking import StorageWatcher  # noqa: E402
 from planner.measure.workload import build_workload, load_model_file, run_training_step  # noqa: E402
-from planner.memory_model import MemoryModel  # noqa: E402
 from planner.pipeline import profile_and_plan  # noqa: E402
-from planner.planning import build_plan  # noqa: E402
+from planner.plan.memory_model import MemoryModel  # noqa: E402
+from planner.solve.planning import build_plan  # noqa: E402
 
 MIB = 2**20
 EXAMPLES = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]

@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 from planner.measure.workload import load_model_file  # noqa: E402
 from planner.pipeline import profile_model_file  # noqa: E402
-from planner.planning import frontier  # noqa: E402
-from planner.profile_io import load_profile, save_profile  # noqa: E402
+from planner.plan.profile_file import load_profile, save_profile  # noqa: E402
 from planner.solve import Solver  # noqa: E402
+from planner.solve.planning import frontier  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

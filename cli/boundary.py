@@ -16,7 +16,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from planner import errors
+from planner.core import errors
 
 __all__ = [
     "EXIT_CODES",

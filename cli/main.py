@@ -33,9 +33,9 @@ from cli.options import (
     require_device,
 )
 from cli.render import print_plan_summary, warn_own_checkpointing
-from planner import errors
-from planner.records import CostSource, MemorySource, Profile
-from planner.units import format_bytes
+from planner.core import errors
+from planner.core.records import CostSource, MemorySource, Profile
+from planner.core.units import format_bytes
 
 app = typer.Typer(
     name="ckpt-plan",
@@ -107,15 +107,15 @@ def profile(
     with errors_to_exit_codes(verbose):
         spec = None
         if target is not None:
-            from planner.targets import load_spec
+            from planner.plan.targets import load_spec
 
             spec = load_spec(target)
             device = Device(spec.device_type)
         else:
             require_device(device)
         from planner.pipeline import profile_and_plan
-        from planner.plan import save_plan
-        from planner.profile_io import save_profile, save_profile_table
+        from planner.plan.plan_file import save_plan
+        from planner.plan.profile_file import save_profile, save_profile_table
         from planner.report import write_report
 
         try:
@@ -246,9 +246,9 @@ def solve(
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
-        from planner.plan import save_plan
-        from planner.planning import PlanningResult, plan_for_budget
-        from planner.profile_io import load_profile, save_profile
+        from planner.plan.plan_file import save_plan
+        from planner.plan.profile_file import load_profile, save_profile
+        from planner.solve.planning import PlanningResult, plan_for_budget
 
         loaded = load_profile(profile_path)
         if check is None and loaded.cost_source is not CostSource.NONE:
@@ -287,9 +287,9 @@ def tradeoff(
 
         import pandas as pd
 
-        from planner.fileio import atomic_path
-        from planner.planning import baseline_plans, frontier
-        from planner.profile_io import load_profile
+        from planner.core.fileio import atomic_path
+        from planner.plan.profile_file import load_profile
+        from planner.solve.planning import baseline_plans, frontier
 
         loaded = load_profile(profile_path)
         if loaded.cost_source is CostSource.NONE:

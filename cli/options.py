@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 from cli.boundary import EXIT_CODES, fail
-from planner import errors
-from planner.units import parse_bytes
+from planner.core import errors
+from planner.core.units import parse_bytes
 
 __all__ = [
     "BudgetOption",

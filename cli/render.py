@@ -8,8 +8,8 @@ from typing import Any
 from rich.table import Table
 
 from cli.boundary import stdout, warn
-from planner.records import Profile
-from planner.units import format_bytes
+from planner.core.records import Profile
+from planner.core.units import format_bytes
 
 __all__ = ["print_plan_summary", "warn_own_checkpointing"]
 

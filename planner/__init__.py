@@ -7,7 +7,7 @@ immutable records (:class:`Profile`, :class:`Plan`).
 
 from typing import TYPE_CHECKING
 
-from planner.errors import (
+from planner.core.errors import (
     BudgetError,
     InfeasibleBudgetError,
     ModelFileError,
@@ -19,8 +19,8 @@ from planner.errors import (
     ProfilingError,
     TargetSpecError,
 )
-from planner.plan import CheckpointMethod, ModuleDecision, Plan, load_plan, save_plan
-from planner.records import Profile
+from planner.core.records import Profile
+from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan, load_plan, save_plan
 
 __all__ = [
     "BudgetError",

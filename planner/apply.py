@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from planner.errors import PlanFileError, PlanMismatchError
+from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.measure.workload import describe_tensor, flag_names, own_checkpointing_flags
-from planner.plan import CheckpointMethod, ModuleDecision, Plan, load_plan
+from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan, load_plan
 
 logger = logging.getLogger(__name__)
 

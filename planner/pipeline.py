@@ -6,7 +6,7 @@ plan applied that fits the budget (:mod:`planner.measure.timing`), chosen by sol
 profile with provisional roofline costs; the plan's check runs only the planned step. Where
 fake execution cannot run the step, a real step is recorded instead, stopped if its live
 memory passes the budget. With a ``target`` device spec nothing runs for real at all: times
-come from a roofline (:mod:`planner.targets`), and the plan is left unchecked.
+come from a roofline (:mod:`planner.plan.targets`), and the plan is left unchecked.
 
 Rule two: a plan is returned only after it has been run in a separate process with its peak
 within the budget and its training step unchanged (:mod:`planner.check.compare`: every recomputation
@@ -29,29 +29,29 @@ from pathlib import Path
 
 from planner.check.compare import CheckReference, check_plan
 from planner.check.safety import exclude_modules, find_recompute_mismatches
-from planner.errors import (
+from planner.core.errors import (
     InfeasibleBudgetError,
     PlanCheckError,
     ProfileFileError,
     ProfilingError,
 )
+from planner.core.records import CostSource, MemorySource, Profile
+from planner.core.units import format_bytes, format_bytes_apart
 from planner.measure.fake import FakeExecutionError, build_fake_workload
 from planner.measure.profiler import ProgressCallback, record_memory
 from planner.measure.timing import measure_costs, with_measured_costs
 from planner.measure.tracking import MemoryLimitExceeded
 from planner.measure.workload import ModelFile, build_workload, load_model_file
-from planner.plan import CheckpointMethod, Plan
-from planner.planning import (
+from planner.plan.plan_file import CheckpointMethod, Plan
+from planner.plan.targets import DeviceSpec, check_budget_fits, provisional_costs, roofline_costs
+from planner.solve import Solver
+from planner.solve.planning import (
     PlanningResult,
     build_plan,
     plan_for_budget,
     recomputed_modules,
     unit_cost_ms,
 )
-from planner.records import CostSource, MemorySource, Profile
-from planner.solve import Solver
-from planner.targets import DeviceSpec, check_budget_fits, provisional_costs, roofline_costs
-from planner.units import format_bytes, format_bytes_apart
 
 __all__ = [
     "PlanningResult",

@@ -145,9 +145,9 @@ def predicted_and_measured(path: Path, fractions: tuple[float, ...]) -> list[dic
     from planner.measure.profiler import record_memory
     from planner.measure.step import measure_step
     from planner.measure.workload import build_workload, load_model_file
-    from planner.planning import build_plan
+    from planner.plan.targets import provisional_costs
     from planner.solve import Solver
-    from planner.targets import provisional_costs
+    from planner.solve.planning import build_plan
 
     model_file = load_model_file(path)
     workload, session = build_fake_workload(model_file, "cpu", seed=0)

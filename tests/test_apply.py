@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from planner.apply import apply_plan, model_fingerprint, remove_plan, wrapped_modules
-from planner.errors import PlanFileError, PlanMismatchError
-from planner.plan import CheckpointMethod, ModuleDecision, Plan, save_plan
+from planner.core.errors import PlanFileError, PlanMismatchError
+from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan, save_plan
 
 WIDTH = 8
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from planner.check.compare import CheckReference, check_plan, run_check
 from planner.measure.workload import load_model_file
 from planner.pipeline import profile_model_file
-from planner.planning import baseline_every_block, build_plan
+from planner.solve.planning import baseline_every_block, build_plan
 
 DATA = Path(__file__).resolve().parent / "data"
 

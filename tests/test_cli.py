@@ -174,12 +174,12 @@ def test_an_unexpected_exception_is_one_line_with_a_hint(
 ) -> None:
     """A bug (an exception that is not a PlannerError) is one `error:` line, exit 1, and a
     hint to re-run with --verbose, which shows the traceback."""
-    import planner.profile_io
+    import planner.plan.profile_file
 
     def broken(path: object) -> None:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(planner.profile_io, "load_profile", broken)
+    monkeypatch.setattr(planner.plan.profile_file, "load_profile", broken)
     (tmp_path / "profile.json").write_text("{}")
     result = runner.invoke(app, ["solve", str(tmp_path / "profile.json"), "--budget", "1GB"])
     assert result.exit_code == 1

@@ -60,7 +60,7 @@ def test_a_cuda_plan_is_measured_at_its_predicted_peak() -> None:
     from planner.check.compare import CheckReference, check_plan
     from planner.measure.workload import load_model_file
     from planner.pipeline import profile_model_file
-    from planner.planning import baseline_every_block
+    from planner.solve.planning import baseline_every_block
 
     path = DATA / "small_gpt.py"
     profile = profile_model_file(load_model_file(path), device="cuda")

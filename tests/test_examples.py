@@ -10,10 +10,10 @@ import torch
 from typer.testing import CliRunner
 
 from cli.main import app
+from planner.core.units import parse_bytes
 from planner.measure.workload import build_workload, load_model_file, run_training_step
-from planner.plan import load_plan
-from planner.profile_io import load_profile
-from planner.units import parse_bytes
+from planner.plan.plan_file import load_plan
+from planner.plan.profile_file import load_profile
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ALL = ["gpt", "mlp", "cnn", "resnet", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
@@ -47,7 +47,7 @@ def test_every_block_on_a_cnn_wraps_the_residual_blocks(name: str, blocks: list[
     from planner.measure.fake import build_fake_workload
     from planner.measure.profiler import record_memory
     from planner.measure.step import measure_step
-    from planner.planning import baseline_every_block
+    from planner.solve.planning import baseline_every_block
 
     model_file = load_model_file(EXAMPLES / f"{name}.py")
     workload, session = build_fake_workload(model_file)

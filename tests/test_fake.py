@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
+from planner.core.records import MemorySource, Profile
 from planner.measure.fake import FakeExecutionError, build_fake_workload, is_fake
 from planner.measure.profiler import profile_workload, record_memory
 from planner.measure.tracking import allocated_bytes
 from planner.measure.workload import build_workload, load_model_file
-from planner.records import MemorySource, Profile
 from tests.models import model_file, stack_file, tricky_file
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.fileio import atomic_path, atomic_write_text
+from planner.core.fileio import atomic_path, atomic_write_text
 
 
 def test_atomic_write_text_writes_utf8(tmp_path: Path) -> None:

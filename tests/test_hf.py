@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from planner.check.compare import check_plan
 from planner.measure.workload import load_model_file
 from planner.pipeline import profile_model_file
-from planner.planning import baseline_every_block, plan_for_budget
+from planner.solve.planning import baseline_every_block, plan_for_budget
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

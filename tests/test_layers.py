@@ -1,8 +1,13 @@
-"""The import graph points one way: records -> model -> measure -> check -> pipeline -> cli.
+"""The import graph points one way: core -> plan -> solve -> report -> measure -> check ->
+pipeline -> cli. Each layer is one package of ``planner`` (one file for ``apply`` and
+``pipeline``):
 
-* **records** (``errors``, ``units``, ``records``, ``fileio``): plain data and helpers.
-* **model** (the memory model, the solver, plans, profile files, targets, reports): pure
-  Python over the records; no torch, so planning from a saved profile never imports it.
+* **core** (``planner.core``: errors, units, records, file writes): plain data and helpers.
+* **plan** (``planner.plan``: the memory model, plan and profile files, device targets):
+  pure Python over the records.
+* **solve** (``planner.solve``: the unit tree, memory rows, the three searches, planning):
+  the cheapest plan under a budget.
+* **report** (``planner.report``): tables, figures and summaries of a profile and its plans.
 * **measure** (``planner.measure``: tracking, workloads, fake tensors, the profiler,
   timing, measured steps; and ``planner.apply``): runs torch.
 * **check** (``planner.check``: the recomputation probe, checking and verifying plans):
@@ -11,7 +16,8 @@
 * **cli**: the typer app over all of the above; nothing in ``planner`` imports it.
 
 A module may import its own layer and the layers below. Imports under ``if TYPE_CHECKING:``
-are for annotations only and do not count. A new module must be given a layer here.
+are for annotations only and do not count. core, plan, solve and report import no torch, so
+planning from a saved profile never loads it. A new module must be given a layer here.
 """
 
 from __future__ import annotations
@@ -23,15 +29,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS: dict[str, tuple[str, ...]] = {
-    "records": ("errors", "units", "records", "fileio"),
-    "model": ("memory_model", "plan", "targets", "profile_io", "solve", "planning", "report"),
+    "core": ("core",),
+    "plan": ("plan",),
+    "solve": ("solve",),
+    "report": ("report",),
     "measure": ("measure", "apply"),
     "check": ("check",),
     "pipeline": ("pipeline",),
 }
 ORDER = list(LAYERS)
 LAYER_OF = {module: layer for layer, modules in LAYERS.items() for module in modules}
-TORCH_FREE = ("records", "model")
+TORCH_FREE = ("core", "plan", "solve", "report")
 
 
 def _runtime_imports(path: Path) -> set[str]:

@@ -1,6 +1,6 @@
 """The memory model on hand-written timelines whose peaks are computed by hand below.
 
-Conventions (planner/records.py): events are numbered from 1; a storage live before the
+Conventions (planner/core/records.py): events are numbered from 1; a storage live before the
 step has ``alloc_event == -1``; one still live at the end has ``free_event == event_count``.
 ``memory_curve(...)[k + 1]`` is the live bytes right after event ``k``.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.memory_model import MemoryModel, checkpoint_effects
-from planner.records import MemoryTimeline, ModuleCall, StorageLifetime
+from planner.core.records import MemoryTimeline, ModuleCall, StorageLifetime
+from planner.plan.memory_model import MemoryModel, checkpoint_effects
 
 
 def _storage(size: int, alloc: int, free: int, call: int = -1, kind: str = "activation"):

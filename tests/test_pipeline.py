@@ -9,10 +9,10 @@ import pytest
 
 from planner import pipeline
 from planner.check.compare import PlanCheck
-from planner.errors import InfeasibleBudgetError, PlanCheckError
+from planner.core.errors import InfeasibleBudgetError, PlanCheckError
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import build_workload
-from planner.memory_model import MemoryModel
+from planner.plan.memory_model import MemoryModel
 from tests.models import stack_file
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import PlanFileError
-from planner.plan import (
+from planner.core.errors import PlanFileError
+from planner.plan.plan_file import (
     PLAN_SCHEMA_VERSION,
     CheckpointMethod,
     ModuleDecision,

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import ProfileFileError
+from planner.core.errors import ProfileFileError
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import build_workload
-from planner.memory_model import MemoryModel
-from planner.profile_io import load_profile, module_table, save_profile, save_profile_table
+from planner.plan.memory_model import MemoryModel
+from planner.plan.profile_file import load_profile, module_table, save_profile, save_profile_table
 from planner.solve import solve
 from tests.models import stack_file
 

@@ -11,8 +11,8 @@ from planner.apply import apply_plan
 from planner.measure.profiler import find_blocks, profile_workload
 from planner.measure.step import measure_step
 from planner.measure.workload import build_workload, load_model_file
-from planner.memory_model import MemoryModel
-from planner.planning import build_plan
+from planner.plan.memory_model import MemoryModel
+from planner.solve.planning import build_plan
 from tests.models import (
     BatchNormNet,
     SharedBlockModel,
@@ -301,7 +301,7 @@ def test_blocks_without_child_modules_are_blocks_and_candidates() -> None:
     activations; every-block checkpointing lowers the peak, and the check passes."""
     from planner.check.compare import CheckReference, check_plan
     from planner.pipeline import profile_model_file
-    from planner.planning import baseline_every_block
+    from planner.solve.planning import baseline_every_block
 
     path = Path(__file__).resolve().parent / "data" / "functional_blocks.py"
     profile = profile_model_file(load_model_file(path))

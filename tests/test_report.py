@@ -12,12 +12,12 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from cli.main import app
+from planner.core.records import ModuleProfile, Profile
+from planner.core.units import format_bytes
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import build_workload
-from planner.plan import ModuleDecision, Plan, save_plan
-from planner.planning import baseline_every_block, baseline_plans, build_plan, frontier
-from planner.profile_io import save_profile
-from planner.records import ModuleProfile, Profile
+from planner.plan.plan_file import ModuleDecision, Plan, save_plan
+from planner.plan.profile_file import save_profile
 from planner.report import (
     CHOSEN,
     memory_timeline_figure,
@@ -28,7 +28,7 @@ from planner.report import (
     tradeoff_frame,
     write_report,
 )
-from planner.units import format_bytes
+from planner.solve.planning import baseline_every_block, baseline_plans, build_plan, frontier
 from tests.models import stack_file
 
 
@@ -374,7 +374,7 @@ def test_empty_plan_report_has_no_planned_curve(profile: Profile) -> None:
 def test_what_a_unit_recomputes(profile: Profile) -> None:
     """One answer for the cost, the probe and the charts: a module recomputes itself;
     ``name#k`` recomputes the children in its k-1 checkpointed segments, not the last."""
-    from planner.planning import recomputed_modules, unit_children, unit_cost_ms
+    from planner.solve.planning import recomputed_modules, unit_children, unit_cost_ms
 
     container = next(
         m.module_name for m in profile.modules if len(unit_children(profile, m.module_name)) >= 4

@@ -21,7 +21,8 @@ from torch.utils.checkpoint import CheckpointError
 from planner.apply import apply_plan
 from planner.check.compare import CheckReference, check_plan, run_check
 from planner.check.safety import exclude_modules, find_recompute_mismatches
-from planner.errors import PlanCheckError, ProfilingError
+from planner.core.errors import PlanCheckError, ProfilingError
+from planner.core.records import Profile
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import (
     ModelFile,
@@ -30,12 +31,11 @@ from planner.measure.workload import (
     load_model_file,
     run_training_step,
 )
-from planner.memory_model import MemoryModel
 from planner.pipeline import plan_checked
-from planner.plan import Plan
-from planner.planning import build_plan, plan_for_budget
-from planner.records import Profile
+from planner.plan.memory_model import MemoryModel
+from planner.plan.plan_file import Plan
 from planner.solve import Solver
+from planner.solve.planning import build_plan, plan_for_budget
 from tests.models import model_file
 
 DATA = Path(__file__).resolve().parent / "data"

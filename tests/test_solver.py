@@ -14,9 +14,8 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from planner.errors import InfeasibleBudgetError
-from planner.memory_model import MemoryModel
-from planner.records import (
+from planner.core.errors import InfeasibleBudgetError
+from planner.core.records import (
     PROFILE_SCHEMA_VERSION,
     MemoryTimeline,
     ModuleCall,
@@ -24,6 +23,7 @@ from planner.records import (
     Profile,
     StorageLifetime,
 )
+from planner.plan.memory_model import MemoryModel
 from planner.solve import Solver, lowest_peak, solve
 from planner.solve.tree_dp import Incompatible
 from tests.test_memory_model import timeline_a, timeline_b
@@ -618,9 +618,13 @@ def test_planning_from_a_saved_profile_imports_no_torch() -> None:
     import subprocess
     import sys
 
-    modules = "solve, memory_model, planning, plan, profile_io, records, report, targets"
+    modules = (
+        "planner.core.records, planner.plan.memory_model, planner.plan.plan_file, "
+        "planner.plan.profile_file, planner.plan.targets, planner.solve.planning, "
+        "planner.report"
+    )
     code = (
-        f"import sys; from planner import {modules}; import planner; "
+        f"import sys; import {modules}; import planner; "
         "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')); "
         "print(loaded[:3]); sys.exit(1 if loaded else 0)"
     )

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import BudgetError, TargetSpecError
-from planner.records import CostSource, MemoryTimeline, ModuleCall, OpCost
-from planner.targets import (
+from planner.core.errors import BudgetError, TargetSpecError
+from planner.core.records import CostSource, MemoryTimeline, ModuleCall, OpCost
+from planner.plan.targets import (
     BUILT_IN_SPECS,
     DeviceSpec,
     check_budget_fits,

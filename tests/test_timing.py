@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import InfeasibleBudgetError
+from planner.core.errors import InfeasibleBudgetError
+from planner.core.records import CostSource, MemorySource
+from planner.core.units import format_bytes
 from planner.measure.fake import build_fake_workload
 from planner.measure.profiler import record_memory
 from planner.measure.timing import measure_costs, with_measured_costs
 from planner.measure.tracking import MemoryLimitExceeded
 from planner.measure.workload import load_model_file
 from planner.pipeline import profile_and_plan, profile_model_file
-from planner.planning import baseline_every_block, build_plan, unit_cost_ms
-from planner.records import CostSource, MemorySource
+from planner.plan.targets import load_spec
 from planner.solve import Solver
-from planner.targets import load_spec
-from planner.units import format_bytes
+from planner.solve.planning import baseline_every_block, build_plan, unit_cost_ms
 
 DATA = Path(__file__).resolve().parent / "data"
 SMALL_GPT = DATA / "small_gpt.py"

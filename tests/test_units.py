@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import BudgetError
-from planner.units import format_bytes, format_bytes_apart, parse_bytes
+from planner.core.errors import BudgetError
+from planner.core.units import format_bytes, format_bytes_apart, parse_bytes
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def test_parse_bytes_rejects_non_positive(text: str) -> None:
 
 
 def test_budget_error_is_a_planner_error() -> None:
-    from planner.errors import PlannerError
+    from planner.core.errors import PlannerError
 
     with pytest.raises(PlannerError):
         parse_bytes("12XB")

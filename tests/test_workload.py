@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.errors import ModelFileError, ProfilingError
+from planner.core.errors import ModelFileError, ProfilingError
 from planner.measure.workload import build_workload, compute_loss, describe_batch, load_model_file
 from tests.models import model_file
 

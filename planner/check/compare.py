@@ -47,9 +47,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner import errors
-from planner.errors import PlanCheckError, PlannerError, ProfilingError
-from planner.plan import Plan, save_plan
+from planner.core import errors
+from planner.core.errors import PlanCheckError, PlannerError, ProfilingError
+from planner.plan.plan_file import Plan, save_plan
 
 __all__ = ["CheckReference", "PlanCheck", "check_plan", "run_check"]
 
@@ -308,7 +308,7 @@ def run_check(
     from planner.measure.step import measure_step
     from planner.measure.tracking import MemoryLimitExceeded
     from planner.measure.workload import build_workload, load_model_file
-    from planner.plan import load_plan
+    from planner.plan.plan_file import load_plan
 
     plan_value = plan if isinstance(plan, Plan) else load_plan(plan)
     model_file = load_model_file(model_path)

@@ -60,11 +60,11 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from planner.errors import ProfilingError
+from planner.core.errors import ProfilingError
+from planner.core.records import Profile
 from planner.measure.fake import FakeSession, is_fake
 from planner.measure.tracking import iter_tensors, written_arguments
 from planner.measure.workload import Workload, compute_loss, user_code_errors
-from planner.records import Profile
 
 __all__ = ["exclude_modules", "find_recompute_mismatches"]
 

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from planner.check.compare import CheckReference, PlanCheck, check_plan
-from planner.errors import PlanMismatchError, PlannerError
+from planner.core.errors import PlanMismatchError, PlannerError
+from planner.core.units import format_bytes
 from planner.measure.workload import _user_code, describe_batch, load_model_file
-from planner.plan import Plan, load_plan
-from planner.units import format_bytes
+from planner.plan.plan_file import Plan, load_plan
 
 __all__ = ["Verification", "batch_mismatch_warning", "format_batch", "verify_plan"]
 

@@ -65,7 +65,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from planner.errors import ProfilingError
+from planner.core.errors import ProfilingError
 from planner.measure.tracking import writes_in_place, written_arguments
 from planner.measure.workload import (
     ModelFile,

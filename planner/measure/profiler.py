@@ -7,14 +7,14 @@ module forward entered and left, every tensor saved for backward (packed) and re
 (unpacked), and each op's FLOPs and bytes. With a :class:`~planner.measure.fake.FakeSession` all of
 it runs on fake tensors (the default of ``ckpt-plan profile``: no memory is used); without
 one, for real. Times are not taken here: :mod:`planner.measure.timing` measures them in steps that
-fit the budget, and :mod:`planner.targets` estimates them for a target device.
+fit the budget, and :mod:`planner.plan.targets` estimates them for a target device.
 
 :func:`profile_workload` is the all-real profile (a real instrumented step, then timed
 forward passes of the unplanned model): the cross-check for fake profiles, for models that
 fit the machine.
 
 Everything the planner needs about checkpointing a module is derived from the timeline by
-:mod:`planner.memory_model` (pure Python), so the derivation can be tested on hand-written
+:mod:`planner.plan.memory_model` (pure Python), so the derivation can be tested on hand-written
 timelines and re-run from a saved profile.
 """
 
@@ -32,7 +32,20 @@ import torch
 from torch.utils.flop_counter import flop_registry
 
 from planner.apply import model_fingerprint
-from planner.errors import ProfilingError
+from planner.core.errors import ProfilingError
+from planner.core.records import (
+    PROFILE_SCHEMA_VERSION,
+    CostSource,
+    MemorySource,
+    MemoryTimeline,
+    ModuleCall,
+    ModuleProfile,
+    OpCost,
+    Profile,
+    SavedTensor,
+    StorageLifetime,
+    forward_totals_by_call,
+)
 from planner.measure.timing import Clock, summed_ms, timed_module_calls
 from planner.measure.tracking import (
     PeakMemoryTracker,
@@ -50,20 +63,7 @@ from planner.measure.workload import (
     run_training_step,
     user_code_errors,
 )
-from planner.memory_model import MemoryModel
-from planner.records import (
-    PROFILE_SCHEMA_VERSION,
-    CostSource,
-    MemorySource,
-    MemoryTimeline,
-    ModuleCall,
-    ModuleProfile,
-    OpCost,
-    Profile,
-    SavedTensor,
-    StorageLifetime,
-    forward_totals_by_call,
-)
+from planner.plan.memory_model import MemoryModel
 
 if TYPE_CHECKING:
     from planner.measure.fake import FakeSession

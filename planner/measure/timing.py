@@ -45,10 +45,10 @@ from typing import Any
 import torch
 
 from planner.apply import apply_plan
+from planner.core.records import CostSource, ModuleProfile, Profile
 from planner.measure.tracking import PeakMemoryTracker, workload_tensors
 from planner.measure.workload import ModelFile, Workload, build_workload, run_training_step
-from planner.plan import Plan
-from planner.records import CostSource, ModuleProfile, Profile
+from planner.plan.plan_file import Plan
 
 __all__ = [
     "Clock",

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from planner.errors import ProfilingError
-from planner.units import format_bytes
+from planner.core.errors import ProfilingError
+from planner.core.units import format_bytes
 
 __all__ = [
     "CUDA_BLOCK_BYTES",

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from planner.errors import ModelFileError, ProfilingError
+from planner.core.errors import ModelFileError, ProfilingError
 from planner.measure.tracking import iter_tensors
 
 __all__ = [

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from planner.records import Profile
-from planner.units import format_bytes
+from planner.core.records import Profile
+from planner.core.units import format_bytes
 
 CHOSEN = "chosen"
 """Label of the chosen plan in :func:`tradeoff_frame` and in its ``measured`` mapping."""

@@ -10,9 +10,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from planner.memory_model import MemoryModel
-from planner.plan import Plan
-from planner.records import Profile
+from planner.core.records import Profile
+from planner.core.units import format_bytes
+from planner.plan.memory_model import MemoryModel
+from planner.plan.plan_file import Plan
 from planner.report.common import (
     CHOSEN,
     CHOSEN_COLOR,
@@ -24,7 +25,6 @@ from planner.report.common import (
 )
 from planner.report.frames import module_frame, timeline_frame, tradeoff_frame
 from planner.report.summary import unplanned_source
-from planner.units import format_bytes
 
 
 def tradeoff_figure(

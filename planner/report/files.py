@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from planner.fileio import atomic_path, atomic_write_text
-from planner.plan import Plan
-from planner.planning import (
-    baseline_plans,
-    frontier,
-)
-from planner.records import Profile
+from planner.core.fileio import atomic_path, atomic_write_text
+from planner.core.records import Profile
+from planner.plan.plan_file import Plan
 from planner.report.common import DPI, REPORT_FORMATS
 from planner.report.figures import memory_timeline_figure, module_figure, tradeoff_figure
 from planner.report.summary import summary_markdown
 from planner.solve import Solver
+from planner.solve.planning import (
+    baseline_plans,
+    frontier,
+)
 
 
 def write_report(

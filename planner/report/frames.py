@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from planner.memory_model import MemoryModel
-from planner.plan import Plan
-from planner.planning import (
+from planner.core.records import ModuleProfile, Profile
+from planner.plan.memory_model import MemoryModel
+from planner.plan.plan_file import Plan
+from planner.report.common import CHOSEN, MIB
+from planner.solve.planning import (
     recomputed_modules,
 )
-from planner.records import ModuleProfile, Profile
-from planner.report.common import CHOSEN, MIB
 
 # -- trade-off ---------------------------------------------------------------------------
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from planner.errors import BudgetError, PlanFileError, PlanMismatchError
-from planner.plan import Plan, plan_from_dict
-from planner.planning import (
+from planner.core.errors import BudgetError, PlanFileError, PlanMismatchError
+from planner.core.records import Profile
+from planner.core.units import format_bytes
+from planner.plan.plan_file import Plan, plan_from_dict
+from planner.plan.profile_file import load_profile
+from planner.solve.planning import (
     build_plan,
     plan_for_budget,
 )
-from planner.profile_io import load_profile
-from planner.records import Profile
-from planner.units import format_bytes
 
 # -- files -------------------------------------------------------------------------------
 

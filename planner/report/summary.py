@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from planner.plan import Plan
-from planner.records import CostSource, MemorySource, Profile
+from planner.core.records import CostSource, MemorySource, Profile
+from planner.core.units import format_bytes
+from planner.plan.plan_file import Plan
 from planner.report.common import CHOSEN, chart_title
-from planner.units import format_bytes
 
 
 def _batch_text(batch: Mapping[str, Any]) -> str:

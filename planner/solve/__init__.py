@@ -1,10 +1,11 @@
 """Choose what to checkpoint: the least recompute time whose predicted peak fits the budget.
 
-Owns the unit tree, the exact memory rows and the three searches over them; imports only
-the model layer below it (memory model, records, errors, units), numpy and scipy: no torch.
+Owns the unit tree, the exact memory rows, the three searches over them and planning
+(profile + budget -> plan); imports only ``planner.core`` and ``planner.plan``, numpy and
+scipy: no torch.
 
 The memory of a plan comes from
-:class:`planner.memory_model.MemoryModel`; its cost is the summed forward time of what it
+:class:`planner.plan.memory_model.MemoryModel`; its cost is the summed forward time of what it
 recomputes.
 
 What is chosen

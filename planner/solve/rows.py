@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from planner.memory_model import MemoryModel
+from planner.plan.memory_model import MemoryModel
 from planner.solve.tree import UnitTree
 
 __all__ = ["MemoryRows", "PlanPeaks", "Violation"]

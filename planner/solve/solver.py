@@ -8,15 +8,15 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from planner.errors import InfeasibleBudgetError
-from planner.memory_model import MemoryModel
-from planner.records import Profile
+from planner.core.errors import InfeasibleBudgetError
+from planner.core.records import Profile
+from planner.core.units import format_bytes, format_bytes_apart
+from planner.plan.memory_model import MemoryModel
 from planner.solve.exhaustive import branch_and_bound
 from planner.solve.integer_program import IntegerProgram
 from planner.solve.rows import MemoryRows, PlanPeaks
 from planner.solve.tree import UnitTree
 from planner.solve.tree_dp import Incompatible, TreeDP
-from planner.units import format_bytes, format_bytes_apart
 
 __all__ = ["Solution", "Solver", "lowest_peak", "solve"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from planner.memory_model import MemoryModel, sequential_segments
-from planner.records import Profile
+from planner.core.records import Profile
+from planner.plan.memory_model import MemoryModel, sequential_segments
 
 __all__ = ["UnitTree", "is_ancestor", "tree_key"]
 

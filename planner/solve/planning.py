@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from planner.memory_model import MemoryModel, parse_unit, sequential_segments
-from planner.plan import CheckpointMethod, ModuleDecision, Plan
-from planner.records import Profile
+from planner.core.records import Profile
+from planner.plan.memory_model import MemoryModel, parse_unit, sequential_segments
+from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan
 from planner.solve import Solution, Solver
 
 if TYPE_CHECKING:

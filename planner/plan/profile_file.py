@@ -10,9 +10,9 @@ from typing import Any
 
 import pandas as pd
 
-from planner.errors import ProfileFileError
-from planner.fileio import atomic_path, atomic_write_text
-from planner.records import (
+from planner.core.errors import ProfileFileError
+from planner.core.fileio import atomic_path, atomic_write_text
+from planner.core.records import (
     PROFILE_SCHEMA_VERSION,
     CostSource,
     MemorySource,

@@ -2,7 +2,7 @@
 
 Pure Python (no torch). A :class:`DeviceSpec` holds what a roofline needs: peak dense
 FLOP/s per dtype, memory bandwidth, and the device's memory. :func:`roofline_costs` turns
-a profile's recorded ops (FLOPs and bytes of each, :class:`~planner.records.OpCost`) into
+a profile's recorded ops (FLOPs and bytes of each, :class:`~planner.core.records.OpCost`) into
 module forward times and a step time for that device: each op takes
 ``max(flops / peak_flops[dtype], bytes_moved / bandwidth)``, and a module's recomputation
 is the sum over the ops of its forward. That is a lower bound on real time (kernels
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from planner.errors import BudgetError, PlannerError, TargetSpecError
-from planner.records import CostSource, OpCost, Profile, forward_totals_by_call
+from planner.core.errors import BudgetError, PlannerError, TargetSpecError
+from planner.core.records import CostSource, OpCost, Profile, forward_totals_by_call
 
 __all__ = [
     "BUILT_IN_SPECS",
@@ -158,7 +158,7 @@ def load_spec(name_or_path: str) -> DeviceSpec:
 def check_budget_fits(spec: DeviceSpec, budget_bytes: int) -> None:
     """A budget above the device's memory can never be what a step on it peaks at."""
     if budget_bytes > spec.memory_bytes:
-        from planner.units import format_bytes
+        from planner.core.units import format_bytes
 
         raise BudgetError(
             f"the budget {format_bytes(budget_bytes)} is more than {spec.name}'s memory "

@@ -41,7 +41,7 @@ class InfeasibleBudgetError(PlannerError):
     """No plan fits the budget. ``min_budget_bytes`` is the smallest budget that would.
 
     ``profile``: where the step was profiled before the budget was found infeasible, that
-    profile (a :class:`planner.records.Profile`), so a caller can save it and re-solve at a
+    profile (a :class:`planner.core.records.Profile`), so a caller can save it and re-solve at a
     budget that fits without profiling again; otherwise None."""
 
     def __init__(self, message: str, *, budget_bytes: int, min_budget_bytes: int) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-from planner.errors import BudgetError
+from planner.core.errors import BudgetError
 
 __all__ = ["format_bytes", "format_bytes_apart", "parse_bytes"]
 

@@ -14,8 +14,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PlanFileError
-from planner.fileio import atomic_write_text
+from planner.core.errors import PlanFileError
+from planner.core.fileio import atomic_write_text
 
 __all__ = [
     "PLAN_SCHEMA_VERSION",

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.records import STATIC_KINDS, MemoryTimeline
+from planner.core.records import STATIC_KINDS, MemoryTimeline
 
 __all__ = [
     "CheckpointEffect",

@@ -80,7 +80,7 @@ class ModuleCall:
 
     ``saved_storages``, ``first_unpack_event`` and ``last_unpack_event`` cover only the
     tensors saved while this call was the innermost module running (children keep their
-    own); ``planner.memory_model`` aggregates them over a subtree. Unpack events are when
+    own); ``planner.plan.memory_model`` aggregates them over a subtree. Unpack events are when
     backward first/last read one of those tensors, or -1 when nothing was saved. Storages are
     indices into ``MemoryTimeline.storages``.
     """
