@@ -28,7 +28,7 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
     table.add_column("module", overflow="fold")
     table.add_column("type")
     table.add_column("calls", justify="right")
-    table.add_column("saved (MiB)", justify="right")
+    table.add_column("frees (MiB)", justify="right")
     table.add_column("recompute (ms)", justify="right")
     table.add_column("RNG replay")
     for decision in plan.modules:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from planner.core.errors import ModelFileError, ProfilingError
+from planner.core.records import Phase
 from planner.measure.tracking import iter_tensors
 
 __all__ = [
@@ -356,7 +357,7 @@ def run_training_step(
     workload: Workload,
     seed: int | None = None,
     *,
-    phase_ended: Callable[[str], None] | None = None,
+    phase_ended: Callable[[Phase], None] | None = None,
 ) -> torch.Tensor:
     """One steady-state step: zero grads (to None), forward + loss, backward, optimizer step.
     The one training step every stage runs (warm-up, timing, the recorded and the measured
@@ -364,8 +365,8 @@ def run_training_step(
 
     Returns the loss, detached. ``seed`` reseeds the global RNG first so that random ops
     (dropout) draw the same numbers in runs that should be comparable. ``phase_ended`` is
-    called with ``"forward"`` (the loss computed), ``"backward"`` and ``"optimizer"`` as
-    each phase ends. An error in the model's code is a one-line :class:`ProfilingError`.
+    called with each :class:`Phase` as it ends (forward: the loss computed). An error in the
+    model's code is a one-line :class:`ProfilingError`.
     """
     if seed is not None:
         torch.manual_seed(seed)
@@ -373,13 +374,13 @@ def run_training_step(
         workload.optimizer.zero_grad(set_to_none=True)
         loss = compute_loss(workload.model_file, workload.model, workload.batch)
         if phase_ended:
-            phase_ended("forward")
+            phase_ended(Phase.FORWARD)
         loss.backward()
         if phase_ended:
-            phase_ended("backward")
+            phase_ended(Phase.BACKWARD)
         workload.optimizer.step()
         if phase_ended:
-            phase_ended("optimizer")
+            phase_ended(Phase.OPTIMIZER)
     return loss.detach()
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from planner.core.errors import PlanFileError
 from planner.core.fileio import atomic_write_text
+from planner.core.records import unit_name
 
 __all__ = [
     "PLAN_SCHEMA_VERSION",
@@ -109,7 +110,7 @@ class Plan:
         """The plan as the memory model reads it: module names, and ``"name#k"`` for
         ``checkpoint_sequential`` over ``name``'s children in ``k`` segments."""
         return tuple(
-            f"{d.module_name}#{d.segments}"
+            unit_name(d.module_name, d.segments)
             if d.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL
             else d.module_name
             for d in self.modules
