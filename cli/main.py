@@ -425,7 +425,7 @@ def verify(
     configure_logging(verbose)
     if plan_path is None:  # one path given: it is the plan
         model, plan_path = None, model
-    if plan_path is None:
+    if plan_path is None or plan_path.suffix == ".py":
         fail("pass the plan: ckpt-plan verify [MODEL.py] PLAN", 2)
     with errors_to_exit_codes(verbose):
         require_device(device)

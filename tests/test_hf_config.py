@@ -257,6 +257,13 @@ def test_model_file_and_hf_are_exclusive_and_one_is_required(
     assert _files(workdir) == before
 
 
+@pytest.mark.parametrize("arguments", [[], ["model.py"]])
+def test_verify_without_a_plan_is_a_usage_error(workdir: Path, arguments: list[str]) -> None:
+    result = CliRunner().invoke(app, ["verify", *arguments])
+    assert result.exit_code == 2, result.output
+    _error_line(result, "pass the plan: ckpt-plan verify [MODEL.py] PLAN")
+
+
 def test_a_plan_from_before_the_model_file_was_recorded_asks_for_it(workdir: Path) -> None:
     old = Plan(
         budget_bytes=10**6,
