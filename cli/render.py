@@ -90,9 +90,11 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
             "the unplanned step's; state_dict keys unchanged"
         )
     elif plan.target:
+        from planner.measure.hf import workload_in_command
+
         stdout.print(
             f"not run: made for {plan.target}, which is not here; run `ckpt-plan verify "
-            "MODEL.py PLAN` on it before training"
+            f"{workload_in_command(plan.model_file)} PLAN` on it before training"
         )
     for path in wrote:
         stdout.print(f"wrote {path}")

@@ -38,6 +38,7 @@ from planner.core.errors import (
 from planner.core.records import CostSource, MemorySource, Profile
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.measure.fake import FakeExecutionError, build_fake_workload
+from planner.measure.hf import is_hf_source, workload_in_command
 from planner.measure.profiler import ProgressCallback, record_memory
 from planner.measure.timing import measure_costs, with_measured_costs
 from planner.measure.tracking import MemoryLimitExceeded
@@ -260,14 +261,14 @@ def _timed(
     seed: int,
     progress: ProgressCallback | None,
 ) -> Profile:
-    path = Path(model_path if model_path is not None else profile.model_file)
-    if not path.is_file():
+    source = model_path if model_path is not None else profile.model_file
+    if not is_hf_source(source) and not Path(source).is_file():
         raise ProfileFileError(
             f"this profile holds no times (it was saved when no plan fit its budget) and its "
-            f"model file {path} is not there: pass the model file (--check MODEL.py) to time it"
+            f"model file {source} is not there: pass the model file (--check MODEL.py) to time it"
         )
     return measure_profile_costs(
-        load_model_file(path),
+        load_model_file(source),
         profile,
         device=profile.device,
         seed=seed,
@@ -401,7 +402,10 @@ def profile_and_plan(
     progress: ProgressCallback | None = None,
 ) -> PlanningResult:
     """Load the model file, profile one step, solve for the budget, check the plan (see
-    the module docstring). With ``target`` the plan is for that device and is not run."""
+    the module docstring). With ``target`` the plan is for that device and is not run.
+
+    ``model_path`` is a model file's path or a Hugging Face workload's source
+    (:attr:`planner.measure.hf.HfWorkload.source`); either travels to every stage."""
     model_file = load_model_file(model_path)
     if target is not None:
         check_budget_fits(target, budget_bytes)
@@ -418,7 +422,7 @@ def profile_and_plan(
     result = plan_checked(
         profile,
         budget_bytes,
-        model_path=model_file.path if check and target is None else None,
+        model_path=model_file.source if check and target is None else None,
         device=device,
         seed=seed,
         progress=progress,
@@ -426,7 +430,7 @@ def profile_and_plan(
     if target is not None:
         note = (
             f"unchecked: made for {target.name}, which is not here; run `ckpt-plan verify "
-            "MODEL.py PLAN` on it before training"
+            f"{workload_in_command(model_file.source)} PLAN` on it before training"
         )
         plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
         result = dataclasses.replace(result, plan=plan)

@@ -48,7 +48,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ModelFile:
-    """The functions a model file provides, checked against the contract."""
+    """The functions a model file provides, checked against the contract.
+
+    ``source`` is what :func:`load_model_file` builds it again from, in another process or
+    from a saved profile: the file's path (the default), or a Hugging Face workload's source
+    string (:mod:`planner.measure.hf`; ``path`` is then its config). ``assumptions``: what
+    the workload itself assumed, one line each, for the profile's assumptions."""
 
     path: Path
     name: str
@@ -57,13 +62,20 @@ class ModelFile:
     training_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None
     loss_fn: Callable[[Any, Any], torch.Tensor] | None
     build_optimizer: Callable[[Any], torch.optim.Optimizer] | None
+    source: str = ""
+    assumptions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            object.__setattr__(self, "source", str(self.path))
 
 
 @dataclass
 class Workload:
     """A live model, its batch and its optimizer on one device (mutable: it trains).
-    ``notes``: what was changed in the model to plan it (its own checkpointing switched off,
-    see :func:`switch_off_own_checkpointing`), one line each."""
+    ``notes``: what the model file assumed (``ModelFile.assumptions``) and what was changed
+    in the model to plan it (its own checkpointing switched off, see
+    :func:`switch_off_own_checkpointing`), one line each."""
 
     model_file: ModelFile
     model: torch.nn.Module
@@ -153,7 +165,16 @@ def _error_location(error: BaseException, path: Path) -> str:
 
 
 def load_model_file(path: str | Path) -> ModelFile:
-    """Import the Python file at ``path`` and check it defines the model-file contract."""
+    """Import the Python file at ``path`` and check it defines the model-file contract.
+
+    ``path`` may also be a Hugging Face workload's source string (``hf:CONFIG?...``, see
+    :mod:`planner.measure.hf`), for which the contract is built from the config: every
+    stage that carries a model file's path carries that string instead."""
+    from planner.measure.hf import is_hf_source, load_hf_model_file, parse_hf_source
+
+    if is_hf_source(path):
+        assert isinstance(path, str)
+        return load_hf_model_file(parse_hf_source(path))
     source = Path(path).expanduser().resolve()
     if not source.is_file():
         raise ModelFileError(f"model file {path} does not exist; pass the path to a .py file")
@@ -290,7 +311,7 @@ def build_workload(
     model = model.to(target)
     model.train()
     with _user_code("switching off the model's own checkpointing", model_file.path):
-        notes = switch_off_own_checkpointing(model)
+        notes = (*model_file.assumptions, *switch_off_own_checkpointing(model))
     with _user_code("sample_batch()", model_file.path):
         torch.manual_seed(seed + 1)
         batch = _to_device(model_file.sample_batch(), target)
