@@ -33,12 +33,13 @@ from cli.options import (
     ProfileArgument,
     ReferenceChoice,
     SeqLenOption,
+    TargetOption,
     VerboseOption,
     parse_budget,
     require_device,
     workload_source,
 )
-from cli.render import print_plan_summary, warn_own_checkpointing
+from cli.render import print_fit, print_plan_summary, warn_own_checkpointing
 from planner.core import errors
 from planner.core.records import CostSource, MemorySource, Profile
 from planner.core.units import format_bytes
@@ -87,16 +88,7 @@ def profile(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed for the model, batch and random ops.")] = 0,
-    target: Annotated[
-        str | None,
-        typer.Option(
-            "--target",
-            help="Plan for a device that is not here: a built-in name (a100-40gb, a100-80gb, "
-            "h100-80gb, h200, l4, rtx-4090) or a spec .json. Memory from fake tensors, times "
-            "estimated (roofline); the plan is not run: check it with `ckpt-plan verify` there.",
-            show_default=False,
-        ),
-    ] = None,
+    target: TargetOption = None,
     memory: Annotated[
         MemorySource,
         typer.Option(
@@ -182,6 +174,83 @@ def profile(
         )
         wrote.append(save_plan(result.plan, plan_path))  # last: a plan file means a complete run
         print_plan_summary(result, wrote)
+
+
+@app.command()
+def fit(
+    budget: BudgetOption,
+    model: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Model file whose sample_batch takes batch_size (sample_batch(batch_size=8)); "
+            "or --hf CONFIG instead.",
+            show_default=False,
+            metavar="MODEL.py",
+        ),
+    ] = None,
+    hf: HfOption = None,
+    seq_len: SeqLenOption = None,
+    dtype: DtypeOption = None,
+    max_batch_size: Annotated[
+        int, typer.Option(min=1, help="Stop the search at this batch size.")
+    ] = 1 << 16,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Where to write the plan for the largest batch size.",
+            show_default="profiles/<model name>/plan-batch<N>.json",
+        ),
+    ] = None,
+    device: DeviceOption = Device.cpu,
+    seed: Annotated[int, typer.Option(help="Seed for the model, batch and random ops.")] = 0,
+    target: TargetOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """The largest batch size for which a checkpointing plan fits BUDGET, with its plan, and
+    the batch size with the highest predicted samples per second among those that fit.
+
+    Batch sizes are tried on fake tensors (no memory used), doubling and then bisecting;
+    the sizes that fit are timed to predict their throughput with their cheapest plan."""
+    configure_logging(verbose)
+    budget_bytes = parse_budget(budget)
+    with errors_to_exit_codes(verbose):
+        source = workload_source(model, hf, 1 if hf is not None else None, seq_len, dtype)
+        if source is None:
+            fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
+        spec = None
+        if target is not None:
+            from planner.plan.targets import load_spec
+
+            spec = load_spec(target)
+            device = Device(spec.device_type)
+        else:
+            require_device(device)
+        from planner.fit import fit_batch_size
+        from planner.measure.workload import load_model_file, takes_batch_size
+        from planner.plan.plan_file import save_plan
+
+        with progress_line() as progress:
+            model_file = load_model_file(source)
+            if hf is None and not takes_batch_size(model_file.sample_batch):
+                raise errors.ModelFileError(
+                    f"sample_batch() in {model} takes no batch size: define it as "
+                    "sample_batch(batch_size=...) so that fit can try other sizes"
+                )
+            result = fit_batch_size(
+                model_file,
+                budget_bytes,
+                device=device.value,
+                seed=seed,
+                target=spec,
+                max_batch_size=max_batch_size,
+                progress=progress,
+            )
+        print_fit(result)
+        name = result.planned.profile.model_name
+        plan_path = out or Path("profiles") / name / f"plan-batch{result.largest}.json"
+        print_plan_summary(result.planned, [save_plan(result.planned.plan, plan_path)])
 
 
 @app.command()

@@ -23,6 +23,7 @@ __all__ = [
     "ProfileArgument",
     "ReferenceChoice",
     "SeqLenOption",
+    "TargetOption",
     "VerboseOption",
     "parse_budget",
     "require_device",
@@ -71,6 +72,16 @@ ProfileArgument = Annotated[
     ),
 ]
 
+TargetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--target",
+        help="Plan for a device that is not here: a built-in name (a100-40gb, a100-80gb, "
+        "h100-80gb, h200, l4, rtx-4090) or a spec .json. Memory from fake tensors, times "
+        "estimated (roofline); the plan is not run: check it with `ckpt-plan verify` there.",
+        show_default=False,
+    ),
+]
 HfOption = Annotated[
     Path | None,
     typer.Option(
@@ -85,7 +96,13 @@ HfOption = Annotated[
 ]
 BatchSizeOption = Annotated[
     int | None,
-    typer.Option("--batch-size", min=1, help="With --hf: sequences per batch.", show_default=False),
+    typer.Option(
+        "--batch-size",
+        min=1,
+        help="With --hf: sequences per batch. With MODEL.py: passed to its "
+        "sample_batch(batch_size=...).",
+        show_default=False,
+    ),
 ]
 SeqLenOption = Annotated[
     int | None,
@@ -122,9 +139,17 @@ def workload_source(
     if model is not None and hf is not None:
         fail(f"pass either {model_option} or --hf CONFIG, not both", 2)
     if hf is None:
-        if (batch_size, seq_len, dtype) != (None, None, None):
-            fail("--batch-size, --seq-len and --dtype go with --hf CONFIG", 2)
-        return None if model is None else str(model)
+        if (seq_len, dtype) != (None, None):
+            fail("--seq-len and --dtype go with --hf CONFIG", 2)
+        if model is None:
+            if batch_size is not None:
+                fail(f"--batch-size goes with {model_option} or --hf CONFIG", 2)
+            return None
+        if batch_size is None:
+            return str(model)
+        from planner.measure.workload import model_file_source
+
+        return model_file_source(model, batch_size)
     dtype_name = dtype.value if dtype is not None else None
     if recorded is not None and is_hf_source(recorded):
         before = parse_hf_source(recorded)

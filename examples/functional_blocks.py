@@ -51,5 +51,5 @@ def build_model() -> nn.Module:
     return Model()
 
 
-def sample_batch() -> torch.Tensor:
-    return torch.randn(BATCH_SIZE, WIDTH)
+def sample_batch(batch_size=BATCH_SIZE) -> torch.Tensor:
+    return torch.randn(batch_size, WIDTH)

@@ -60,6 +60,7 @@ __all__ = [
     "plan_checked",
     "profile_and_plan",
     "profile_model_file",
+    "record_step_memory",
 ]
 
 
@@ -92,7 +93,7 @@ def _cuda_workspace_bytes(device: str) -> int:
     return max(0, workspace)
 
 
-def _record_memory(
+def record_step_memory(
     model_file: ModelFile,
     *,
     device: str,
@@ -102,6 +103,8 @@ def _record_memory(
     target: DeviceSpec | None,
     progress: ProgressCallback | None,
 ) -> Profile:
+    """The memory half of a profile (times not yet taken: ``cost_source`` ``none``): on fake
+    tensors by default, falling back to a real step only where it fits ``budget_bytes``."""
     device_type = target.device_type if target is not None else device
     workspace = 0
     if device_type == "cuda":
@@ -159,7 +162,7 @@ def profile_model_file(
     are taken on the unplanned step. ``target``: estimate times for that device instead of
     measuring them here (nothing runs for real). ``timing_steps`` real steps are timed (the
     median is kept): three keep the plan the same from one run to the next."""
-    profile = _record_memory(
+    profile = record_step_memory(
         model_file,
         device=device,
         seed=seed,

@@ -117,10 +117,12 @@ def is_hf_source(source: object) -> bool:
 
 def workload_in_command(source: str | None) -> str:
     """How a printed command names the workload of ``source`` (a profile's or plan's
-    ``model_file``): the ``--hf`` options of a Hugging Face workload, else ``MODEL.py``."""
+    ``model_file``): the ``--hf`` options of a Hugging Face workload, else ``MODEL.py`` (with
+    ``--batch-size N`` for a model file's ``PATH?batch_size=N``)."""
     if source is not None and is_hf_source(source):
         return shlex.join(parse_hf_source(source).command_arguments())
-    return "MODEL.py"
+    _, query, batch_size = (source or "").rpartition("?batch_size=")
+    return f"MODEL.py --batch-size {batch_size}" if query and batch_size.isdigit() else "MODEL.py"
 
 
 def parse_hf_source(source: str) -> HfWorkload:

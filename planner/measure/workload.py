@@ -12,6 +12,8 @@ checking a plan, benchmarks), so that every measurement is of the same step.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -164,17 +166,65 @@ def _error_location(error: BaseException, path: Path) -> str:
     return str(path)
 
 
+_BATCH_SIZE_QUERY = "?batch_size="
+
+
+def model_file_source(path: str | Path, batch_size: int | None = None) -> str:
+    """The source string of a model file's workload: its path, and with ``batch_size``
+    ``PATH?batch_size=N`` (the file's ``sample_batch(batch_size=N)``), carried wherever a
+    path is (a separate check process, the profile and the plan)."""
+    return str(path) if batch_size is None else f"{path}{_BATCH_SIZE_QUERY}{batch_size}"
+
+
+def _split_source(path: str | Path) -> tuple[str | Path, int | None]:
+    """``PATH?batch_size=N`` -> (PATH, N); anything else -> (path, None). A file whose own
+    name holds the query is read as that file."""
+    text = str(path)
+    base, query, count = text.rpartition(_BATCH_SIZE_QUERY)
+    if not query or Path(text).expanduser().is_file():
+        return path, None
+    if not count.isdigit() or int(count) < 1:
+        raise ModelFileError(f"{text}: the batch size after '?batch_size=' must be a whole number")
+    return base, int(count)
+
+
+def takes_batch_size(sample_batch: Callable[..., Any]) -> bool:
+    """Whether ``sample_batch`` accepts a ``batch_size`` keyword (needed by ``--batch-size``
+    on a model file and by ``ckpt-plan fit``)."""
+    try:
+        parameters = inspect.signature(sample_batch).parameters
+    except (TypeError, ValueError):
+        return False
+    return "batch_size" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+
+
+def with_batch_size(model_file: ModelFile, batch_size: int) -> ModelFile:
+    """The same workload at another batch size: a Hugging Face workload's ``batch_size``, or
+    the model file's ``sample_batch(batch_size=...)``. Raises :class:`ModelFileError` where
+    ``sample_batch`` takes no batch size."""
+    from planner.measure.hf import is_hf_source, parse_hf_source
+
+    if is_hf_source(model_file.source):
+        workload = parse_hf_source(model_file.source)
+        return load_model_file(dataclasses.replace(workload, batch_size=batch_size).source)
+    return load_model_file(model_file_source(model_file.path, batch_size))
+
+
 def load_model_file(path: str | Path) -> ModelFile:
     """Import the Python file at ``path`` and check it defines the model-file contract.
 
     ``path`` may also be a Hugging Face workload's source string (``hf:CONFIG?...``, see
-    :mod:`planner.measure.hf`), for which the contract is built from the config: every
-    stage that carries a model file's path carries that string instead."""
+    :mod:`planner.measure.hf`), for which the contract is built from the config, or a model
+    file's at a batch size (``PATH?batch_size=N``, :func:`model_file_source`): every stage
+    that carries a model file's path carries that string instead."""
     from planner.measure.hf import is_hf_source, load_hf_model_file, parse_hf_source
 
     if is_hf_source(path):
         assert isinstance(path, str)
         return load_hf_model_file(parse_hf_source(path))
+    path, batch_size = _split_source(path)
     source = Path(path).expanduser().resolve()
     if not source.is_file():
         raise ModelFileError(f"model file {path} does not exist; pass the path to a .py file")
@@ -224,6 +274,18 @@ def load_model_file(path: str | Path) -> ModelFile:
     )
     if model_file.build_optimizer is not None:
         optimizer_takes_model(model_file)  # a wrong signature fails here, before any work
+    if batch_size is not None:
+        if not takes_batch_size(model_file.sample_batch):
+            raise ModelFileError(
+                f"sample_batch() in {path} takes no batch size: define it as "
+                "sample_batch(batch_size=...) to choose the batch size from the command line"
+            )
+        sample_batch: Callable[..., Any] = model_file.sample_batch
+        model_file = dataclasses.replace(
+            model_file,
+            sample_batch=functools.partial(sample_batch, batch_size=batch_size),
+            source=model_file_source(source, batch_size),
+        )
     return model_file
 
 
