@@ -189,18 +189,33 @@ def fit(
         ),
     ] = None,
     hf: HfOption = None,
-    seq_len: SeqLenOption = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            help="With --hf: hold the batch size and fit the sequence length instead.",
+            show_default=False,
+        ),
+    ] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option(
+            "--seq-len",
+            min=1,
+            help="With --hf: the sequence length at which to fit the batch size.",
+            show_default=False,
+        ),
+    ] = None,
     dtype: DtypeOption = None,
-    max_batch_size: Annotated[
-        int, typer.Option(min=1, help="Stop the search at this batch size.")
-    ] = 1 << 16,
+    max_size: Annotated[int, typer.Option(min=1, help="Stop the search at this size.")] = 1 << 16,
     out: Annotated[
         Path | None,
         typer.Option(
             "--out",
             "-o",
-            help="Where to write the plan for the largest batch size.",
-            show_default="profiles/<model name>/plan-batch<N>.json",
+            help="Where to write the plan for the largest size.",
+            show_default="profiles/<model name>/plan-batch<N>.json (plan-seq<N>.json)",
         ),
     ] = None,
     device: DeviceOption = Device.cpu,
@@ -210,13 +225,28 @@ def fit(
 ) -> None:
     """The largest batch size for which a checkpointing plan fits BUDGET, with its plan, and
     the batch size with the highest predicted samples per second among those that fit.
+    With --hf, give --seq-len to fit the batch size, or --batch-size to fit the sequence
+    length.
 
-    Batch sizes are tried on fake tensors (no memory used), doubling and then bisecting;
-    the sizes that fit are timed to predict their throughput with their cheapest plan."""
+    Sizes are tried on fake tensors (no memory used), doubling and then bisecting; the
+    sizes that fit are timed to predict their throughput with their cheapest plan."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
-        source = workload_source(model, hf, 1 if hf is not None else None, seq_len, dtype)
+        dimension = "batch_size"
+        if hf is not None:
+            if (batch_size is None) == (seq_len is None):
+                fail(
+                    "with --hf give one of --seq-len (to fit the batch size) or --batch-size "
+                    "(to fit the sequence length)",
+                    2,
+                )
+            dimension = "batch_size" if batch_size is None else "seq_len"
+        elif batch_size is not None:
+            fail("--batch-size is what fit searches for a model file; leave it out", 2)
+        if hf is not None:  # the searched one starts at 1; fit_largest resizes it
+            batch_size, seq_len = batch_size or 1, seq_len or 1
+        source = workload_source(model, hf, batch_size, seq_len, dtype)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec = None
@@ -227,7 +257,7 @@ def fit(
             device = Device(spec.device_type)
         else:
             require_device(device)
-        from planner.fit import fit_batch_size
+        from planner.fit import fit_largest
         from planner.measure.workload import load_model_file, takes_batch_size
         from planner.plan.plan_file import save_plan
 
@@ -238,18 +268,20 @@ def fit(
                     f"sample_batch() in {model} takes no batch size: define it as "
                     "sample_batch(batch_size=...) so that fit can try other sizes"
                 )
-            result = fit_batch_size(
+            result = fit_largest(
                 model_file,
                 budget_bytes,
+                dimension=dimension,
                 device=device.value,
                 seed=seed,
                 target=spec,
-                max_batch_size=max_batch_size,
+                max_size=max_size,
                 progress=progress,
             )
         print_fit(result)
         name = result.planned.profile.model_name
-        plan_path = out or Path("profiles") / name / f"plan-batch{result.largest}.json"
+        short = "batch" if dimension == "batch_size" else "seq"
+        plan_path = out or Path("profiles") / name / f"plan-{short}{result.largest}.json"
         print_plan_summary(result.planned, [save_plan(result.planned.plan, plan_path)])
 
 

@@ -101,21 +101,23 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
 
 
 def print_fit(result: Any) -> None:
-    """The batch sizes ``fit`` tried (a :class:`planner.fit.FitResult`), and its answers."""
+    """The sizes ``fit`` tried (a :class:`planner.fit.FitResult`), and its answers."""
     budget = format_bytes(result.budget_bytes)
-    table = Table(title=f"batch sizes tried under {budget}", title_justify="left")
-    for column in ("batch", "lowest peak", "unplanned peak", "fits", "modules", "samples/s"):
+    what = result.dimension.replace("_", " ")
+    per = "samples/s" if result.dimension == "batch_size" else "tokens/s per sequence"
+    table = Table(title=f"{what}s tried under {budget}", title_justify="left")
+    for column in (what, "lowest peak", "unplanned peak", "fits", "modules", per):
         table.add_column(column, justify="right")
     for point in result.points:
         fits = point.lowest_peak_bytes <= result.budget_bytes
-        rate = point.samples_per_second
+        rate = _rate(point)
         marks = [
             mark
             for mark, size in (("largest", result.largest), ("fastest", result.fastest))
-            if point.batch_size == size
+            if point.size == size
         ]
         table.add_row(
-            str(point.batch_size) + (f" ({', '.join(marks)})" if marks else ""),
+            str(point.size) + (f" ({', '.join(marks)})" if marks else ""),
             format_bytes(point.lowest_peak_bytes),
             format_bytes(point.unplanned_peak_bytes),
             "yes" if fits else "no",
@@ -124,37 +126,46 @@ def print_fit(result: Any) -> None:
         )
     stdout.print(table)
     largest = result.point(result.largest)
-    beyond = [p for p in result.points if p.batch_size == result.largest + 1]
+    beyond = [p for p in result.points if p.size == result.largest + 1]
     why = (
         f"; {result.largest + 1} needs {format_bytes(beyond[0].lowest_peak_bytes)} "
         "with every useful module checkpointed"
         if beyond
-        else " (the search stopped at --max-batch-size)"
+        else " (the search stopped at its largest size)"
         if result.capped
         else ""
     )
     stdout.print(
-        f"largest batch size that fits {budget}: {result.largest} "
+        f"largest {what} that fits {budget}: {result.largest} "
         f"(lowest peak {format_bytes(largest.lowest_peak_bytes)}){why}"
     )
-    fastest = result.point(result.fastest)
     times = "estimated for the target" if result.planned.profile.target else "timed here"
     stdout.print(
-        f"fastest: batch size {result.fastest}, {fastest.samples_per_second:,.1f} samples/s "
+        f"fastest: {what} {result.fastest}, {_rate(result.point(result.fastest)):,.1f} {per} "
         f"predicted with its cheapest plan ({times}); plan it with: ckpt-plan profile "
-        f"{_workload_at(result.source, result.fastest)} --budget {result.budget_bytes}"
+        f"{_workload_at(result.source, result.dimension, result.fastest)} "
+        f"--budget {result.budget_bytes}"
     )
 
 
-def _workload_at(source: str, batch_size: int) -> str:
-    """The command-line options naming ``source``'s workload at another batch size."""
+def _rate(point: Any) -> float | None:
+    steps = point.steps_per_second
+    return None if steps is None else point.size * steps
+
+
+def _workload_at(source: str, dimension: str, size: int) -> str:
+    """The command-line options naming ``source``'s workload at another size."""
     import dataclasses
     import shlex
 
     from planner.measure.hf import is_hf_source, parse_hf_source
 
     if is_hf_source(source):
-        workload = dataclasses.replace(parse_hf_source(source), batch_size=batch_size)
+        workload = parse_hf_source(source)
+        if dimension == "batch_size":
+            workload = dataclasses.replace(workload, batch_size=size)
+        else:
+            workload = dataclasses.replace(workload, seq_len=size)
         return shlex.join(workload.command_arguments())
     path = source.rpartition("?batch_size=")[0] or source
-    return f"{shlex.quote(path)} --batch-size {batch_size}"
+    return f"{shlex.quote(path)} --batch-size {size}"

@@ -1,24 +1,25 @@
-"""``ckpt-plan fit``: the largest batch size for which some plan fits a budget, and the
-batch size with the highest predicted throughput among those that fit.
+"""``ckpt-plan fit``: the largest batch size (or, for a Hugging Face workload, sequence
+length) for which some plan fits a budget, and the size with the highest predicted
+throughput among those that fit.
 
 How it searches
 ---------------
-Whether *any* plan fits a batch size is a memory question: the solver's lowest predicted
-peak (every useful module checkpointed, :meth:`Solver.lowest_peak`) must be within the
-budget. That needs only the memory half of a profile, recorded on fake tensors (no storage,
-so a batch that would never fit costs nothing to try). The search doubles the batch size
-from 1 while it fits, then bisects between the last size that fits and the first that does
-not, so the answer ``largest`` comes with its neighbour ``largest + 1`` shown not to fit
-(unless ``max_batch_size`` stopped the search first).
+Whether *any* plan fits a size is a memory question: the solver's lowest predicted peak
+(every useful module checkpointed, :meth:`Solver.lowest_peak`) must be within the budget.
+That needs only the memory half of a profile, recorded on fake tensors (no storage, so a
+size that would never fit costs nothing to try). The search doubles the size from 1 while
+it fits, then bisects between the last size that fits and the first that does not, so the
+answer ``largest`` comes with its neighbour ``largest + 1`` shown not to fit (unless
+``max_size``, or a sequence length the config's positions cap, stopped the search first).
 
-Which batch is fastest
-----------------------
+Which size is fastest
+---------------------
 A bigger batch with more recomputation is often faster per sample. For the sizes that fit
 among those tried (the powers of two from ``largest / 8`` up, and ``largest``), the step is
-timed here (in steps
-that fit the budget, as ``profile`` times it) or estimated for a ``--target`` device
-(roofline), the cheapest plan at the budget is solved, and the predicted samples per second
-is ``batch_size / (step + recomputation)``.
+timed here (in steps that fit the budget, as ``profile`` times it) or estimated for a
+``--target`` device (roofline), the cheapest plan at the budget is solved, and the
+predicted throughput is ``size / (step + recomputation)``: samples per second for a batch
+size, tokens per sequence per second for a sequence length.
 
 The plan returned is the one for ``largest``, checked by running it (as ``profile`` checks
 its plan) unless it is made for a target device that is not here.
@@ -26,14 +27,16 @@ its plan) unless it is made for a target device that is not here.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
-from planner.core.errors import InfeasibleBudgetError
+from planner.core.errors import InfeasibleBudgetError, ModelFileError
 from planner.core.records import MemorySource, Profile
 from planner.core.units import format_bytes
+from planner.measure.hf import is_hf_source, max_seq_len, parse_hf_source
 from planner.measure.profiler import ProgressCallback
-from planner.measure.workload import ModelFile, with_batch_size
+from planner.measure.workload import ModelFile, load_model_file, with_batch_size
 from planner.pipeline import (
     PlanningResult,
     measure_profile_costs,
@@ -44,19 +47,24 @@ from planner.plan.targets import DeviceSpec, check_budget_fits, roofline_costs
 from planner.solve import Solver
 from planner.solve.planning import plan_for_budget
 
-__all__ = ["FitPoint", "FitResult", "fit_batch_size"]
+__all__ = ["DIMENSIONS", "FitPoint", "FitResult", "fit_largest"]
 
 logger = logging.getLogger(__name__)
+
+DIMENSIONS = ("batch_size", "seq_len")
+"""What ``fit`` can grow: the batch size (any workload whose batch can be resized), or the
+sequence length of a Hugging Face workload."""
 
 
 @dataclass(frozen=True)
 class FitPoint:
-    """One batch size tried. ``lowest_peak_bytes``: the smallest budget any plan fits
+    """One size tried (``size`` holds the batch size or the sequence length, as the
+    search's ``dimension`` says). ``lowest_peak_bytes``: the smallest budget any plan fits
     (predicted); ``unplanned_peak_bytes``: the peak without checkpointing. For sizes that
     fit and were timed: ``step_ms`` (the unplanned step), ``recompute_ms`` (what the
     cheapest plan at the budget adds) and ``plan_modules`` (how many modules it wraps)."""
 
-    batch_size: int
+    size: int
     lowest_peak_bytes: int
     unplanned_peak_bytes: int
     step_ms: float | None = None
@@ -64,20 +72,21 @@ class FitPoint:
     plan_modules: int | None = None
 
     @property
-    def samples_per_second(self) -> float | None:
+    def steps_per_second(self) -> float | None:
         if self.step_ms is None or self.recompute_ms is None:
             return None
-        return self.batch_size * 1000.0 / (self.step_ms + self.recompute_ms)
+        return 1000.0 / (self.step_ms + self.recompute_ms)
 
 
 @dataclass(frozen=True)
 class FitResult:
     """The search's outcome: every size tried (ascending), the largest that fits, the
     fastest among the timed ones, and the plan for the largest (a :class:`PlanningResult`,
-    checked where it was run). ``capped``: the search stopped at ``max_batch_size`` with
-    that size still fitting."""
+    checked where it was run). ``capped``: the search stopped at ``max_size`` with that size
+    still fitting."""
 
     budget_bytes: int
+    dimension: str
     points: tuple[FitPoint, ...]
     largest: int
     fastest: int
@@ -85,37 +94,55 @@ class FitResult:
     planned: PlanningResult
     source: str
 
-    def point(self, batch_size: int) -> FitPoint:
-        return next(point for point in self.points if point.batch_size == batch_size)
+    def point(self, size: int) -> FitPoint:
+        return next(point for point in self.points if point.size == size)
 
 
-def fit_batch_size(
+def _resized(model_file: ModelFile, dimension: str, size: int) -> ModelFile:
+    if dimension == "batch_size":
+        return with_batch_size(model_file, size)
+    workload = parse_hf_source(model_file.source)
+    return load_model_file(dataclasses.replace(workload, seq_len=size).source)
+
+
+def fit_largest(
     model_file: ModelFile,
     budget_bytes: int,
     *,
+    dimension: str = "batch_size",
     device: str = "cpu",
     seed: int = 0,
     target: DeviceSpec | None = None,
-    max_batch_size: int = 1 << 16,
+    max_size: int = 1 << 16,
     timing_steps: int = 3,
     check: bool = True,
     progress: ProgressCallback | None = None,
 ) -> FitResult:
-    """Search the batch size (see the module docstring). Raises
-    :class:`InfeasibleBudgetError` where not even batch size 1 fits (with the smallest
+    """Search the largest ``dimension`` (see the module docstring) up to ``max_size``.
+    Raises :class:`InfeasibleBudgetError` where not even size 1 fits (with the smallest
     budget that does), and :class:`~planner.core.errors.ModelFileError` where the model
-    file's ``sample_batch`` takes no ``batch_size``. ``timing_steps``: real steps timed per
+    file's ``sample_batch`` takes no ``size``. ``timing_steps``: real steps timed per
     batch size (the median is kept)."""
+    if dimension not in DIMENSIONS:
+        raise ValueError(f"dimension must be one of {DIMENSIONS}, not {dimension!r}")
+    if dimension == "seq_len":
+        if not is_hf_source(model_file.source):
+            raise ModelFileError(
+                "only a Hugging Face workload (--hf CONFIG) has a sequence length to fit; "
+                "fit the batch size of a model file"
+            )
+        max_size = min(max_size, max_seq_len(parse_hf_source(model_file.source)) or max_size)
     if target is not None:
         check_budget_fits(target, budget_bytes)
         device = target.device_type
+    what = dimension.replace("_", " ")
     memory: dict[int, tuple[ModelFile, Profile, int]] = {}
 
-    def fits(batch_size: int) -> bool:
-        if batch_size not in memory:
+    def fits(size: int) -> bool:
+        if size not in memory:
             if progress:
-                progress(f"batch size {batch_size}: recording the step on fake tensors", 0, 0)
-            sized = with_batch_size(model_file, batch_size)
+                progress(f"{what} {size}: recording the step on fake tensors", 0, 0)
+            sized = _resized(model_file, dimension, size)
             profile = record_step_memory(
                 sized,
                 device=device,
@@ -126,27 +153,28 @@ def fit_batch_size(
                 progress=None,
             )
             lowest = Solver(profile).lowest_peak()[1]
-            memory[batch_size] = (sized, profile, lowest)
+            memory[size] = (sized, profile, lowest)
             logger.info(
-                "batch size %d: lowest peak %s, unplanned %s",
-                batch_size,
+                "%s %d: lowest peak %s, unplanned %s",
+                what,
+                size,
                 format_bytes(lowest),
                 format_bytes(profile.measured_peak_bytes),
             )
-        return memory[batch_size][2] <= budget_bytes
+        return memory[size][2] <= budget_bytes
 
     if not fits(1):
         lowest = memory[1][2]
         raise InfeasibleBudgetError(
-            f"no batch size fits {format_bytes(budget_bytes)}: even batch size 1 needs "
+            f"no {what} fits {format_bytes(budget_bytes)}: even {what} 1 needs "
             f"{format_bytes(lowest)} with every useful module checkpointed; use a budget of "
             f"at least {format_bytes(lowest)}",
             budget_bytes=budget_bytes,
             min_budget_bytes=lowest,
         )
     fitting, failing = 1, None
-    while failing is None and fitting < max_batch_size:
-        size = min(2 * fitting, max_batch_size)
+    while failing is None and fitting < max_size:
+        size = min(2 * fitting, max_size)
         if fits(size):
             fitting = size
         else:
@@ -173,7 +201,7 @@ def fit_batch_size(
     timed: dict[int, Profile] = {}
     for index, size in enumerate(timed_sizes):
         if progress:
-            progress(f"timing batch size {size}", index, len(timed_sizes))
+            progress(f"timing {what} {size}", index, len(timed_sizes))
         sized, profile, lowest = memory[size]
         if target is not None:
             costed = roofline_costs(profile, target)
@@ -196,7 +224,8 @@ def fit_batch_size(
             recompute_ms=plan.recompute_ms,
             plan_modules=len(plan.modules),
         )
-    fastest = max(timed_sizes, key=lambda size: points[size].samples_per_second or 0.0)
+    # Throughput in samples (batch) or tokens (sequence) per second: the size times steps.
+    fastest = max(timed_sizes, key=lambda size: size * (points[size].steps_per_second or 0.0))
 
     sized = memory[largest][0]
     planned = plan_checked(
@@ -209,6 +238,7 @@ def fit_batch_size(
     )
     return FitResult(
         budget_bytes=budget_bytes,
+        dimension=dimension,
         points=tuple(points[size] for size in sorted(points)),
         largest=largest,
         fastest=fastest,

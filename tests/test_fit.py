@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from planner.core.errors import InfeasibleBudgetError, ModelFileError
-from planner.fit import fit_batch_size
+from planner.fit import fit_largest
 from planner.measure.workload import load_model_file, with_batch_size
 from planner.plan.plan_file import load_plan
 
@@ -28,23 +28,22 @@ def _assert_largest(result, budget_bytes: int) -> None:  # type: ignore[no-untyp
     assert result.planned.plan.checked
     assert result.planned.plan.measured_peak_bytes <= budget_bytes
     assert result.planned.plan.batch == result.planned.profile.batch
-    sizes = [point.batch_size for point in result.points]
+    sizes = [point.size for point in result.points]
     assert sizes == sorted(sizes)
     fitting = [p for p in result.points if p.lowest_peak_bytes <= budget_bytes]
-    assert max(p.batch_size for p in fitting) == result.largest
+    assert max(p.size for p in fitting) == result.largest
     # Peaks grow with the batch: the search's premise.
     lowest = [p.lowest_peak_bytes for p in result.points]
     assert lowest == sorted(lowest)
-    timed = [p for p in result.points if p.samples_per_second is not None]
-    assert result.largest in [p.batch_size for p in timed]
-    assert result.point(result.fastest).samples_per_second == max(
-        p.samples_per_second or 0.0 for p in timed
-    )
+    timed = [p for p in result.points if p.steps_per_second is not None]
+    assert result.largest in [p.size for p in timed]
+    throughput = {p.size: p.size * (p.steps_per_second or 0.0) for p in timed}
+    assert throughput[result.fastest] == max(throughput.values())
 
 
 def test_fit_on_the_gpt_example() -> None:
     budget = 30 * MIB
-    result = fit_batch_size(load_model_file(EXAMPLES / "gpt.py"), budget, timing_steps=1)
+    result = fit_largest(load_model_file(EXAMPLES / "gpt.py"), budget, timing_steps=1)
     _assert_largest(result, budget)
     assert result.largest > 1 and not result.capped
     assert result.source.endswith(f"gpt.py?batch_size={result.largest}")
@@ -54,14 +53,14 @@ def test_fit_on_the_gpt_example() -> None:
 def test_fit_on_the_hf_llama_example() -> None:
     pytest.importorskip("transformers")
     budget = 24 * MIB
-    result = fit_batch_size(load_model_file(EXAMPLES / "hf_llama.py"), budget, timing_steps=1)
+    result = fit_largest(load_model_file(EXAMPLES / "hf_llama.py"), budget, timing_steps=1)
     _assert_largest(result, budget)
 
 
 def test_a_budget_below_batch_size_one_names_the_smallest_that_fits() -> None:
     model_file = load_model_file(EXAMPLES / "mlp.py")
     with pytest.raises(InfeasibleBudgetError, match="even batch size 1 needs") as raised:
-        fit_batch_size(model_file, 1 * MIB, check=False)
+        fit_largest(model_file, 1 * MIB, check=False)
     assert raised.value.min_budget_bytes > 1 * MIB
 
 
@@ -108,3 +107,24 @@ def test_fit_cli_writes_the_plan_for_the_largest(tmp_path: Path, monkeypatch) ->
     assert plan.checked and plan.measured_peak_bytes is not None
     assert plan.measured_peak_bytes <= 6 * MIB
     assert plan.model_file is not None and "?batch_size=" in plan.model_file
+
+
+def test_fit_the_sequence_length_of_a_hf_config(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With --hf and --batch-size, fit grows the sequence length instead, capped by the
+    config's positions; the plan for the longest is checked by running it."""
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)
+    config = EXAMPLES / "configs" / "tiny-llama.json"
+    arguments = ["fit", "--hf", str(config), "--batch-size", "2", "--budget", "6MiB"]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    assert "largest seq len that fits 6.00 MiB:" in result.output
+    written = list((tmp_path / "profiles").glob("*/plan-seq*.json"))
+    assert len(written) == 1
+    plan = load_plan(written[0])
+    assert plan.checked and plan.measured_peak_bytes is not None
+    assert plan.measured_peak_bytes <= 6 * MIB
+    longest = int(written[0].stem.removeprefix("plan-seq"))
+    assert plan.batch["input_ids"]["shape"] == [2, longest]  # type: ignore[index]
+    both = CliRunner().invoke(app, [*arguments, "--seq-len", "8"])
+    assert both.exit_code == 2 and "give one of --seq-len" in both.output

@@ -56,6 +56,7 @@ __all__ = [
     "hf_workload",
     "is_hf_source",
     "load_hf_model_file",
+    "max_seq_len",
     "parse_hf_source",
     "workload_in_command",
 ]
@@ -186,6 +187,14 @@ def _config_dtype(data: dict[str, Any], path: Path) -> str:
             "pass --dtype"
         )
     return named
+
+
+def max_seq_len(workload: HfWorkload) -> int | None:
+    """The most positions the workload's config allows (``max_position_embeddings``), or
+    None where it names no limit."""
+    data = _read_config(workload.config_path)
+    positions = data.get("max_position_embeddings", data.get("n_positions"))
+    return positions if isinstance(positions, int) else None
 
 
 def hf_workload(
