@@ -14,8 +14,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from planner.core.errors import PlanFileError
+from planner.core.errors import LoopShapeError, PlanFileError
 from planner.core.fileio import atomic_write_text
+from planner.core.loop import PLAIN_LOOP, LoopShape, loop_from_dict, loop_to_dict
 
 __all__ = [
     "PLAN_SCHEMA_VERSION",
@@ -73,8 +74,10 @@ class Plan:
     ``checked`` once that run also showed the training step unchanged; a plan made for a
     device that is not here (``target``) stays unchecked until ``ckpt-plan verify`` runs
     it there. ``memory_source`` and ``cost_source`` say how the profile's figures were
-    obtained (``fake`` or ``real`` memory; ``measured`` or ``roofline`` times), and
-    ``assumptions`` what the profile assumed about the device.
+    obtained (``fake`` or ``real`` memory; ``measured`` or ``roofline`` times),
+    ``assumptions`` what the profile assumed about the device, and ``loop`` the training
+    loop's shape the step was measured in (:mod:`planner.core.loop`; a file without it was
+    made for the plain loop).
     """
 
     budget_bytes: int
@@ -99,6 +102,7 @@ class Plan:
     target: str | None = None
     checked: bool = False
     assumptions: tuple[str, ...] = field(default_factory=tuple)
+    loop: LoopShape = PLAIN_LOOP
 
     @property
     def module_names(self) -> tuple[str, ...]:
@@ -128,6 +132,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     ]
     data["notes"] = list(plan.notes)
     data["assumptions"] = list(plan.assumptions)
+    data["loop"] = loop_to_dict(plan.loop)
     # Put the version first so a person opening the file sees it.
     return {"schema_version": data.pop("schema_version"), **data}
 
@@ -176,8 +181,9 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         values["modules"] = modules
         values["notes"] = tuple(values.get("notes", ()))
         values["assumptions"] = tuple(values.get("assumptions", ()))
+        values["loop"] = loop_from_dict(data.get("loop"))  # absent: the plain loop
         plan = Plan(**values)
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, LoopShapeError) as error:
         raise PlanFileError(
             f"{source} has a malformed entry ({error}); re-create the plan"
         ) from error

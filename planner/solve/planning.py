@@ -127,6 +127,7 @@ def build_plan(
         cost_source=profile.cost_source.value,
         target=profile.target,
         assumptions=profile.assumptions,
+        loop=profile.loop,
     )
 
 
