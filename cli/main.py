@@ -26,14 +26,17 @@ from cli.options import (
     BudgetOption,
     Device,
     DeviceOption,
+    GradAccumOption,
     ProfileArgument,
     ReferenceChoice,
     VerboseOption,
+    ZeroGradOption,
     parse_budget,
     require_device,
 )
 from cli.render import print_plan_summary, warn_own_checkpointing
 from planner.core import errors
+from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.records import CostSource, MemorySource, Profile
 from planner.core.units import format_bytes
 
@@ -94,6 +97,8 @@ def profile(
             "unplanned step for real (it must fit this machine), as a cross-check.",
         ),
     ] = MemorySource.FAKE,
+    zero_grad: ZeroGradOption = ZeroGrad.BEFORE_FORWARD,
+    grad_accum: GradAccumOption = 1,
     verbose: VerboseOption = False,
 ) -> None:
     """Profile one training step, choose the cheapest checkpointing plan that fits BUDGET,
@@ -127,6 +132,7 @@ def profile(
                     seed=seed,
                     memory=memory,
                     target=spec,
+                    loop=LoopShape(zero_grad, grad_accum),
                     progress=progress,
                 )
         except errors.InfeasibleBudgetError as error:
@@ -443,6 +449,7 @@ def verify(
                 ("buffers", verdict(check.buffers_equal)),
             ]
         rows += [
+            ("training loop", f"as the plan records it: {plan.loop.describe()}"),
             ("state_dict keys", "unchanged" if check.state_dict_keys_equal else "CHANGED"),
             (
                 "peak with plan (measured)",
