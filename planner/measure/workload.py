@@ -383,11 +383,11 @@ def run_training_step(
     before the measured one (a warm-up step, which also creates the optimizer state); the
     first step of a fresh workload runs as the first step of such a loop does, with none.
 
-    Returns the loss it ran backward on (divided by N when accumulating), detached. ``seed`` reseeds the
-    global RNG first so that random ops (dropout) draw the same numbers in runs that should
-    be comparable. ``phase_ended`` is called with ``"forward"`` (the loss computed),
-    ``"backward"`` and ``"optimizer"`` as each phase ends. An error in the model's code is a
-    one-line :class:`ProfilingError`.
+    Returns the loss it ran backward on (divided by N when accumulating), detached.
+    ``seed`` reseeds the global RNG first so that random ops (dropout) draw the same numbers
+    in runs that should be comparable. ``phase_ended`` is called with ``"forward"`` (the
+    loss computed), ``"backward"`` and ``"optimizer"`` as each phase ends. An error in the
+    model's code is a one-line :class:`ProfilingError`.
     """
     loop = workload.loop
     if seed is not None:
