@@ -14,22 +14,34 @@ from planner.core.loop import ZeroGrad
 from planner.core.units import parse_bytes
 
 __all__ = [
+    "BatchSizeOption",
     "BudgetOption",
     "Device",
     "DeviceOption",
+    "Dtype",
+    "DtypeOption",
     "GradAccumOption",
+    "HfOption",
     "ProfileArgument",
     "ReferenceChoice",
+    "SeqLenOption",
     "VerboseOption",
     "ZeroGradOption",
     "parse_budget",
     "require_device",
+    "workload_source",
 ]
 
 
 class Device(str, enum.Enum):
     cpu = "cpu"
     cuda = "cuda"
+
+
+class Dtype(str, enum.Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
 
 
 class ReferenceChoice(str, enum.Enum):
@@ -80,6 +92,70 @@ ProfileArgument = Annotated[
         metavar="PROFILE.json",
     ),
 ]
+
+HfOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--hf",
+        help="Plan a Hugging Face model from its config instead of a model file: a local "
+        "config.json, or a model folder holding one (nothing is downloaded). Builds the class "
+        "its `architectures` names (else AutoModelForCausalLM's) with random weights, on "
+        "--batch-size x --seq-len random token ids with labels; the loss is the model's own.",
+        metavar="CONFIG",
+        show_default=False,
+    ),
+]
+BatchSizeOption = Annotated[
+    int | None,
+    typer.Option("--batch-size", min=1, help="With --hf: sequences per batch.", show_default=False),
+]
+SeqLenOption = Annotated[
+    int | None,
+    typer.Option("--seq-len", min=1, help="With --hf: tokens per sequence.", show_default=False),
+]
+DtypeOption = Annotated[
+    Dtype | None,
+    typer.Option(
+        "--dtype",
+        help="With --hf: the parameters' dtype.",
+        show_default="the config's dtype, else float32",
+    ),
+]
+
+
+def workload_source(
+    model: Path | None,
+    hf: Path | None,
+    batch_size: int | None,
+    seq_len: int | None,
+    dtype: Dtype | None,
+    *,
+    model_option: str = "MODEL.py",
+    recorded: str | None = None,
+) -> str | None:
+    """The workload a command runs, as the library carries it: the model file's path, or
+    the source of the Hugging Face workload the ``--hf`` options name (``--batch-size``,
+    ``--seq-len`` and ``--dtype`` default to those of ``recorded``, the source a profile or
+    plan holds, where that is a Hugging Face workload). None when neither is given.
+    Raises ModelFileError for a config that cannot be used; a bad combination of options is
+    a usage error (exit 2)."""
+    from planner.measure.hf import hf_workload, is_hf_source, parse_hf_source
+
+    if model is not None and hf is not None:
+        fail(f"pass either {model_option} or --hf CONFIG, not both", 2)
+    if hf is None:
+        if (batch_size, seq_len, dtype) != (None, None, None):
+            fail("--batch-size, --seq-len and --dtype go with --hf CONFIG", 2)
+        return None if model is None else str(model)
+    dtype_name = dtype.value if dtype is not None else None
+    if recorded is not None and is_hf_source(recorded):
+        before = parse_hf_source(recorded)
+        batch_size = batch_size or before.batch_size
+        seq_len = seq_len or before.seq_len
+        dtype_name = dtype_name or before.dtype
+    if batch_size is None or seq_len is None:
+        fail("--hf needs --batch-size and --seq-len (the shape of the token batch)", 2)
+    return hf_workload(hf, batch_size, seq_len, dtype_name).source
 
 
 def require_device(device: Device | None) -> None:

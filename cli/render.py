@@ -28,7 +28,7 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
     table.add_column("module", overflow="fold")
     table.add_column("type")
     table.add_column("calls", justify="right")
-    table.add_column("saved (MiB)", justify="right")
+    table.add_column("frees (MiB)", justify="right")
     table.add_column("recompute (ms)", justify="right")
     table.add_column("RNG replay")
     for decision in plan.modules:
@@ -91,9 +91,11 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
             "the unplanned step's; state_dict keys unchanged"
         )
     elif plan.target:
+        from planner.measure.hf import workload_in_command
+
         stdout.print(
             f"not run: made for {plan.target}, which is not here; run `ckpt-plan verify "
-            "MODEL.py PLAN` on it before training"
+            f"{workload_in_command(plan.model_file)} PLAN` on it before training"
         )
     for path in wrote:
         stdout.print(f"wrote {path}")

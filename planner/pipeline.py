@@ -39,6 +39,7 @@ from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.records import CostSource, MemorySource, Profile
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.measure.fake import FakeExecutionError, build_fake_workload
+from planner.measure.hf import is_hf_source, workload_in_command
 from planner.measure.profiler import ProgressCallback, record_memory
 from planner.measure.timing import measure_costs, with_measured_costs
 from planner.measure.tracking import MemoryLimitExceeded
@@ -267,14 +268,14 @@ def _timed(
     seed: int,
     progress: ProgressCallback | None,
 ) -> Profile:
-    path = Path(model_path if model_path is not None else profile.model_file)
-    if not path.is_file():
+    source = model_path if model_path is not None else profile.model_file
+    if not is_hf_source(source) and not Path(source).is_file():
         raise ProfileFileError(
             f"this profile holds no times (it was saved when no plan fit its budget) and its "
-            f"model file {path} is not there: pass the model file (--check MODEL.py) to time it"
+            f"model file {source} is not there: pass the model file (--check MODEL.py) to time it"
         )
     return measure_profile_costs(
-        load_model_file(path),
+        load_model_file(source),
         profile,
         device=profile.device,
         seed=seed,
@@ -411,7 +412,10 @@ def profile_and_plan(
     """Load the model file, profile one step, solve for the budget, check the plan (see
     the module docstring). With ``target`` the plan is for that device and is not run.
     ``loop`` is the training loop's shape (:class:`~planner.core.loop.LoopShape`): the
-    step is profiled, timed and checked in it, and the plan records it."""
+    step is profiled, timed and checked in it, and the plan records it.
+
+    ``model_path`` is a model file's path or a Hugging Face workload's source
+    (:attr:`planner.measure.hf.HfWorkload.source`); either travels to every stage."""
     model_file = load_model_file(model_path)
     if target is not None:
         check_budget_fits(target, budget_bytes)
@@ -429,7 +433,7 @@ def profile_and_plan(
     result = plan_checked(
         profile,
         budget_bytes,
-        model_path=model_file.path if check and target is None else None,
+        model_path=model_file.source if check and target is None else None,
         device=device,
         seed=seed,
         progress=progress,
@@ -437,7 +441,7 @@ def profile_and_plan(
     if target is not None:
         note = (
             f"unchecked: made for {target.name}, which is not here; run `ckpt-plan verify "
-            "MODEL.py PLAN` on it before training"
+            f"{workload_in_command(model_file.source)} PLAN` on it before training"
         )
         plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
         result = dataclasses.replace(result, plan=plan)

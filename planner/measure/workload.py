@@ -27,6 +27,7 @@ import torch
 
 from planner.core.errors import ModelFileError, ProfilingError
 from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
+from planner.core.records import Phase
 from planner.measure.tracking import iter_tensors
 
 __all__ = [
@@ -48,7 +49,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ModelFile:
-    """The functions a model file provides, checked against the contract."""
+    """The functions a model file provides, checked against the contract.
+
+    ``source`` is what :func:`load_model_file` builds it again from, in another process or
+    from a saved profile: the file's path (the default), or a Hugging Face workload's source
+    string (:mod:`planner.measure.hf`; ``path`` is then its config). ``assumptions``: what
+    the workload itself assumed, one line each, for the profile's assumptions."""
 
     path: Path
     name: str
@@ -57,13 +63,20 @@ class ModelFile:
     training_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None
     loss_fn: Callable[[Any, Any], torch.Tensor] | None
     build_optimizer: Callable[[Any], torch.optim.Optimizer] | None
+    source: str = ""
+    assumptions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            object.__setattr__(self, "source", str(self.path))
 
 
 @dataclass
 class Workload:
     """A live model, its batch and its optimizer on one device (mutable: it trains).
-    ``notes``: what was changed in the model to plan it (its own checkpointing switched off,
-    see :func:`switch_off_own_checkpointing`), one line each. ``loop``: the training loop's
+    ``notes``: what the model file assumed (``ModelFile.assumptions``) and what was changed
+    in the model to plan it (its own checkpointing switched off, see
+    :func:`switch_off_own_checkpointing`), one line each. ``loop``: the training loop's
     shape its steps run in (:func:`run_training_step`)."""
 
     model_file: ModelFile
@@ -155,7 +168,16 @@ def _error_location(error: BaseException, path: Path) -> str:
 
 
 def load_model_file(path: str | Path) -> ModelFile:
-    """Import the Python file at ``path`` and check it defines the model-file contract."""
+    """Import the Python file at ``path`` and check it defines the model-file contract.
+
+    ``path`` may also be a Hugging Face workload's source string (``hf:CONFIG?...``, see
+    :mod:`planner.measure.hf`), for which the contract is built from the config: every
+    stage that carries a model file's path carries that string instead."""
+    from planner.measure.hf import is_hf_source, load_hf_model_file, parse_hf_source
+
+    if is_hf_source(path):
+        assert isinstance(path, str)
+        return load_hf_model_file(parse_hf_source(path))
     source = Path(path).expanduser().resolve()
     if not source.is_file():
         raise ModelFileError(f"model file {path} does not exist; pass the path to a .py file")
@@ -297,7 +319,7 @@ def build_workload(
     model = model.to(target)
     model.train()
     with _user_code("switching off the model's own checkpointing", model_file.path):
-        notes = switch_off_own_checkpointing(model)
+        notes = (*model_file.assumptions, *switch_off_own_checkpointing(model))
     with _user_code("sample_batch()", model_file.path):
         torch.manual_seed(seed + 1)
         batch = _to_device(model_file.sample_batch(), target)
@@ -364,7 +386,7 @@ def run_training_step(
     workload: Workload,
     seed: int | None = None,
     *,
-    phase_ended: Callable[[str], None] | None = None,
+    phase_ended: Callable[[Phase], None] | None = None,
 ) -> torch.Tensor:
     """One steady-state step in the workload's loop shape (``workload.loop``): the one
     training step every stage runs (warm-up, timing, the recorded and the measured step).
@@ -375,9 +397,9 @@ def run_training_step(
       alive, zero grads (to None), backward, optimizer step.
     * ``grad_accum`` N > 1: the last micro-step of N, the worst for memory: forward + loss
       (divided by N) with the gradients of the micro-steps before it alive, backward adding
-      into them, optimizer step. Its ``zero_grad`` belongs to the first micro-step
-      of the next cycle, which is not this one, so no step zeroes: each step leaves its
-      gradients in place for the next, as the micro-steps before the last would.
+      into them, optimizer step. Its ``zero_grad`` belongs to the first micro-step of the
+      next cycle, which is not this one, so no step zeroes: each step leaves its gradients
+      in place for the next, as the micro-steps before the last would.
 
     In the last two shapes the step expects gradients to exist when it starts: run one step
     before the measured one (a warm-up step, which also creates the optimizer state); the
@@ -385,9 +407,9 @@ def run_training_step(
 
     Returns the loss it ran backward on (divided by N when accumulating), detached.
     ``seed`` reseeds the global RNG first so that random ops (dropout) draw the same numbers
-    in runs that should be comparable. ``phase_ended`` is called with ``"forward"`` (the
-    loss computed), ``"backward"`` and ``"optimizer"`` as each phase ends. An error in the
-    model's code is a one-line :class:`ProfilingError`.
+    in runs that should be comparable. ``phase_ended`` is called with each :class:`Phase`
+    as it ends (forward: the loss computed). An error in the model's code is a one-line
+    :class:`ProfilingError`.
     """
     loop = workload.loop
     if seed is not None:
@@ -400,15 +422,15 @@ def run_training_step(
             # Scaled so that the accumulated gradient is the mean's, as loops do.
             loss = loss / loop.grad_accum
         if phase_ended:
-            phase_ended("forward")
+            phase_ended(Phase.FORWARD)
         if loop.zero_grad is ZeroGrad.AFTER_FORWARD and not loop.accumulates:
             workload.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if phase_ended:
-            phase_ended("backward")
+            phase_ended(Phase.BACKWARD)
         workload.optimizer.step()
         if phase_ended:
-            phase_ended("optimizer")
+            phase_ended(Phase.OPTIMIZER)
     return loss.detach()
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from planner.core.errors import LoopShapeError, PlanFileError
 from planner.core.fileio import atomic_write_text
 from planner.core.loop import PLAIN_LOOP, LoopShape, loop_from_dict, loop_to_dict
+from planner.core.records import unit_name
 
 __all__ = [
     "PLAN_SCHEMA_VERSION",
@@ -74,10 +75,12 @@ class Plan:
     ``checked`` once that run also showed the training step unchanged; a plan made for a
     device that is not here (``target``) stays unchecked until ``ckpt-plan verify`` runs
     it there. ``memory_source`` and ``cost_source`` say how the profile's figures were
-    obtained (``fake`` or ``real`` memory; ``measured`` or ``roofline`` times),
-    ``assumptions`` what the profile assumed about the device, and ``loop`` the training
-    loop's shape the step was measured in (:mod:`planner.core.loop`; a file without it was
-    made for the plain loop).
+    obtained (``fake`` or ``real`` memory; ``measured`` or ``roofline`` times), and
+    ``assumptions`` what the profile assumed about the device. ``model_file`` is the
+    profile's: the model file's path, or a Hugging Face workload's source
+    (``hf:CONFIG?batch_size=...``), which ``ckpt-plan verify PLAN`` rebuilds; None in plans
+    written before it was recorded. ``loop`` is the training loop's shape the step was
+    measured in (:mod:`planner.core.loop`; a file without it was made for the plain loop).
     """
 
     budget_bytes: int
@@ -102,6 +105,7 @@ class Plan:
     target: str | None = None
     checked: bool = False
     assumptions: tuple[str, ...] = field(default_factory=tuple)
+    model_file: str | None = None
     loop: LoopShape = PLAIN_LOOP
 
     @property
@@ -113,7 +117,7 @@ class Plan:
         """The plan as the memory model reads it: module names, and ``"name#k"`` for
         ``checkpoint_sequential`` over ``name``'s children in ``k`` segments."""
         return tuple(
-            f"{d.module_name}#{d.segments}"
+            unit_name(d.module_name, d.segments)
             if d.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL
             else d.module_name
             for d in self.modules
@@ -208,6 +212,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "memory_source": (str,),
     "cost_source": (str,),
     "checked": (bool,),
+    "model_file": (str, type(None)),
 }
 
 _REQUIRED_PLAN_FIELDS = frozenset(

@@ -21,8 +21,10 @@ from planner.core.records import (
     ModuleCall,
     ModuleProfile,
     OpCost,
+    Phase,
     Profile,
     SavedTensor,
+    StorageKind,
     StorageLifetime,
 )
 
@@ -78,6 +80,10 @@ def save_profile_table(profile: Profile, path: str | Path) -> Path:
     return target
 
 
+def _storage(values: dict[str, Any]) -> StorageLifetime:
+    return StorageLifetime(**{**values, "kind": StorageKind(values["kind"])})
+
+
 def _tuple_if_list(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
@@ -108,7 +114,7 @@ def load_profile(path: str | Path) -> Profile:
         timeline = MemoryTimeline(
             event_count=int(raw["event_count"]),
             storages=tuple(
-                StorageLifetime(**dict(zip(columns, row, strict=True))) for row in raw["storages"]
+                _storage(dict(zip(columns, row, strict=True))) for row in raw["storages"]
             ),
             calls=tuple(
                 ModuleCall(**{k: _tuple_if_list(v) for k, v in call.items()})
@@ -118,7 +124,7 @@ def load_profile(path: str | Path) -> Profile:
                 SavedTensor(**dict(zip(raw["saved_tensor_columns"], row, strict=True)))
                 for row in raw.get("saved_tensors", ())
             ),
-            phase_end_events={k: int(v) for k, v in raw["phase_end_events"].items()},
+            phase_end_events={Phase(k): int(v) for k, v in raw["phase_end_events"].items()},
             op_costs=tuple(
                 OpCost(**dict(zip(raw["op_cost_columns"], row, strict=True)))
                 for row in raw.get("op_costs", ())
