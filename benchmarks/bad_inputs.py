@@ -73,7 +73,7 @@ MODEL_SOURCES = {
     "ctrl_c_while_checking.py": (
         "import os, signal, sys\nfrom small_cnn import build_model as _build, sample_batch, "
         "training_step\n\ndef _interrupt(module, args):\n"
-        "    if sys.argv[0].endswith(os.path.join('planner', 'check.py')):\n"
+        "    if sys.argv[0].endswith(os.path.join('planner', 'check', 'compare.py')):\n"
         "        os.killpg(os.getpgrp(), signal.SIGINT)\n\n"
         "def build_model():\n    model = _build()\n"
         "    model.register_forward_pre_hook(_interrupt)\n    return model\n"
@@ -118,6 +118,18 @@ CASES = [
     Case(PROFILE, "budget 0", ("{data}/small_cnn.py", "--budget", "0", *OUT), 2),
     Case(PROFILE, "budget abc", ("{data}/small_cnn.py", "--budget", "abc", *OUT), 2),
     Case(PROFILE, "no budget", ("{data}/small_cnn.py", *OUT), 2),
+    Case(
+        PROFILE,
+        "--grad-accum 0",
+        ("{data}/small_cnn.py", "-b", "1GB", "--grad-accum", "0", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "--zero-grad that is not a place in the loop",
+        ("{data}/small_cnn.py", "-b", "1GB", "--zero-grad", "sideways", *OUT),
+        2,
+    ),
     Case(
         PROFILE,
         "budget too small for any plan (100KiB)",
@@ -177,6 +189,12 @@ CASES = [
     Case(VERIFY, "plan file missing fields", ("{data}/small_cnn.py", "{plans}/no_fields.json"), 6),
     Case(VERIFY, "plan from a future schema", ("{data}/small_cnn.py", "{plans}/future.json"), 6),
     Case(
+        VERIFY,
+        "plan with a malformed loop (grad_accum 0)",
+        ("{data}/small_cnn.py", "{plans}/bad_loop.json"),
+        6,
+    ),
+    Case(
         VERIFY, "plan made for another model", ("{data}/cache_decoder.py", "{plans}/good.json"), 6
     ),
     Case(
@@ -222,6 +240,8 @@ def write_plans(folder: Path) -> None:
     (folder / "list.json").write_text("[1, 2, 3]\n")
     (folder / "no_fields.json").write_text('{"schema_version": 1}\n')
     (folder / "future.json").write_text(json.dumps({**data, "schema_version": 2}))
+    bad_loop = {**data, "loop": {"zero_grad": "before-forward", "grad_accum": 0}}
+    (folder / "bad_loop.json").write_text(json.dumps(bad_loop))
     no_restore = tuple(dataclasses.replace(d, restore_buffers=()) for d in good.modules)
     save_plan(dataclasses.replace(good, modules=no_restore), folder / "no_restore.json")
     save_plan(dataclasses.replace(good, budget_bytes=100_000), folder / "over_budget.json")

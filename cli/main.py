@@ -29,18 +29,21 @@ from cli.options import (
     Device,
     DeviceOption,
     DtypeOption,
+    GradAccumOption,
     HfOption,
     ProfileArgument,
     ReferenceChoice,
     SeqLenOption,
     TargetOption,
     VerboseOption,
+    ZeroGradOption,
     parse_budget,
     require_device,
     workload_source,
 )
 from cli.render import print_fit, print_plan_summary, warn_own_checkpointing
 from planner.core import errors
+from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.records import CostSource, MemorySource, Profile
 from planner.core.units import format_bytes
 from planner.measure.hf import workload_in_command
@@ -97,6 +100,8 @@ def profile(
             "unplanned step for real (it must fit this machine), as a cross-check.",
         ),
     ] = MemorySource.FAKE,
+    zero_grad: ZeroGradOption = ZeroGrad.BEFORE_FORWARD,
+    grad_accum: GradAccumOption = 1,
     verbose: VerboseOption = False,
 ) -> None:
     """Profile one training step, choose the cheapest checkpointing plan that fits BUDGET,
@@ -133,6 +138,7 @@ def profile(
                     seed=seed,
                     memory=memory,
                     target=spec,
+                    loop=LoopShape(zero_grad, grad_accum),
                     progress=progress,
                 )
         except errors.InfeasibleBudgetError as error:
@@ -208,6 +214,8 @@ def fit(
         ),
     ] = None,
     dtype: DtypeOption = None,
+    zero_grad: ZeroGradOption = ZeroGrad.BEFORE_FORWARD,
+    grad_accum: GradAccumOption = 1,
     max_size: Annotated[int, typer.Option(min=1, help="Stop the search at this size.")] = 1 << 16,
     out: Annotated[
         Path | None,
@@ -276,6 +284,7 @@ def fit(
                 seed=seed,
                 target=spec,
                 max_size=max_size,
+                loop=LoopShape(zero_grad, grad_accum),
                 progress=progress,
             )
         print_fit(result)
@@ -603,6 +612,7 @@ def verify(
                 ("buffers", verdict(check.buffers_equal)),
             ]
         rows += [
+            ("training loop", f"as the plan records it: {plan.loop.describe()}"),
             ("state_dict keys", "unchanged" if check.state_dict_keys_equal else "CHANGED"),
             (
                 "peak with plan (measured)",

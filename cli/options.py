@@ -10,6 +10,7 @@ import typer
 
 from cli.boundary import EXIT_CODES, fail
 from planner.core import errors
+from planner.core.loop import ZeroGrad
 from planner.core.units import parse_bytes
 
 __all__ = [
@@ -19,12 +20,14 @@ __all__ = [
     "DeviceOption",
     "Dtype",
     "DtypeOption",
+    "GradAccumOption",
     "HfOption",
     "ProfileArgument",
     "ReferenceChoice",
     "SeqLenOption",
     "TargetOption",
     "VerboseOption",
+    "ZeroGradOption",
     "parse_budget",
     "require_device",
     "workload_source",
@@ -60,6 +63,25 @@ BudgetOption = Annotated[
     ),
 ]
 DeviceOption = Annotated[Device, typer.Option("--device", help="Device to profile and check on.")]
+ZeroGradOption = Annotated[
+    ZeroGrad,
+    typer.Option(
+        "--zero-grad",
+        help="Where the training loop calls optimizer.zero_grad(): before-forward (a plain "
+        "loop) or after-forward (Lightning: last step's gradients are alive during the "
+        "forward, so the peak is higher).",
+    ),
+]
+GradAccumOption = Annotated[
+    int,
+    typer.Option(
+        "--grad-accum",
+        min=1,
+        help="Micro-batches accumulated per optimizer step (gradient accumulation; 1: none). "
+        "Plans the last micro-batch, whose forward and backward run with the accumulated "
+        "gradients alive.",
+    ),
+]
 VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", help="Log details to stderr; show tracebacks on errors.")
 ]

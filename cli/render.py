@@ -58,6 +58,7 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
         rows.append(("measured peak with plan", format_bytes(plan.measured_peak_bytes)))
     rows += [
         ("static (params+grads+optimizer)", format_bytes(plan.static_bytes)),
+        ("training loop", plan.loop.describe()),
         (
             "recompute per step",
             f"{plan.recompute_ms:.1f} ms = {plan.predicted_overhead:+.1%} "

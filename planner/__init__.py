@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from planner.core.errors import (
     BudgetError,
     InfeasibleBudgetError,
+    LoopShapeError,
     ModelFileError,
     PlanCheckError,
     PlanFileError,
@@ -19,6 +20,7 @@ from planner.core.errors import (
     ProfilingError,
     TargetSpecError,
 )
+from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.records import Profile
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan, load_plan, save_plan
 
@@ -26,6 +28,8 @@ __all__ = [
     "BudgetError",
     "CheckpointMethod",
     "InfeasibleBudgetError",
+    "LoopShape",
+    "LoopShapeError",
     "ModelFileError",
     "ModuleDecision",
     "Plan",
@@ -37,6 +41,7 @@ __all__ = [
     "ProfileFileError",
     "ProfilingError",
     "TargetSpecError",
+    "ZeroGrad",
     "apply_plan",
     "load_plan",
     "model_fingerprint",

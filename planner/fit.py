@@ -32,6 +32,7 @@ import logging
 from dataclasses import dataclass
 
 from planner.core.errors import InfeasibleBudgetError, ModelFileError
+from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.records import MemorySource, Profile
 from planner.core.units import format_bytes
 from planner.measure.hf import is_hf_source, max_seq_len, parse_hf_source
@@ -115,6 +116,7 @@ def fit_largest(
     target: DeviceSpec | None = None,
     max_size: int = 1 << 16,
     timing_steps: int = 3,
+    loop: LoopShape = PLAIN_LOOP,
     check: bool = True,
     progress: ProgressCallback | None = None,
 ) -> FitResult:
@@ -122,7 +124,7 @@ def fit_largest(
     Raises :class:`InfeasibleBudgetError` where not even size 1 fits (with the smallest
     budget that does), and :class:`~planner.core.errors.ModelFileError` where the model
     file's ``sample_batch`` takes no ``size``. ``timing_steps``: real steps timed per
-    batch size (the median is kept)."""
+    size (the median is kept). ``loop``: the training loop's shape, as for ``profile``."""
     if dimension not in DIMENSIONS:
         raise ValueError(f"dimension must be one of {DIMENSIONS}, not {dimension!r}")
     if dimension == "seq_len":
@@ -150,6 +152,7 @@ def fit_largest(
                 memory=MemorySource.FAKE,
                 budget_bytes=budget_bytes,
                 target=target,
+                loop=loop,
                 progress=None,
             )
             lowest = Solver(profile).lowest_peak()[1]

@@ -35,6 +35,7 @@ from planner.core.errors import (
     ProfileFileError,
     ProfilingError,
 )
+from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.records import CostSource, MemorySource, Profile
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.measure.fake import FakeExecutionError, build_fake_workload
@@ -101,6 +102,7 @@ def record_step_memory(
     memory: MemorySource,
     budget_bytes: int | None,
     target: DeviceSpec | None,
+    loop: LoopShape,
     progress: ProgressCallback | None,
 ) -> Profile:
     """The memory half of a profile (times not yet taken: ``cost_source`` ``none``): on fake
@@ -113,7 +115,7 @@ def record_step_memory(
         try:
             if progress:
                 progress("building the model on fake tensors", 0, 0)
-            workload, session = build_fake_workload(model_file, device_type, seed)
+            workload, session = build_fake_workload(model_file, device_type, seed, loop=loop)
             return record_memory(
                 workload, session=session, seed=seed, workspace_bytes=workspace, progress=progress
             )
@@ -127,7 +129,7 @@ def record_step_memory(
         logger.warning("%s; recording a real step instead", fake_error)
         if progress:
             progress("recording a real step (fake tensors cannot run this one)", 0, 0)
-    workload = build_workload(model_file, device=device, seed=seed)
+    workload = build_workload(model_file, device=device, seed=seed, loop=loop)
     limit = budget_bytes if memory is MemorySource.FAKE else None
     try:
         return record_memory(
@@ -152,6 +154,7 @@ def profile_model_file(
     budget_bytes: int | None = None,
     target: DeviceSpec | None = None,
     timing_steps: int = 3,
+    loop: LoopShape = PLAIN_LOOP,
     progress: ProgressCallback | None = None,
 ) -> Profile:
     """A complete profile of the model file's training step (see the module docstring).
@@ -161,7 +164,10 @@ def profile_model_file(
     plan is solved to fit it, and real steps stop if they pass it (CPU); without it, times
     are taken on the unplanned step. ``target``: estimate times for that device instead of
     measuring them here (nothing runs for real). ``timing_steps`` real steps are timed (the
-    median is kept): three keep the plan the same from one run to the next."""
+    median is kept): three keep the plan the same from one run to the next. ``loop``: the
+    training loop's shape (:class:`~planner.core.loop.LoopShape`: where gradients are zeroed,
+    how many micro-batches are accumulated); every step recorded, timed or checked runs in
+    it, and the profile records it."""
     profile = record_step_memory(
         model_file,
         device=device,
@@ -169,6 +175,7 @@ def profile_model_file(
         memory=memory,
         budget_bytes=budget_bytes,
         target=target,
+        loop=loop,
         progress=progress,
     )
     if note := profile.excluded_blocks_note():
@@ -402,10 +409,13 @@ def profile_and_plan(
     check: bool = True,
     memory: MemorySource = MemorySource.FAKE,
     target: DeviceSpec | None = None,
+    loop: LoopShape = PLAIN_LOOP,
     progress: ProgressCallback | None = None,
 ) -> PlanningResult:
     """Load the model file, profile one step, solve for the budget, check the plan (see
     the module docstring). With ``target`` the plan is for that device and is not run.
+    ``loop`` is the training loop's shape (:class:`~planner.core.loop.LoopShape`): the
+    step is profiled, timed and checked in it, and the plan records it.
 
     ``model_path`` is a model file's path or a Hugging Face workload's source
     (:attr:`planner.measure.hf.HfWorkload.source`); either travels to every stage."""
@@ -420,6 +430,7 @@ def profile_and_plan(
         memory=memory,
         budget_bytes=budget_bytes,
         target=target,
+        loop=loop,
         progress=progress,
     )
     result = plan_checked(

@@ -66,6 +66,8 @@ def test_profile_help(runner: CliRunner) -> None:
         "--seed",
         "--target",
         "--memory",
+        "--zero-grad",
+        "--grad-accum",
         "--verbose",
     ):
         assert option in result.stdout
@@ -97,6 +99,20 @@ def test_profile_with_a_bad_budget_exits_2(
     result = runner.invoke(app, ["profile", "model.py", *arguments])
     assert result.exit_code == 2
     _assert_one_line_error(result, "--budget", fragment)
+    assert _files(workdir) == {"model.py"}
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--grad-accum", "0"), ("--grad-accum", "two"), ("--zero-grad", "sideways")],
+)
+def test_profile_with_a_bad_loop_shape_exits_2(
+    runner: CliRunner, workdir: Path, option: str, value: str
+) -> None:
+    (workdir / "model.py").write_text("def build_model(): ...\n")
+    result = runner.invoke(app, ["profile", "model.py", "--budget", "1GB", option, value])
+    assert result.exit_code == 2
+    assert option in result.stderr and "Traceback" not in result.output
     assert _files(workdir) == {"model.py"}
 
 

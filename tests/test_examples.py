@@ -10,6 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from cli.main import app
+from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.units import parse_bytes
 from planner.measure.workload import build_workload, load_model_file, run_training_step
 from planner.plan.plan_file import load_plan
@@ -187,11 +188,12 @@ def test_a_bad_target_exits_2_and_writes_nothing(
     assert not out.exists()
 
 
-def _checked_plan(tmp_path: Path, model: Path, budget: str):  # type: ignore[no-untyped-def]
-    """`ckpt-plan profile` of ``model`` into ``tmp_path``: the result and its plan, which
-    must be checked, wrap something, and be measured at its prediction within the budget."""
+def _checked_plan(tmp_path: Path, model: Path, budget: str, *options: str):  # type: ignore[no-untyped-def]
+    """`ckpt-plan profile` of ``model`` into ``tmp_path`` (with more ``options``): the result
+    and its plan, which must be checked, wrap something, and be measured at its prediction
+    within the budget."""
     out = tmp_path / "plan.json"
-    arguments = ["profile", str(model), "--budget", budget, "--out", str(out)]
+    arguments = ["profile", str(model), "--budget", budget, "--out", str(out), *options]
     result = CliRunner().invoke(app, [*arguments, "--report-dir", str(tmp_path / "charts")])
     assert result.exit_code == 0, result.output
     plan = load_plan(out)
@@ -229,3 +231,30 @@ def test_profile_names_checkpointing_the_model_does_itself(
     warnings = [line for line in result.stderr.splitlines() if "checkpoints" in line]
     assert len(warnings) == 1 and warnings[0].startswith("warning: ") and said in warnings[0]
     assert any(said in line for line in plan.assumptions)  # recorded in the plan too
+
+
+def test_profile_plans_and_checks_the_training_loop_it_is_given(tmp_path: Path) -> None:
+    """The step profiled, timed and checked is the last micro-batch of a Lightning loop
+    accumulating two; plan, profile and summary record the loop, and `solve` and `verify`
+    use what they recorded."""
+    model = DATA / "small_gpt.py"
+    options = ["--zero-grad", "after-forward", "--grad-accum", "2"]
+    result, plan = _checked_plan(tmp_path, model, "1.1MB", *options)
+    loop = LoopShape(zero_grad=ZeroGrad.AFTER_FORWARD, grad_accum=2)
+    assert plan.loop == loop and load_profile(tmp_path / "profile.json").loop == loop
+    said = next(line for line in result.stdout.splitlines() if line.startswith("training loop"))
+    assert "gradient accumulation over 2 micro-batches" in said
+    summary = (tmp_path / "charts" / "summary.md").read_text()
+    assert "| training loop | gradient accumulation over 2 micro-batches" in summary
+
+    solved_path = tmp_path / "solved.json"
+    solved = CliRunner().invoke(
+        app, ["solve", str(tmp_path / "profile.json"), "--budget", "1.2MB", "-o", str(solved_path)]
+    )
+    assert solved.exit_code == 0, solved.output
+    assert load_plan(solved_path).loop == loop
+
+    verified = CliRunner().invoke(app, ["verify", str(model), str(tmp_path / "plan.json")])
+    assert verified.exit_code == 0, verified.output
+    row = next(line for line in verified.stdout.splitlines() if line.startswith("training loop"))
+    assert "as the plan records it: gradient accumulation over 2" in row

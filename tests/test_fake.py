@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
 from planner.core.records import MemorySource, Profile
 from planner.measure.fake import FakeExecutionError, build_fake_workload, is_fake
 from planner.measure.profiler import profile_workload, record_memory
@@ -20,15 +21,15 @@ DATA = Path(__file__).resolve().parent / "data"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _fake_profile(source, device: str = "cpu") -> Profile:  # type: ignore[no-untyped-def]
+def _fake_profile(source, device: str = "cpu", loop: LoopShape = PLAIN_LOOP) -> Profile:  # type: ignore[no-untyped-def]
     source = load_model_file(source) if isinstance(source, Path) else source
-    workload, session = build_fake_workload(source, device)
+    workload, session = build_fake_workload(source, device, loop=loop)
     return record_memory(workload, session=session)
 
 
-def _real_profile(source) -> Profile:  # type: ignore[no-untyped-def]
+def _real_profile(source, loop: LoopShape = PLAIN_LOOP) -> Profile:  # type: ignore[no-untyped-def]
     source = load_model_file(source) if isinstance(source, Path) else source
-    return profile_workload(build_workload(source, seed=0), timing_passes=1)
+    return profile_workload(build_workload(source, seed=0, loop=loop), timing_passes=1)
 
 
 def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
@@ -70,6 +71,41 @@ def test_a_fake_profile_records_the_real_step_exactly(source) -> None:  # type: 
     assert fake.timeline.calls == real.timeline.calls
     assert _memory_fields(fake) == _memory_fields(real)
     assert fake.block_names == real.block_names and fake.fingerprint == real.fingerprint
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [LoopShape(zero_grad=ZeroGrad.AFTER_FORWARD), LoopShape(grad_accum=3)],
+    ids=["after_forward", "grad_accum_3"],
+)
+@pytest.mark.parametrize(
+    "source",
+    [
+        stack_file(depth=3),
+        tricky_file("sgd_momentum"),
+        DATA / "small_cnn.py",
+        DATA / "small_gpt.py",
+    ],
+    ids=["stack", "tricky_sgd", "small_cnn", "small_gpt"],
+)
+def test_a_fake_profile_records_the_real_step_of_each_loop_shape_exactly(source, loop) -> None:  # type: ignore[no-untyped-def]
+    fake, real = _fake_profile(source, loop=loop), _real_profile(source, loop=loop)
+    assert fake.loop == real.loop == loop
+    assert fake.measured_peak_bytes == real.measured_peak_bytes
+    assert fake.static_bytes == real.static_bytes
+    assert fake.timeline.storages == real.timeline.storages
+    assert fake.timeline.calls == real.timeline.calls
+    assert fake.timeline.phase_end_events == real.timeline.phase_end_events
+    assert _memory_fields(fake) == _memory_fields(real)
+    # Last step's gradients are alive during the forward (and, accumulating, throughout).
+    forward_end = fake.timeline.phase_end_events["forward"]
+    alive_in_forward = sum(
+        storage.size_bytes
+        for storage in fake.timeline.storages
+        if storage.kind == "gradient" and storage.alloc_event < 0 < forward_end < storage.free_event
+    )
+    assert alive_in_forward == fake.gradient_bytes > 0
+    assert fake.measured_peak_bytes >= _fake_profile(source).measured_peak_bytes
 
 
 def test_a_fake_profile_allocates_no_tensor_memory() -> None:

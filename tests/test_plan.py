@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner.core.errors import PlanFileError
+from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
 from planner.plan.plan_file import (
     PLAN_SCHEMA_VERSION,
     CheckpointMethod,
@@ -262,3 +263,28 @@ def test_load_with_a_field_of_the_wrong_type(
     path = _write_json(tmp_path / "plan.json", data)
     with pytest.raises(PlanFileError):
         load_plan(path)
+
+
+def test_the_plan_records_its_loop_and_a_plan_without_one_is_for_the_plain_loop(
+    tmp_path: Path, sample_plan: Plan
+) -> None:
+    accumulating = dataclasses.replace(
+        sample_plan, loop=LoopShape(zero_grad=ZeroGrad.AFTER_FORWARD, grad_accum=4)
+    )
+    path = save_plan(accumulating, tmp_path / "plan.json")
+    data = json.loads(path.read_text())
+    assert data["loop"] == {"zero_grad": "after-forward", "grad_accum": 4}
+    assert load_plan(path) == accumulating
+    del data["loop"]  # a plan written before the loop was recorded
+    assert load_plan(_write_json(tmp_path / "old.json", data)).loop == PLAIN_LOOP
+
+
+@pytest.mark.parametrize(
+    "loop",
+    ["lightning", {"zero_grad": "sideways"}, {"grad_accum": 0}, {"grad_accum": "2"}],
+)
+def test_load_with_a_malformed_loop(tmp_path: Path, sample_plan: Plan, loop: object) -> None:
+    data = plan_to_dict(sample_plan)
+    data["loop"] = loop
+    with pytest.raises(PlanFileError, match="malformed"):
+        load_plan(_write_json(tmp_path / "plan.json", data))

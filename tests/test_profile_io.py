@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from planner.core.errors import ProfileFileError
+from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.records import Phase, StorageKind
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import build_workload
@@ -31,6 +33,24 @@ def test_round_trip_keeps_the_profile_and_its_predictions(profile, tmp_path: Pat
     ).peak_bytes(names)
     budget = (profile.measured_peak_bytes + MemoryModel(profile.timeline).peak_bytes(names)) // 2
     assert solve(loaded, budget) == solve(profile, budget)
+
+
+def test_the_profile_records_its_loop_and_one_without_it_is_for_the_plain_loop(  # type: ignore[no-untyped-def]
+    profile, tmp_path: Path
+) -> None:
+    assert profile.loop == PLAIN_LOOP
+    accumulating = dataclasses.replace(profile, loop=LoopShape(grad_accum=8))
+    path = save_profile(accumulating, tmp_path / "profile.json")
+    data = json.loads(path.read_text())
+    assert data["loop"] == {"zero_grad": "before-forward", "grad_accum": 8}
+    assert load_profile(path) == accumulating
+    del data["loop"]  # a profile written before the loop was recorded
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert load_profile(tmp_path / "old.json").loop == PLAIN_LOOP
+    data["loop"] = {"zero_grad": "whenever"}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ProfileFileError, match="malformed"):
+        load_profile(tmp_path / "bad.json")
 
 
 def test_the_vocabulary_is_typed_and_files_keep_the_plain_words(profile, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

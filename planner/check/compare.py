@@ -19,8 +19,10 @@ the unplanned step would, against one of two references (:class:`CheckReference`
   compared. A recomputation that differs names its module, so the pipeline can exclude it.
 
 A separate process means the measurement sees only what a training script would: the model
-file, the plan JSON and ``apply_plan``. ``limit_bytes`` stops a CPU run whose live memory
-passes it, so checking a plan never uses more than its budget.
+file, the plan JSON and ``apply_plan``. Every step runs in the training loop's shape the
+plan records (``plan.loop``: where gradients are zeroed, how many micro-batches are
+accumulated), which reaches the process in the plan file. ``limit_bytes`` stops a CPU run
+whose live memory passes it, so checking a plan never uses more than its budget.
 
 Errors keep their type across the process boundary: a plan that does not fit the model is a
 :class:`PlanMismatchError` (found before any step runs), a model file whose own step fails
@@ -315,7 +317,9 @@ def run_check(
     reference = CheckReference(reference)
     reference_run = None
     if reference is CheckReference.UNPLANNED:
-        reference_workload = build_workload(model_file, device=device, seed=seed)
+        reference_workload = build_workload(
+            model_file, device=device, seed=seed, loop=plan_value.loop
+        )
         # Fail fast on a plan made for another model, before any step runs.
         remove_plan(apply_plan(reference_workload.model, plan_value, guard=False))
         keys_before = list(reference_workload.model.state_dict().keys())
@@ -323,7 +327,7 @@ def run_check(
         del reference_workload
         _release_memory(device)
 
-    planned_workload = build_workload(model_file, device=device, seed=seed)
+    planned_workload = build_workload(model_file, device=device, seed=seed, loop=plan_value.loop)
     if reference is CheckReference.RECOMPUTATION:
         keys_before = list(planned_workload.model.state_dict().keys())
     apply_plan(planned_workload.model, plan_value, guard=False)
@@ -401,7 +405,9 @@ def run_check(
         # unplanned step is no bit-exact reference. Run it again to find out.
         del comparison, planned_workload
         _release_memory(device)
-        again = measure_step(build_workload(model_file, device=device, seed=seed), seed=seed)
+        again = measure_step(
+            build_workload(model_file, device=device, seed=seed, loop=plan_value.loop), seed=seed
+        )
         _release_memory(device)
         same_loss, same_gradients, spread, unplanned_apart = _compare_steps(reference_run, again)
         if not (same_loss and same_gradients):

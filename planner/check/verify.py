@@ -2,9 +2,9 @@
 
 :func:`verify_plan` reads the plan, loads the model file, warns when the model file's batch is
 not the one the plan was measured with, and runs :func:`planner.check.compare.check_plan` (the
-unplanned and the planned step from the same seed, in a separate process). The result,
-:class:`Verification`, says whether the plan passed and, if not, what differs, one item per
-problem, in words a person can act on.
+unplanned and the planned step from the same seed, in a separate process, in the training
+loop's shape the plan records). The result, :class:`Verification`, says whether the plan
+passed and, if not, what differs, one item per problem, in words a person can act on.
 """
 
 from __future__ import annotations

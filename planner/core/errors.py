@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "BudgetError",
     "InfeasibleBudgetError",
+    "LoopShapeError",
     "ModelFileError",
     "PlanCheckError",
     "PlanFileError",
@@ -49,6 +50,11 @@ class InfeasibleBudgetError(PlannerError):
         self.budget_bytes = budget_bytes
         self.min_budget_bytes = min_budget_bytes
         self.profile: object | None = None
+
+
+class LoopShapeError(PlannerError):
+    """A training loop's shape that is not one ckpt-plan can run (``zero_grad`` neither
+    before nor after the forward, ``grad_accum`` below 1)."""
 
 
 class PlanFileError(PlannerError):

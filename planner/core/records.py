@@ -19,6 +19,8 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from planner.core.loop import PLAIN_LOOP, LoopShape
+
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
     "CostSource",
@@ -280,7 +282,8 @@ class Profile:
 
     ``memory_source`` and ``cost_source`` say how the timeline and the times were obtained;
     ``target`` names the device spec of a roofline estimate; ``assumptions`` lists how a
-    fake step modelled its device (see :mod:`planner.measure.fake`) and how times were taken.
+    fake step modelled its device (see :mod:`planner.measure.fake`) and how times were taken;
+    ``loop`` is the training loop's shape the step was recorded in (:mod:`planner.core.loop`).
     """
 
     schema_version: int
@@ -305,6 +308,8 @@ class Profile:
     assumptions: tuple[str, ...] = ()
     # Memory the device's libraries hold throughout (cuBLAS workspaces), in every peak.
     workspace_bytes: int = 0
+    # The training loop's shape the step was recorded in (planner.core.loop).
+    loop: LoopShape = PLAIN_LOOP
 
     @property
     def static_bytes(self) -> int:

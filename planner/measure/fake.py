@@ -66,6 +66,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from planner.core.errors import ProfilingError
+from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.measure.tracking import writes_in_place, written_arguments
 from planner.measure.workload import (
     ModelFile,
@@ -575,11 +576,17 @@ def _fake_optimizer(
 
 
 def build_fake_workload(
-    model_file: ModelFile, device_type: str = "cpu", seed: int = 0, *, emulate: bool = False
+    model_file: ModelFile,
+    device_type: str = "cpu",
+    seed: int = 0,
+    *,
+    emulate: bool = False,
+    loop: LoopShape = PLAIN_LOOP,
 ) -> tuple[Workload, FakeSession]:
     """The model file's model, batch and optimizer on fake tensors for ``device_type``, and
-    the session to run its steps in (``with session.running(): ...``). ``emulate`` forces
-    the CPU emulation of a CUDA step even where CUDA is available (to test it there)."""
+    the session to run its steps in (``with session.running(): ...``), in the training
+    loop's shape ``loop``. ``emulate`` forces the CPU emulation of a CUDA step even where
+    CUDA is available (to test it there)."""
     tensor_device = "cpu" if emulate else fake_tensor_device(device_type)
     session = FakeSession(
         mode=FakeTensorMode(allow_non_fake_inputs=True),
@@ -592,5 +599,7 @@ def build_fake_workload(
         notes = (*model_file.assumptions, *switch_off_own_checkpointing(model))
     batch = _fake_batch(model_file, session, seed)
     optimizer = _fake_optimizer(model_file, model, session)
-    workload = Workload(model_file, model, batch, optimizer, torch.device(tensor_device), notes)
+    workload = Workload(
+        model_file, model, batch, optimizer, torch.device(tensor_device), notes, loop
+    )
     return workload, session

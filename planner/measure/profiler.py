@@ -1,7 +1,8 @@
 """Profile one training step: the memory timeline, per-module saved bytes, op costs.
 
 :func:`record_memory` is the memory half of a profile. It runs ``warmup_steps`` steps (so
-the optimizer state exists and the step is steady-state), then ONE instrumented step under
+the optimizer state exists, and the gradients where the loop keeps them during the forward:
+the step is steady-state), then ONE instrumented step, in the workload's loop shape, under
 :class:`TimelineRecorder`, which records, in order, every storage made and freed, every
 module forward entered and left, every tensor saved for backward (packed) and read back
 (unpacked), and each op's FLOPs and bytes. With a :class:`~planner.measure.fake.FakeSession` all of
@@ -428,6 +429,13 @@ def _record_step(
 ) -> tuple[MemoryTimeline, int]:
     """Run one instrumented step; return its timeline and the tracker's measured peak.
     ``ignore``: tensors not on the planned device (see ``FakeSession.host_tensors``)."""
+    if workload.loop.gradients_in_forward and all(
+        parameter.grad is None for parameter in workload.model.parameters()
+    ):
+        raise ProfilingError(
+            "internal error: the step of this loop shape starts with gradients in place, "
+            "but none exist: run a warm-up step before recording it"
+        )
     recorder = TimelineRecorder(workload, charge_as=charge_as, limit_bytes=limit_bytes)
     recorder.ignore(ignore)
     with recorder:
@@ -645,7 +653,11 @@ def record_memory(
 ) -> Profile:
     """The memory half of a profile (see the module docstring): times are left at 0 and
     ``cost_source`` is ``none``. With ``session`` the steps run on its fake tensors, and the
-    profile is for the session's device. The workload's weights change (real steps).
+    profile is for the session's device. The workload's weights change (real steps). The
+    steps run in the workload's loop shape (``workload.loop``); the warm-up steps put the
+    optimizer state, and for a loop that keeps gradients during the forward the gradients,
+    in place before the recorded step (with ``warmup_steps=0`` the caller must have run a
+    step).
     ``limit_bytes`` stops a real step whose live memory passes it
     (:class:`~planner.measure.tracking.MemoryLimitExceeded`). ``workspace_bytes`` is memory the
     device's libraries hold for the whole step (cuBLAS workspaces on CUDA): it is added to
@@ -792,6 +804,7 @@ def _profile_from_timeline(
         cost_source=cost_source,
         assumptions=(*assumptions, *notes),
         workspace_bytes=kind_bytes(StorageKind.WORKSPACE),
+        loop=workload.loop,
     )
 
 

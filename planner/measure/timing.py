@@ -203,11 +203,12 @@ def measure_costs(
     progress: ProgressCallback | None = None,
 ) -> MeasuredCosts:
     """Time ``profile``'s modules in real steps with ``timing_plan`` applied (see the
-    module docstring). On CPU, ``limit_bytes`` stops a step that would pass it."""
+    module docstring), in the training loop's shape the profile was recorded in. On CPU,
+    ``limit_bytes`` stops a step that would pass it."""
     total = timing_steps + 1
     if progress:
         progress("building the model to time it", 0, total)
-    workload = build_workload(model_file, device=device, seed=seed)
+    workload = build_workload(model_file, device=device, seed=seed, loop=profile.loop)
     apply_plan(workload.model, timing_plan, guard=False)
     if progress:
         progress(f"warm-up step ({len(timing_plan.modules)} modules checkpointed to fit)", 0, total)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from planner.core.errors import ModelFileError, ProfilingError
+from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
 from planner.core.records import Phase
 from planner.measure.tracking import iter_tensors
 
@@ -77,7 +78,8 @@ class Workload:
     """A live model, its batch and its optimizer on one device (mutable: it trains).
     ``notes``: what the model file assumed (``ModelFile.assumptions``) and what was changed
     in the model to plan it (its own checkpointing switched off, see
-    :func:`switch_off_own_checkpointing`), one line each."""
+    :func:`switch_off_own_checkpointing`), one line each. ``loop``: the training loop's
+    shape its steps run in (:func:`run_training_step`)."""
 
     model_file: ModelFile
     model: torch.nn.Module
@@ -85,6 +87,7 @@ class Workload:
     optimizer: torch.optim.Optimizer
     device: torch.device
     notes: tuple[str, ...] = ()
+    loop: LoopShape = PLAIN_LOOP
 
 
 # Checkpointing a model does itself, switched by a flag on its modules: Hugging Face's
@@ -363,9 +366,14 @@ def checked_model(model_file: ModelFile, model: object) -> torch.nn.Module:
 
 
 def build_workload(
-    model_file: ModelFile, device: str | torch.device = "cpu", seed: int = 0
+    model_file: ModelFile,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    *,
+    loop: LoopShape = PLAIN_LOOP,
 ) -> Workload:
-    """A fresh model, batch and optimizer. The same seed gives the same weights and batch."""
+    """A fresh model, batch and optimizer. The same seed gives the same weights and batch.
+    Its steps run in the training loop's shape ``loop`` (:func:`run_training_step`)."""
     target = torch.device(device)
     with _user_code("build_model()", model_file.path):
         torch.manual_seed(seed)
@@ -378,7 +386,7 @@ def build_workload(
         torch.manual_seed(seed + 1)
         batch = _to_device(model_file.sample_batch(), target)
     optimizer = build_optimizer(model_file, model)
-    return Workload(model_file, model, batch, optimizer, target, notes)
+    return Workload(model_file, model, batch, optimizer, target, notes, loop)
 
 
 def build_optimizer(model_file: ModelFile, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -442,22 +450,43 @@ def run_training_step(
     *,
     phase_ended: Callable[[Phase], None] | None = None,
 ) -> torch.Tensor:
-    """One steady-state step: zero grads (to None), forward + loss, backward, optimizer step.
-    The one training step every stage runs (warm-up, timing, the recorded and the measured
-    step).
+    """One steady-state step in the workload's loop shape (``workload.loop``): the one
+    training step every stage runs (warm-up, timing, the recorded and the measured step).
 
-    Returns the loss, detached. ``seed`` reseeds the global RNG first so that random ops
-    (dropout) draw the same numbers in runs that should be comparable. ``phase_ended`` is
-    called with each :class:`Phase` as it ends (forward: the loss computed). An error in the
-    model's code is a one-line :class:`ProfilingError`.
+    * ``zero_grad`` before the forward (the plain loop): zero grads (to None), forward +
+      loss, backward, optimizer step.
+    * ``zero_grad`` after the forward (Lightning): forward + loss with last step's gradients
+      alive, zero grads (to None), backward, optimizer step.
+    * ``grad_accum`` N > 1: the last micro-step of N, the worst for memory: forward + loss
+      (divided by N) with the gradients of the micro-steps before it alive, backward adding
+      into them, optimizer step. Its ``zero_grad`` belongs to the first micro-step of the
+      next cycle, which is not this one, so no step zeroes: each step leaves its gradients
+      in place for the next, as the micro-steps before the last would.
+
+    In the last two shapes the step expects gradients to exist when it starts: run one step
+    before the measured one (a warm-up step, which also creates the optimizer state); the
+    first step of a fresh workload runs as the first step of such a loop does, with none.
+
+    Returns the loss it ran backward on (divided by N when accumulating), detached.
+    ``seed`` reseeds the global RNG first so that random ops (dropout) draw the same numbers
+    in runs that should be comparable. ``phase_ended`` is called with each :class:`Phase`
+    as it ends (forward: the loss computed). An error in the model's code is a one-line
+    :class:`ProfilingError`.
     """
+    loop = workload.loop
     if seed is not None:
         torch.manual_seed(seed)
     with _user_code("the training step", workload.model_file.path):
-        workload.optimizer.zero_grad(set_to_none=True)
+        if loop.zero_grad is ZeroGrad.BEFORE_FORWARD and not loop.accumulates:
+            workload.optimizer.zero_grad(set_to_none=True)
         loss = compute_loss(workload.model_file, workload.model, workload.batch)
+        if loop.accumulates:
+            # Scaled so that the accumulated gradient is the mean's, as loops do.
+            loss = loss / loop.grad_accum
         if phase_ended:
             phase_ended(Phase.FORWARD)
+        if loop.zero_grad is ZeroGrad.AFTER_FORWARD and not loop.accumulates:
+            workload.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if phase_ended:
             phase_ended(Phase.BACKWARD)

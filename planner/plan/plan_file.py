@@ -14,8 +14,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from planner.core.errors import PlanFileError
+from planner.core.errors import LoopShapeError, PlanFileError
 from planner.core.fileio import atomic_write_text
+from planner.core.loop import PLAIN_LOOP, LoopShape, loop_from_dict, loop_to_dict
 from planner.core.records import unit_name
 
 __all__ = [
@@ -78,7 +79,8 @@ class Plan:
     ``assumptions`` what the profile assumed about the device. ``model_file`` is the
     profile's: the model file's path, or a Hugging Face workload's source
     (``hf:CONFIG?batch_size=...``), which ``ckpt-plan verify PLAN`` rebuilds; None in plans
-    written before it was recorded.
+    written before it was recorded. ``loop`` is the training loop's shape the step was
+    measured in (:mod:`planner.core.loop`; a file without it was made for the plain loop).
     """
 
     budget_bytes: int
@@ -104,6 +106,7 @@ class Plan:
     checked: bool = False
     assumptions: tuple[str, ...] = field(default_factory=tuple)
     model_file: str | None = None
+    loop: LoopShape = PLAIN_LOOP
 
     @property
     def module_names(self) -> tuple[str, ...]:
@@ -133,6 +136,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     ]
     data["notes"] = list(plan.notes)
     data["assumptions"] = list(plan.assumptions)
+    data["loop"] = loop_to_dict(plan.loop)
     # Put the version first so a person opening the file sees it.
     return {"schema_version": data.pop("schema_version"), **data}
 
@@ -181,8 +185,9 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         values["modules"] = modules
         values["notes"] = tuple(values.get("notes", ()))
         values["assumptions"] = tuple(values.get("assumptions", ()))
+        values["loop"] = loop_from_dict(data.get("loop"))  # absent: the plain loop
         plan = Plan(**values)
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, LoopShapeError) as error:
         raise PlanFileError(
             f"{source} has a malformed entry ({error}); re-create the plan"
         ) from error

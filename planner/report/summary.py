@@ -74,6 +74,7 @@ def summary_markdown(
         f"| device | {profile.device}, torch {profile.torch_version} |",
         f"| batch | {_batch_text(profile.batch)} |",
         f"| budget | {format_bytes(plan.budget_bytes)} |",
+        f"| training loop | {plan.loop.describe()} |",
         f"| unplanned peak ({unplanned_source(profile)}) | "
         f"{format_bytes(profile.measured_peak_bytes)} |",
         f"| predicted peak with the plan | {format_bytes(plan.predicted_peak_bytes)} |",

@@ -128,6 +128,7 @@ def build_plan(
         target=profile.target,
         assumptions=profile.assumptions,
         model_file=profile.model_file,
+        loop=profile.loop,
     )
 
 

@@ -1,0 +1,126 @@
+"""The training loop's shape: where gradients are zeroed, how many micro-batches a step
+accumulates (DESIGN.md, "The loop's shape").
+
+The step a plan describes must be the step the user runs. Frameworks run the same forward,
+backward and optimizer step in different orders, and the order decides which gradients are
+alive during the forward, where activations peak:
+
+* **Plain loop** (``zero_grad`` before the forward; the default): last step's gradients
+  are freed before the forward, and backward makes new ones.
+* **Lightning** (automatic optimization): ``zero_grad`` runs inside the closure *after*
+  the forward (``training_step``) and before backward, so last step's gradients are alive
+  during the forward.
+* **Gradient accumulation** over N micro-batches: micro-batches 2..N run their forward with
+  the accumulated gradients alive, and their backward adds each new gradient into the
+  existing ``.grad`` (a temporary per parameter while it is added); ``zero_grad`` and the
+  optimizer step come once per N micro-batches.
+
+A :class:`LoopShape` names one of these; :func:`planner.measure.workload.run_training_step`
+runs it, and plans and profiles record it (``"loop": {"zero_grad": "before-forward",
+"grad_accum": 1}``; a file without it was made for the plain loop). Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from planner.core.errors import LoopShapeError
+
+__all__ = ["PLAIN_LOOP", "LoopShape", "ZeroGrad", "loop_from_dict", "loop_to_dict"]
+
+
+class ZeroGrad(str, enum.Enum):
+    """Where the loop calls ``optimizer.zero_grad(set_to_none=True)``."""
+
+    BEFORE_FORWARD = "before-forward"
+    """A plain loop: last step's gradients are freed before the forward."""
+    AFTER_FORWARD = "after-forward"
+    """Lightning's automatic optimization: after the forward, before backward; last step's
+    gradients are alive during the forward."""
+
+
+@dataclass(frozen=True)
+class LoopShape:
+    """How the training loop orders one step (see the module docstring).
+
+    ``zero_grad``: where gradients are zeroed (:class:`ZeroGrad`). ``grad_accum``: the
+    micro-batches accumulated per optimizer step (1: none). With ``grad_accum`` > 1 the step
+    measured is the worst micro-step for memory, the last one: the gradients of the ones
+    before it are alive during its forward, its backward accumulates into them, and the
+    optimizer step follows it. Where ``zero_grad`` falls does not change that micro-step (it
+    zeroes in the first micro-step of a cycle, before or after its forward), so both values
+    give the same step.
+    """
+
+    zero_grad: ZeroGrad = ZeroGrad.BEFORE_FORWARD
+    grad_accum: int = 1
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "zero_grad", ZeroGrad(self.zero_grad))
+        except ValueError:
+            choices = ", ".join(choice.value for choice in ZeroGrad)
+            raise LoopShapeError(
+                f"zero_grad must be one of {choices}, not {self.zero_grad!r}"
+            ) from None
+        if (
+            not isinstance(self.grad_accum, int)
+            or isinstance(self.grad_accum, bool)
+            or self.grad_accum < 1
+        ):
+            raise LoopShapeError(
+                f"grad_accum must be a whole number of micro-batches >= 1, not "
+                f"{self.grad_accum!r} (1 means no accumulation)"
+            )
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether backward adds into gradients that already exist (``grad_accum`` > 1)."""
+        return self.grad_accum > 1
+
+    @property
+    def gradients_in_forward(self) -> bool:
+        """Whether gradients from before are alive during the measured step's forward: then
+        that step needs a step before it to make them (a warm-up step does)."""
+        return self.accumulates or self.zero_grad is ZeroGrad.AFTER_FORWARD
+
+    def describe(self) -> str:
+        """One line for summaries: the loop, and what it means for the measured step."""
+        if self.accumulates:
+            return (
+                f"gradient accumulation over {self.grad_accum} micro-batches: planned for the "
+                "last, whose forward runs with the accumulated gradients alive and whose "
+                "backward adds into them"
+            )
+        if self.zero_grad is ZeroGrad.AFTER_FORWARD:
+            return (
+                "zero_grad after the forward (Lightning): last step's gradients alive during "
+                "the forward"
+            )
+        return "plain loop: zero_grad before the forward, no gradient accumulation"
+
+
+PLAIN_LOOP = LoopShape()
+"""The default: ``zero_grad`` before the forward, no accumulation."""
+
+
+def loop_to_dict(loop: LoopShape) -> dict[str, Any]:
+    """The JSON object plans and profiles record: ``{"zero_grad": ..., "grad_accum": ...}``."""
+    return {"zero_grad": loop.zero_grad.value, "grad_accum": loop.grad_accum}
+
+
+def loop_from_dict(data: Any) -> LoopShape:
+    """The :class:`LoopShape` of a plan's or profile's ``"loop"`` object; None (absent)
+    means the plain loop. Raises :class:`LoopShapeError` for anything else."""
+    if data is None:
+        return PLAIN_LOOP
+    if not isinstance(data, dict) or set(data) - {"zero_grad", "grad_accum"}:
+        raise LoopShapeError(
+            f'"loop" should be an object with zero_grad and grad_accum, not {data!r}'
+        )
+    return LoopShape(
+        zero_grad=data.get("zero_grad", ZeroGrad.BEFORE_FORWARD.value),
+        grad_accum=data.get("grad_accum", 1),
+    )
