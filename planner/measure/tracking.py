@@ -9,7 +9,9 @@ run ops through it) and a weak reference on each new storage tells us when it is
 
 :class:`StorageWatcher` is the mechanism; :class:`PeakMemoryTracker` is the small interface
 used to *measure* a step (independently of the profiler's own bookkeeping), with the same
-methods on both devices.
+methods on both devices. :class:`AllocatorPeakTracker` measures a CPU region from the other
+side, the allocator's own accounting, for what the dispatcher does not see
+(``torch.compile``'s kernels).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from planner.core.units import format_bytes
 
 __all__ = [
     "CUDA_BLOCK_BYTES",
+    "AllocatorPeakTracker",
     "MemoryLimitExceeded",
     "PeakMemoryTracker",
     "StorageWatcher",
@@ -357,3 +360,73 @@ class PeakMemoryTracker:
             self._watcher.__exit__(*exc)
             self._watcher.close()
             self.peak_bytes = self._watcher.peak_bytes
+
+
+class AllocatorPeakTracker:
+    """Measure the peak memory of a CPU region from the CPU allocator's own accounting.
+
+    :class:`PeakMemoryTracker` sees the storages that ops make through the dispatcher. What
+    is allocated below it is invisible to it, and one thing runs differently under it:
+    ``torch.compile``'s generated kernels allocate their buffers directly, and while a
+    ``TorchDispatchMode`` is active TorchDynamo does not run compiled code at all (the
+    region would measure the eager step, and later calls may stay eager). This tracker
+    reads ``torch.profiler``'s memory events instead (``profile_memory=True``): every
+    allocation and free of the CPU allocator in the region, compiled kernels' and the RNG
+    state ``checkpoint`` stashes (a CPU tensor of 5,056 bytes per region that preserves RNG
+    state) included. The peak is the bytes of ``existing`` (a mapping of kind to tensors,
+    each storage counted once) plus the highest running total of the region's allocations
+    less its frees.
+
+    The profiler does not see the free of memory allocated before it started, so a storage
+    of ``existing`` freed in the region would stay counted: release what the region would
+    free before entering it (``optimizer.zero_grad(set_to_none=True)`` before a plain
+    step). A region that frees one raises :class:`ProfilingError`. The tracker lets go of
+    ``existing`` on enter, as :class:`PeakMemoryTracker` does.
+    """
+
+    def __init__(self, existing: Mapping[str, Iterable[torch.Tensor]] | None = None) -> None:
+        self._existing = existing or {}
+        self._existing_refs: list[weakref.ref[Any]] = []
+        self._profiler: Any = None
+        self.start_bytes = 0
+        self.peak_bytes = 0
+
+    def __enter__(self) -> AllocatorPeakTracker:
+        from torch.profiler import ProfilerActivity, profile
+
+        seen: set[int] = set()
+        for tensors in self._existing.values():
+            for tensor in tensors:
+                storage = tensor.untyped_storage()
+                if tensor.device.type != "cpu" or id(storage) in seen:
+                    continue
+                seen.add(id(storage))
+                self.start_bytes += storage.nbytes()
+                self._existing_refs.append(weakref.ref(storage))
+        self._existing = {}
+        self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._profiler.__exit__(*exc)
+        if exc[0] is not None:
+            return
+        freed = sum(1 for reference in self._existing_refs if reference() is None)
+        if freed:
+            raise ProfilingError(
+                f"{freed} of the storages the region started with were freed inside it, and "
+                "the profiler cannot see those frees: release them before the region (zero "
+                "the gradients to None before a plain step)"
+            )
+        cpu = torch._C._autograd.DeviceType.CPU
+        events = [
+            event
+            for event in self._profiler.profiler.kineto_results.events()
+            if event.name() == "[memory]" and event.device_type() == cpu
+        ]
+        running = highest = 0
+        for event in sorted(events, key=lambda event: event.start_ns()):  # stable: ties keep order
+            running += event.nbytes()  # negative for a free
+            highest = max(highest, running)
+        self.peak_bytes = self.start_bytes + highest
