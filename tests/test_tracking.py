@@ -107,3 +107,15 @@ def test_iter_tensors_walks_containers_and_plain_objects() -> None:
     a = torch.zeros(3)
     found = list(iter_tensors({"a": a, "cache": Cache(), "again": (a, "text", 3)}))
     assert [t.numel() for t in found] == [3, 1, 2]
+
+
+def test_allocator_tracker_does_not_subtract_a_free_of_an_earlier_regions_memory() -> None:
+    """The allocator reports the free of a block allocated in an earlier profiled region, with
+    its size; counted, it would pull the running total below what the region holds."""
+    with AllocatorPeakTracker():
+        kept = torch.ones(1000)  # 4000 bytes, allocated in the first region
+    with AllocatorPeakTracker() as second:
+        del kept  # freed in the second region
+        made = torch.ones(1000)
+    assert second.peak_bytes == 4000
+    del made

@@ -375,7 +375,8 @@ class AllocatorPeakTracker:
     state ``checkpoint`` stashes (a CPU tensor of 5,056 bytes per region that preserves RNG
     state) included. The peak is the bytes of ``existing`` (a mapping of kind to tensors,
     each storage counted once) plus the highest running total of the region's allocations
-    less its frees.
+    less its frees (of memory allocated in the region: a block freed there that was allocated
+    before is not subtracted).
 
     The profiler does not see the free of memory allocated before it started, so a storage
     of ``existing`` freed in the region would stay counted: release what the region would
@@ -419,14 +420,27 @@ class AllocatorPeakTracker:
                 "the profiler cannot see those frees: release them before the region (zero "
                 "the gradients to None before a plain step)"
             )
-        cpu = torch._C._autograd.DeviceType.CPU
-        events = [
-            event
-            for event in self._profiler.profiler.kineto_results.events()
-            if event.name() == "[memory]" and event.device_type() == cpu
-        ]
+        from torch._C._profiler import _EventType
+
+        # Every allocation event of the region, in the order they happened (the tree's
+        # depth-first order breaks ties in time).
+        events: list[tuple[int, int, Any]] = []
+        stack = list(reversed(self._profiler.profiler.kineto_results.experimental_event_tree()))
+        while stack:
+            node = stack.pop()
+            if node.typed[0] == _EventType.Allocation and node.typed[1].device.type == "cpu":
+                events.append((node.start_time_ns, len(events), node.typed[1]))
+            stack.extend(reversed(node.children))
+        events.sort(key=lambda event: event[:2])
+        # A free is counted only for memory allocated in the region: the allocator also
+        # reports the frees of blocks from an earlier profiled region, with their sizes.
+        live: dict[int, int] = {}
         running = highest = 0
-        for event in sorted(events, key=lambda event: event.start_ns()):  # stable: ties keep order
-            running += event.nbytes()  # negative for a free
-            highest = max(highest, running)
+        for _, _, allocation in events:
+            if allocation.alloc_size > 0:
+                live[allocation.ptr] = allocation.alloc_size
+                running += allocation.alloc_size
+                highest = max(highest, running)
+            else:
+                running -= live.pop(allocation.ptr, 0)
         self.peak_bytes = self.start_bytes + highest
