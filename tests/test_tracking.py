@@ -119,3 +119,16 @@ def test_allocator_tracker_does_not_subtract_a_free_of_an_earlier_regions_memory
         made = torch.ones(1000)
     assert second.peak_bytes == 4000
     del made
+
+
+def test_peak_tracker_ignores_views_of_data_the_caller_holds() -> None:
+    """A view of a tensor made before the region is counted once the region's ops return it
+    (its storage becomes known), unless the caller asked to ignore it."""
+    data = torch.ones(1000)  # 4000 bytes, made before the region
+    peaks = []
+    for ignore in ((), (data,)):
+        with PeakMemoryTracker("cpu", ignore=ignore) as tracker:
+            row = data[:10] * 2  # indexing returns a view of data's storage; * 2: 40 bytes
+        peaks.append(tracker.peak_bytes)
+        del row
+    assert peaks == [4040, 40]

@@ -314,7 +314,10 @@ class PeakMemoryTracker:
     allocator holds for tensors, and ``existing`` is not needed. The tracker lets go of
     ``existing`` on enter; the caller must not keep its own reference to it either.
     ``limit_bytes`` (CPU) stops the region with :class:`MemoryLimitExceeded` as soon as
-    live memory passes it; on CUDA the peak is only known afterwards.
+    live memory passes it; on CUDA the peak is only known afterwards. ``ignore`` (CPU):
+    tensors made before the region that it must not count when its ops return views of them
+    (data the caller holds, such as a data set a training run indexes); the caller keeps
+    them alive.
     """
 
     def __init__(
@@ -323,10 +326,12 @@ class PeakMemoryTracker:
         existing: Mapping[str, Iterable[torch.Tensor]] | None = None,
         *,
         limit_bytes: int | None = None,
+        ignore: Iterable[torch.Tensor] = (),
     ) -> None:
         self.device = torch.device(device)
         self.limit_bytes = limit_bytes
         self._existing = existing or {}
+        self._ignore = list(ignore)
         self._watcher: StorageWatcher | None = None
         self.peak_bytes = 0
         self.start_bytes = 0
@@ -343,6 +348,8 @@ class PeakMemoryTracker:
             self._watcher = StorageWatcher(
                 self.device.type, limit_bytes=self.limit_bytes, real_only=True
             )
+            self._watcher.ignore(self._ignore)
+            self._ignore = []
             self._watcher.add_existing(self._existing)
             # Drop our references: holding them would keep e.g. last step's gradients alive
             # after ``zero_grad(set_to_none=True)`` and inflate the very peak we measure.
