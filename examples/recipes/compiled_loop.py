@@ -13,26 +13,28 @@ GPT-2, CPU).
 
 **What budget a compiled plan holds.** The plan's figures are for the eager step;
 compiling changes what the step keeps alive (fused kernels save fewer, different tensors),
-so the prediction is not the compiled step's peak. Measured here (``python
-benchmarks/recipes.py``: the CPU allocator's accounting, since compiled kernels allocate
-below the dispatcher that the storage tracker watches; whole run of 3 steps, torch 2.13 CPU,
-40 MiB budget; README "Recipes"):
+so the plan's prediction is not the compiled step's peak. Measured on this tiny GPT-2 at a
+40 MiB budget (``python benchmarks/recipes.py``: torch 2.13 CPU, 3 steps, whole run; peaks
+from the CPU allocator's accounting, because compiled kernels allocate below the dispatcher
+the storage tracker watches; README "Recipes"), with a plan predicted at 39.32 MiB:
 
 =====================================  =========
 run                                    peak
 =====================================  =========
-eager, no plan                         59.59 MiB
-eager, planned                         39.84 MiB
-compiled, no plan                      42.91 MiB
-compiled, planned                      33.46 MiB
+eager, no plan                         59.56 MiB
+eager, planned                         39.32 MiB
+compiled, no plan                      42.90 MiB
+compiled, planned                      32.26 MiB
 =====================================  =========
 
-The compiled planned step fits the budget with room (6.5 MiB under it here) and peaks
-9.4 MiB below the compiled unplanned step, which is itself over the budget: compiling alone
-does not make this model fit. The compiled step's losses equal the compiled unplanned
-step's, step for step. The room depends on the model and torch's version: measure your
-compiled step (``planner.measure.tracking.AllocatorPeakTracker``) before lowering a budget
-to use it.
+The compiled planned step held the budget with 7.74 MiB to spare, and peaked 10.64 MiB below
+the compiled unplanned step, which is itself over the budget: compiling alone does not make
+this model fit. Two other plans for the same budget (ckpt-plan's choice moves with timing
+noise) measured 30.44 and 33.45 MiB compiled. Losses equal the compiled unplanned run's,
+step for step (compiled and eager losses differ in the last digits: inductor's dropout
+draws its own random numbers). The room depends on the model and on torch's version:
+measure your compiled step (``planner.measure.tracking.AllocatorPeakTracker``) before
+lowering a budget to use it.
 """
 
 from __future__ import annotations
