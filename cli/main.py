@@ -17,25 +17,33 @@ from rich.table import Table
 from cli.boundary import (
     configure_logging,
     errors_to_exit_codes,
+    fail,
     progress_line,
     stderr,
     stdout,
     warn,
 )
 from cli.options import (
+    BatchSizeOption,
     BudgetOption,
     Device,
     DeviceOption,
+    DtypeOption,
+    HfOption,
     ProfileArgument,
     ReferenceChoice,
+    SeqLenOption,
+    TargetOption,
     VerboseOption,
     parse_budget,
     require_device,
+    workload_source,
 )
-from cli.render import print_plan_summary, warn_own_checkpointing
+from cli.render import print_fit, print_plan_summary, warn_own_checkpointing
 from planner.core import errors
 from planner.core.records import CostSource, MemorySource, Profile
 from planner.core.units import format_bytes
+from planner.measure.hf import workload_in_command
 
 app = typer.Typer(
     name="ckpt-plan",
@@ -48,16 +56,20 @@ app = typer.Typer(
 
 @app.command()
 def profile(
+    budget: BudgetOption,
     model: Annotated[
-        Path,
+        Path | None,
         typer.Argument(
             help="Python model file defining build_model() and sample_batch() "
-            "(optionally training_step, loss_fn, build_optimizer).",
+            "(optionally training_step, loss_fn, build_optimizer); or --hf CONFIG instead.",
             show_default=False,
             metavar="MODEL.py",
         ),
-    ],
-    budget: BudgetOption,
+    ] = None,
+    hf: HfOption = None,
+    batch_size: BatchSizeOption = None,
+    seq_len: SeqLenOption = None,
+    dtype: DtypeOption = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -76,16 +88,7 @@ def profile(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed for the model, batch and random ops.")] = 0,
-    target: Annotated[
-        str | None,
-        typer.Option(
-            "--target",
-            help="Plan for a device that is not here: a built-in name (a100-40gb, a100-80gb, "
-            "h100-80gb, h200, l4, rtx-4090) or a spec .json. Memory from fake tensors, times "
-            "estimated (roofline); the plan is not run: check it with `ckpt-plan verify` there.",
-            show_default=False,
-        ),
-    ] = None,
+    target: TargetOption = None,
     memory: Annotated[
         MemorySource,
         typer.Option(
@@ -105,6 +108,9 @@ def profile(
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
+        source = workload_source(model, hf, batch_size, seq_len, dtype)
+        if source is None:
+            fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec = None
         if target is not None:
             from planner.plan.targets import load_spec
@@ -121,7 +127,7 @@ def profile(
         try:
             with progress_line() as progress:
                 result = profile_and_plan(
-                    model,
+                    source,
                     budget_bytes,
                     device=device.value,
                     seed=seed,
@@ -136,10 +142,16 @@ def profile(
                 plan_path = out or Path("profiles") / error.profile.model_name / "plan.json"
                 saved = save_profile(error.profile, plan_path.parent / "profile.json")
                 stdout.print(f"wrote {saved} (the profile; no plan, none fits the budget)")
+                run_with = (
+                    ""
+                    if spec is not None
+                    else f" {workload_in_command(source)}"
+                    if hf is not None
+                    else f" --check {shlex.quote(source)}"
+                )
                 stdout.print(
                     "re-solve it without profiling again: ckpt-plan solve "
-                    f"{shlex.quote(str(saved))} --budget {error.min_budget_bytes}"
-                    + ("" if spec is not None else f" --check {shlex.quote(str(model))}")
+                    f"{shlex.quote(str(saved))} --budget {error.min_budget_bytes}{run_with}"
                 )
             raise
         warn_own_checkpointing(result.profile)
@@ -162,6 +174,83 @@ def profile(
         )
         wrote.append(save_plan(result.plan, plan_path))  # last: a plan file means a complete run
         print_plan_summary(result, wrote)
+
+
+@app.command()
+def fit(
+    budget: BudgetOption,
+    model: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Model file whose sample_batch takes batch_size (sample_batch(batch_size=8)); "
+            "or --hf CONFIG instead.",
+            show_default=False,
+            metavar="MODEL.py",
+        ),
+    ] = None,
+    hf: HfOption = None,
+    seq_len: SeqLenOption = None,
+    dtype: DtypeOption = None,
+    max_batch_size: Annotated[
+        int, typer.Option(min=1, help="Stop the search at this batch size.")
+    ] = 1 << 16,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Where to write the plan for the largest batch size.",
+            show_default="profiles/<model name>/plan-batch<N>.json",
+        ),
+    ] = None,
+    device: DeviceOption = Device.cpu,
+    seed: Annotated[int, typer.Option(help="Seed for the model, batch and random ops.")] = 0,
+    target: TargetOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """The largest batch size for which a checkpointing plan fits BUDGET, with its plan, and
+    the batch size with the highest predicted samples per second among those that fit.
+
+    Batch sizes are tried on fake tensors (no memory used), doubling and then bisecting;
+    the sizes that fit are timed to predict their throughput with their cheapest plan."""
+    configure_logging(verbose)
+    budget_bytes = parse_budget(budget)
+    with errors_to_exit_codes(verbose):
+        source = workload_source(model, hf, 1 if hf is not None else None, seq_len, dtype)
+        if source is None:
+            fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
+        spec = None
+        if target is not None:
+            from planner.plan.targets import load_spec
+
+            spec = load_spec(target)
+            device = Device(spec.device_type)
+        else:
+            require_device(device)
+        from planner.fit import fit_batch_size
+        from planner.measure.workload import load_model_file, takes_batch_size
+        from planner.plan.plan_file import save_plan
+
+        with progress_line() as progress:
+            model_file = load_model_file(source)
+            if hf is None and not takes_batch_size(model_file.sample_batch):
+                raise errors.ModelFileError(
+                    f"sample_batch() in {model} takes no batch size: define it as "
+                    "sample_batch(batch_size=...) so that fit can try other sizes"
+                )
+            result = fit_batch_size(
+                model_file,
+                budget_bytes,
+                device=device.value,
+                seed=seed,
+                target=spec,
+                max_batch_size=max_batch_size,
+                progress=progress,
+            )
+        print_fit(result)
+        name = result.planned.profile.model_name
+        plan_path = out or Path("profiles") / name / f"plan-batch{result.largest}.json"
+        print_plan_summary(result.planned, [save_plan(result.planned.plan, plan_path)])
 
 
 @app.command()
@@ -238,8 +327,15 @@ def solve(
     ] = None,
     check: Annotated[
         Path | None,
-        typer.Option(help="Also check the plan by running this model file (as `profile` does)."),
+        typer.Option(
+            help="Also check the plan by running this model file (as `profile` does); "
+            "--hf CONFIG to check it on a Hugging Face config instead."
+        ),
     ] = None,
+    hf: HfOption = None,
+    batch_size: BatchSizeOption = None,
+    seq_len: SeqLenOption = None,
+    dtype: DtypeOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Re-plan for another BUDGET from a saved profile, without profiling again."""
@@ -251,7 +347,16 @@ def solve(
         from planner.solve.planning import PlanningResult, plan_for_budget
 
         loaded = load_profile(profile_path)
-        if check is None and loaded.cost_source is not CostSource.NONE:
+        source = workload_source(
+            check,
+            hf,
+            batch_size,
+            seq_len,
+            dtype,
+            model_option="--check MODEL.py",
+            recorded=loaded.model_file,
+        )
+        if source is None and loaded.cost_source is not CostSource.NONE:
             # Solving alone is pure Python: no torch to import, nothing to run.
             plan, solution = plan_for_budget(loaded, budget_bytes)
             result = PlanningResult(loaded, plan, solution, None, 1)
@@ -260,7 +365,7 @@ def solve(
 
             with progress_line() as progress:
                 result = plan_checked(
-                    loaded, budget_bytes, model_path=check, device=loaded.device, progress=progress
+                    loaded, budget_bytes, model_path=source, device=loaded.device, progress=progress
                 )
         wrote = []
         if loaded.cost_source is CostSource.NONE:
@@ -331,19 +436,34 @@ def tradeoff(
 @app.command()
 def verify(
     model: Annotated[
-        Path,
+        Path | None,
         typer.Argument(
-            help="The model file the plan was made for.",
+            help="The model file the plan was made for (or --hf CONFIG); without either, the "
+            "one the plan records.",
             show_default=False,
             metavar="MODEL.py",
         ),
-    ],
+    ] = None,
     plan_path: Annotated[
-        Path,
+        Path | None,
         typer.Argument(
             help="A plan.json written by `ckpt-plan profile`.", show_default=False, metavar="PLAN"
         ),
-    ],
+    ] = None,
+    hf: Annotated[
+        Path | None,
+        typer.Option(
+            "--hf",
+            help="Verify on a Hugging Face config (a local config.json or a folder holding "
+            "one) instead of a model file; --batch-size, --seq-len and --dtype default to the "
+            "plan's.",
+            metavar="CONFIG",
+            show_default=False,
+        ),
+    ] = None,
+    batch_size: BatchSizeOption = None,
+    seq_len: SeqLenOption = None,
+    dtype: DtypeOption = None,
     device: Annotated[
         Device | None,
         typer.Option("--device", help="Device to run on.", show_default="the plan's device"),
@@ -372,18 +492,26 @@ def verify(
     """Run the planned step and show it trains exactly as the unplanned step would (see
     --reference), and that its peak is within the budget: exit 0 if so, 5 if not."""
     configure_logging(verbose)
+    if plan_path is None:  # one path given: it is the plan
+        model, plan_path = None, model
+    if plan_path is None or plan_path.suffix == ".py":
+        fail("pass the plan: ckpt-plan verify [MODEL.py] PLAN", 2)
     with errors_to_exit_codes(verbose):
         require_device(device)
         from rich.markup import escape
 
         from planner.check.compare import CheckReference
         from planner.check.verify import verify_plan
+        from planner.plan.plan_file import load_plan
+
+        recorded = load_plan(plan_path).model_file if hf is not None else None
+        source = workload_source(model, hf, batch_size, seq_len, dtype, recorded=recorded)
 
         try:
             with progress_line() as progress:
                 progress("running the planned step and its reference", 0, 0)
                 result = verify_plan(
-                    model,
+                    source,
                     plan_path,
                     device=device.value if device else None,
                     seed=seed,
@@ -460,7 +588,7 @@ def verify(
             rows.append(("unplanned peak (measured)", format_bytes(check.unplanned_peak_bytes)))
         summary_table = Table(
             title=escape(
-                f"verify {plan_path} on {model} ({result.device}, seed {seed}, "
+                f"verify {plan_path} on {result.model_path} ({result.device}, seed {seed}, "
                 f"{len(plan.modules)} modules checkpointed)"
             ),
             title_justify="left",

@@ -13,20 +13,33 @@ from planner.core import errors
 from planner.core.units import parse_bytes
 
 __all__ = [
+    "BatchSizeOption",
     "BudgetOption",
     "Device",
     "DeviceOption",
+    "Dtype",
+    "DtypeOption",
+    "HfOption",
     "ProfileArgument",
     "ReferenceChoice",
+    "SeqLenOption",
+    "TargetOption",
     "VerboseOption",
     "parse_budget",
     "require_device",
+    "workload_source",
 ]
 
 
 class Device(str, enum.Enum):
     cpu = "cpu"
     cuda = "cuda"
+
+
+class Dtype(str, enum.Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
 
 
 class ReferenceChoice(str, enum.Enum):
@@ -58,6 +71,94 @@ ProfileArgument = Annotated[
         metavar="PROFILE.json",
     ),
 ]
+
+TargetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--target",
+        help="Plan for a device that is not here: a built-in name (a100-40gb, a100-80gb, "
+        "h100-80gb, h200, l4, rtx-4090) or a spec .json. Memory from fake tensors, times "
+        "estimated (roofline); the plan is not run: check it with `ckpt-plan verify` there.",
+        show_default=False,
+    ),
+]
+HfOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--hf",
+        help="Plan a Hugging Face model from its config instead of a model file: a local "
+        "config.json, or a model folder holding one (nothing is downloaded). Builds the class "
+        "its `architectures` names (else AutoModelForCausalLM's) with random weights, on "
+        "--batch-size x --seq-len random token ids with labels; the loss is the model's own.",
+        metavar="CONFIG",
+        show_default=False,
+    ),
+]
+BatchSizeOption = Annotated[
+    int | None,
+    typer.Option(
+        "--batch-size",
+        min=1,
+        help="With --hf: sequences per batch. With MODEL.py: passed to its "
+        "sample_batch(batch_size=...).",
+        show_default=False,
+    ),
+]
+SeqLenOption = Annotated[
+    int | None,
+    typer.Option("--seq-len", min=1, help="With --hf: tokens per sequence.", show_default=False),
+]
+DtypeOption = Annotated[
+    Dtype | None,
+    typer.Option(
+        "--dtype",
+        help="With --hf: the parameters' dtype.",
+        show_default="the config's dtype, else float32",
+    ),
+]
+
+
+def workload_source(
+    model: Path | None,
+    hf: Path | None,
+    batch_size: int | None,
+    seq_len: int | None,
+    dtype: Dtype | None,
+    *,
+    model_option: str = "MODEL.py",
+    recorded: str | None = None,
+) -> str | None:
+    """The workload a command runs, as the library carries it: the model file's path, or
+    the source of the Hugging Face workload the ``--hf`` options name (``--batch-size``,
+    ``--seq-len`` and ``--dtype`` default to those of ``recorded``, the source a profile or
+    plan holds, where that is a Hugging Face workload). None when neither is given.
+    Raises ModelFileError for a config that cannot be used; a bad combination of options is
+    a usage error (exit 2)."""
+    from planner.measure.hf import hf_workload, is_hf_source, parse_hf_source
+
+    if model is not None and hf is not None:
+        fail(f"pass either {model_option} or --hf CONFIG, not both", 2)
+    if hf is None:
+        if (seq_len, dtype) != (None, None):
+            fail("--seq-len and --dtype go with --hf CONFIG", 2)
+        if model is None:
+            if batch_size is not None:
+                fail(f"--batch-size goes with {model_option} or --hf CONFIG", 2)
+            return None
+        if batch_size is None:
+            return str(model)
+        from planner.measure.workload import model_file_source
+
+        return model_file_source(model, batch_size)
+    dtype_name = dtype.value if dtype is not None else None
+    if recorded is not None and is_hf_source(recorded):
+        before = parse_hf_source(recorded)
+        batch_size = batch_size or before.batch_size
+        seq_len = seq_len or before.seq_len
+        dtype_name = dtype_name or before.dtype
+    if batch_size is None or seq_len is None:
+        fail("--hf needs --batch-size and --seq-len (the shape of the token batch)", 2)
+    return hf_workload(hf, batch_size, seq_len, dtype_name).source
 
 
 def require_device(device: Device | None) -> None:

@@ -11,7 +11,7 @@ from cli.boundary import stdout, warn
 from planner.core.records import Profile
 from planner.core.units import format_bytes
 
-__all__ = ["print_plan_summary", "warn_own_checkpointing"]
+__all__ = ["print_fit", "print_plan_summary", "warn_own_checkpointing"]
 
 
 def warn_own_checkpointing(profile: Profile) -> None:
@@ -28,7 +28,7 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
     table.add_column("module", overflow="fold")
     table.add_column("type")
     table.add_column("calls", justify="right")
-    table.add_column("saved (MiB)", justify="right")
+    table.add_column("frees (MiB)", justify="right")
     table.add_column("recompute (ms)", justify="right")
     table.add_column("RNG replay")
     for decision in plan.modules:
@@ -90,9 +90,71 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
             "the unplanned step's; state_dict keys unchanged"
         )
     elif plan.target:
+        from planner.measure.hf import workload_in_command
+
         stdout.print(
             f"not run: made for {plan.target}, which is not here; run `ckpt-plan verify "
-            "MODEL.py PLAN` on it before training"
+            f"{workload_in_command(plan.model_file)} PLAN` on it before training"
         )
     for path in wrote:
         stdout.print(f"wrote {path}")
+
+
+def print_fit(result: Any) -> None:
+    """The batch sizes ``fit`` tried (a :class:`planner.fit.FitResult`), and its answers."""
+    budget = format_bytes(result.budget_bytes)
+    table = Table(title=f"batch sizes tried under {budget}", title_justify="left")
+    for column in ("batch", "lowest peak", "unplanned peak", "fits", "modules", "samples/s"):
+        table.add_column(column, justify="right")
+    for point in result.points:
+        fits = point.lowest_peak_bytes <= result.budget_bytes
+        rate = point.samples_per_second
+        marks = [
+            mark
+            for mark, size in (("largest", result.largest), ("fastest", result.fastest))
+            if point.batch_size == size
+        ]
+        table.add_row(
+            str(point.batch_size) + (f" ({', '.join(marks)})" if marks else ""),
+            format_bytes(point.lowest_peak_bytes),
+            format_bytes(point.unplanned_peak_bytes),
+            "yes" if fits else "no",
+            "-" if point.plan_modules is None else str(point.plan_modules),
+            "-" if rate is None else f"{rate:,.1f}",
+        )
+    stdout.print(table)
+    largest = result.point(result.largest)
+    beyond = [p for p in result.points if p.batch_size == result.largest + 1]
+    why = (
+        f"; {result.largest + 1} needs {format_bytes(beyond[0].lowest_peak_bytes)} "
+        "with every useful module checkpointed"
+        if beyond
+        else " (the search stopped at --max-batch-size)"
+        if result.capped
+        else ""
+    )
+    stdout.print(
+        f"largest batch size that fits {budget}: {result.largest} "
+        f"(lowest peak {format_bytes(largest.lowest_peak_bytes)}){why}"
+    )
+    fastest = result.point(result.fastest)
+    times = "estimated for the target" if result.planned.profile.target else "timed here"
+    stdout.print(
+        f"fastest: batch size {result.fastest}, {fastest.samples_per_second:,.1f} samples/s "
+        f"predicted with its cheapest plan ({times}); plan it with: ckpt-plan profile "
+        f"{_workload_at(result.source, result.fastest)} --budget {result.budget_bytes}"
+    )
+
+
+def _workload_at(source: str, batch_size: int) -> str:
+    """The command-line options naming ``source``'s workload at another batch size."""
+    import dataclasses
+    import shlex
+
+    from planner.measure.hf import is_hf_source, parse_hf_source
+
+    if is_hf_source(source):
+        workload = dataclasses.replace(parse_hf_source(source), batch_size=batch_size)
+        return shlex.join(workload.command_arguments())
+    path = source.rpartition("?batch_size=")[0] or source
+    return f"{shlex.quote(path)} --batch-size {batch_size}"

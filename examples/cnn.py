@@ -73,9 +73,9 @@ def build_model() -> nn.Module:
     return ResNet()
 
 
-def sample_batch():
-    images = torch.randn(BATCH_SIZE, IN_CHANNELS, IMAGE_SIZE, IMAGE_SIZE)
-    labels = torch.randint(0, N_CLASSES, (BATCH_SIZE,))
+def sample_batch(batch_size=BATCH_SIZE):
+    images = torch.randn(batch_size, IN_CHANNELS, IMAGE_SIZE, IMAGE_SIZE)
+    labels = torch.randint(0, N_CLASSES, (batch_size,))
     return (images, labels)
 
 

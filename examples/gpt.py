@@ -115,8 +115,8 @@ def build_model() -> nn.Module:
     return GPT()
 
 
-def sample_batch():
+def sample_batch(batch_size=BATCH_SIZE):
     # random tokens; labels are the inputs shifted by one, as in next-token prediction
-    tokens = torch.randint(0, VOCAB_SIZE, (BATCH_SIZE, SEQ_LEN + 1))
+    tokens = torch.randint(0, VOCAB_SIZE, (batch_size, SEQ_LEN + 1))
     # .contiguous(): two separate (B, T) tensors, not views of one shared storage
     return {"input_ids": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous()}

@@ -41,7 +41,7 @@ def build_model() -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-def sample_batch():
-    input_ids = torch.randint(0, VOCAB_SIZE, (BATCH_SIZE, SEQ_LEN))  # (B, T)
+def sample_batch(batch_size=BATCH_SIZE):
+    input_ids = torch.randint(0, VOCAB_SIZE, (batch_size, SEQ_LEN))  # (B, T)
     # labels == input_ids: the model shifts them by one position internally
     return {"input_ids": input_ids, "labels": input_ids}

@@ -37,7 +37,7 @@ def build_model() -> torch.nn.Module:
     return ViTForImageClassification(config)
 
 
-def sample_batch():
-    pixel_values = torch.randn(BATCH_SIZE, 3, IMAGE_SIZE, IMAGE_SIZE)  # (B, C, H, W)
-    labels = torch.randint(0, N_CLASSES, (BATCH_SIZE,))
+def sample_batch(batch_size=BATCH_SIZE):
+    pixel_values = torch.randn(batch_size, 3, IMAGE_SIZE, IMAGE_SIZE)  # (B, C, H, W)
+    labels = torch.randint(0, N_CLASSES, (batch_size,))
     return {"pixel_values": pixel_values, "labels": labels}

@@ -43,8 +43,8 @@ def build_model() -> torch.nn.Module:
     return LlamaForCausalLM(config).to(torch.bfloat16)
 
 
-def sample_batch():
-    input_ids = torch.randint(0, VOCAB_SIZE, (BATCH_SIZE, SEQ_LEN))  # (B, T)
+def sample_batch(batch_size=BATCH_SIZE):
+    input_ids = torch.randint(0, VOCAB_SIZE, (batch_size, SEQ_LEN))  # (B, T)
     return {"input_ids": input_ids, "labels": input_ids}
 
 

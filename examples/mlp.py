@@ -55,9 +55,9 @@ def build_model() -> nn.Module:
     return ResidualMLP()
 
 
-def sample_batch():
-    x = torch.randn(BATCH_SIZE, IN_FEATURES)
-    y = torch.randint(0, N_CLASSES, (BATCH_SIZE,))
+def sample_batch(batch_size=BATCH_SIZE):
+    x = torch.randn(batch_size, IN_FEATURES)
+    y = torch.randint(0, N_CLASSES, (batch_size,))
     return (x, y)
 
 

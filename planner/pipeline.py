@@ -38,6 +38,7 @@ from planner.core.errors import (
 from planner.core.records import CostSource, MemorySource, Profile
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.measure.fake import FakeExecutionError, build_fake_workload
+from planner.measure.hf import is_hf_source, workload_in_command
 from planner.measure.profiler import ProgressCallback, record_memory
 from planner.measure.timing import measure_costs, with_measured_costs
 from planner.measure.tracking import MemoryLimitExceeded
@@ -59,6 +60,7 @@ __all__ = [
     "plan_checked",
     "profile_and_plan",
     "profile_model_file",
+    "record_step_memory",
 ]
 
 
@@ -91,7 +93,7 @@ def _cuda_workspace_bytes(device: str) -> int:
     return max(0, workspace)
 
 
-def _record_memory(
+def record_step_memory(
     model_file: ModelFile,
     *,
     device: str,
@@ -101,6 +103,8 @@ def _record_memory(
     target: DeviceSpec | None,
     progress: ProgressCallback | None,
 ) -> Profile:
+    """The memory half of a profile (times not yet taken: ``cost_source`` ``none``): on fake
+    tensors by default, falling back to a real step only where it fits ``budget_bytes``."""
     device_type = target.device_type if target is not None else device
     workspace = 0
     if device_type == "cuda":
@@ -158,7 +162,7 @@ def profile_model_file(
     are taken on the unplanned step. ``target``: estimate times for that device instead of
     measuring them here (nothing runs for real). ``timing_steps`` real steps are timed (the
     median is kept): three keep the plan the same from one run to the next."""
-    profile = _record_memory(
+    profile = record_step_memory(
         model_file,
         device=device,
         seed=seed,
@@ -260,14 +264,14 @@ def _timed(
     seed: int,
     progress: ProgressCallback | None,
 ) -> Profile:
-    path = Path(model_path if model_path is not None else profile.model_file)
-    if not path.is_file():
+    source = model_path if model_path is not None else profile.model_file
+    if not is_hf_source(source) and not Path(source).is_file():
         raise ProfileFileError(
             f"this profile holds no times (it was saved when no plan fit its budget) and its "
-            f"model file {path} is not there: pass the model file (--check MODEL.py) to time it"
+            f"model file {source} is not there: pass the model file (--check MODEL.py) to time it"
         )
     return measure_profile_costs(
-        load_model_file(path),
+        load_model_file(source),
         profile,
         device=profile.device,
         seed=seed,
@@ -401,7 +405,10 @@ def profile_and_plan(
     progress: ProgressCallback | None = None,
 ) -> PlanningResult:
     """Load the model file, profile one step, solve for the budget, check the plan (see
-    the module docstring). With ``target`` the plan is for that device and is not run."""
+    the module docstring). With ``target`` the plan is for that device and is not run.
+
+    ``model_path`` is a model file's path or a Hugging Face workload's source
+    (:attr:`planner.measure.hf.HfWorkload.source`); either travels to every stage."""
     model_file = load_model_file(model_path)
     if target is not None:
         check_budget_fits(target, budget_bytes)
@@ -418,7 +425,7 @@ def profile_and_plan(
     result = plan_checked(
         profile,
         budget_bytes,
-        model_path=model_file.path if check and target is None else None,
+        model_path=model_file.source if check and target is None else None,
         device=device,
         seed=seed,
         progress=progress,
@@ -426,7 +433,7 @@ def profile_and_plan(
     if target is not None:
         note = (
             f"unchecked: made for {target.name}, which is not here; run `ckpt-plan verify "
-            "MODEL.py PLAN` on it before training"
+            f"{workload_in_command(model_file.source)} PLAN` on it before training"
         )
         plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
         result = dataclasses.replace(result, plan=plan)

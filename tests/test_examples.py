@@ -16,7 +16,7 @@ from planner.plan.plan_file import load_plan
 from planner.plan.profile_file import load_profile
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-ALL = ["gpt", "mlp", "cnn", "resnet", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
+ALL = ["gpt", "mlp", "cnn", "resnet", "functional_blocks", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 DATA = Path(__file__).resolve().parent / "data"
 
 

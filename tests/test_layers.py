@@ -35,7 +35,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "report": ("report",),
     "measure": ("measure", "apply"),
     "check": ("check",),
-    "pipeline": ("pipeline",),
+    "pipeline": ("pipeline", "fit"),
 }
 ORDER = list(LAYERS)
 LAYER_OF = {module: layer for layer, modules in LAYERS.items() for module in modules}

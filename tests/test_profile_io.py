@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from planner.core.errors import ProfileFileError
+from planner.core.records import Phase, StorageKind
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import build_workload
 from planner.plan.memory_model import MemoryModel
@@ -30,6 +31,28 @@ def test_round_trip_keeps_the_profile_and_its_predictions(profile, tmp_path: Pat
     ).peak_bytes(names)
     budget = (profile.measured_peak_bytes + MemoryModel(profile.timeline).peak_bytes(names)) // 2
     assert solve(loaded, budget) == solve(profile, budget)
+
+
+def test_the_vocabulary_is_typed_and_files_keep_the_plain_words(profile, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Storage kinds and phases are enums in memory and plain words in the file; a word the
+    vocabulary does not know makes the file malformed, not a late KeyError."""
+    path = save_profile(profile, tmp_path / "profile.json")
+    loaded = load_profile(path)
+    assert all(type(s.kind) is StorageKind for s in loaded.timeline.storages)
+    assert all(type(phase) is Phase for phase in loaded.timeline.phase_end_events)
+    assert {s.kind for s in loaded.timeline.storages} >= {
+        StorageKind.PARAMETER,
+        StorageKind.ACTIVATION,
+    }
+    raw = json.loads(path.read_text())
+    assert set(raw["timeline"]["phase_end_events"]) == {"forward", "backward", "optimizer"}
+    column = raw["timeline"]["storage_columns"].index("kind")
+    assert raw["timeline"]["storages"][0][column] in {kind.value for kind in StorageKind}
+    assert f"{StorageKind.OPTIMIZER_STATE}" == str(StorageKind.OPTIMIZER_STATE) == "optimizer_state"
+    raw["timeline"]["storages"][0][column] = "cache"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ProfileFileError, match="malformed"):
+        load_profile(path)
 
 
 def test_the_table_has_one_row_per_module(profile, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

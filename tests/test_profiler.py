@@ -300,10 +300,10 @@ def test_blocks_without_child_modules_are_blocks_and_candidates() -> None:
     functions is the model's blocks; each is a candidate, since checkpointing it frees its
     activations; every-block checkpointing lowers the peak, and the check passes."""
     from planner.check.compare import CheckReference, check_plan
-    from planner.pipeline import profile_model_file
+    from planner.pipeline import plan_checked, profile_model_file
     from planner.solve.planning import baseline_every_block
 
-    path = Path(__file__).resolve().parent / "data" / "functional_blocks.py"
+    path = Path(__file__).resolve().parent.parent / "examples" / "functional_blocks.py"
     profile = profile_model_file(load_model_file(path))
     assert profile.block_names == tuple(f"blocks.{i}" for i in range(8))
     for name in profile.block_names:
@@ -312,3 +312,10 @@ def test_blocks_without_child_modules_are_blocks_and_candidates() -> None:
     assert plan.predicted_peak_bytes < 0.7 * profile.measured_peak_bytes
     check = check_plan(path, plan, reference=CheckReference.UNPLANNED)
     assert check.passed and check.measured_peak_bytes == plan.predicted_peak_bytes
+    # Planned at the every-block budget, the solver's plan is checked by running it: it
+    # fits when measured and trains exactly as the unplanned step does.
+    planned = plan_checked(
+        profile, plan.predicted_peak_bytes, model_path=path, reference=CheckReference.UNPLANNED
+    )
+    assert planned.check is not None and planned.check.training_unchanged
+    assert planned.plan.measured_peak_bytes <= plan.predicted_peak_bytes

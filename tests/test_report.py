@@ -207,7 +207,7 @@ def test_module_frame_groups_a_48_block_model(profile: Profile, chosen: Plan) ->
     assert rows.loc["blocks.*", "chosen_indices"] == "0-11, 14"
     assert rows.loc["blocks.*.mlp", "chosen_indices"] == "20"
     assert rows.loc["blocks.*.attn", "chosen_count"] == 0
-    assert rows.loc["blocks.*", "saved_bytes_mean"] == 30 * 2**20
+    assert rows.loc["blocks.*", "freed_bytes_mean"] == 30 * 2**20
     assert rows.loc["blocks.*", "recompute_ms_mean"] == pytest.approx(10.5)
     assert (rows.loc["blocks.*", "recompute_ms_min"], rows.loc["blocks.*", "recompute_ms_max"]) == (
         10.0,
@@ -234,8 +234,8 @@ def test_module_frame_keeps_each_module_of_a_small_model(profile: Profile, chose
 
 def test_module_chart_renders(profile: Profile, chosen: Plan) -> None:
     figure = module_figure(profile, chosen)
-    saved_axes, time_axes = figure.axes[:2]
-    assert "MiB" in saved_axes.get_xlabel() and "ms" in time_axes.get_xlabel()
+    freed_axes, time_axes = figure.axes[:2]
+    assert "MiB" in freed_axes.get_xlabel() and "ms" in time_axes.get_xlabel()
     assert profile.model_name in figure.get_suptitle()
     _assert_png(figure)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.check.compare import CheckReference, PlanCheck, check_plan
-from planner.core.errors import PlanMismatchError, PlannerError
+from planner.core.errors import ModelFileError, PlanMismatchError, PlannerError
 from planner.core.units import format_bytes
 from planner.measure.workload import _user_code, describe_batch, load_model_file
 from planner.plan.plan_file import Plan, load_plan
@@ -150,7 +150,7 @@ def choose_reference(plan: Plan, device: str) -> CheckReference:
 
 
 def verify_plan(
-    model_path: str | Path,
+    model_path: str | Path | None,
     plan_path: str | Path,
     *,
     device: str | None = None,
@@ -159,7 +159,9 @@ def verify_plan(
     reference: CheckReference | None = None,
     on_warning: WarningCallback | None = None,
 ) -> Verification:
-    """Run the plan at ``plan_path`` against the model file at ``model_path``.
+    """Run the plan at ``plan_path`` against the model file at ``model_path``: a path, a
+    Hugging Face workload's source (:mod:`planner.measure.hf`), or None for the one the
+    plan records (``Plan.model_file``).
 
     ``reference`` (default: :func:`choose_reference`) is what the planned step is compared
     with (:class:`CheckReference`). ``device`` defaults to the plan's. ``debug`` runs the
@@ -172,6 +174,13 @@ def verify_plan(
     or overshoots its budget is not an error: see :meth:`Verification.failures`.
     """
     plan = load_plan(plan_path)
+    if model_path is None:
+        if plan.model_file is None:
+            raise ModelFileError(
+                f"{plan_path} does not record its model file (it was written by an older "
+                "ckpt-plan): pass it, `ckpt-plan verify MODEL.py PLAN`"
+            )
+        model_path = plan.model_file
     model_file = load_model_file(model_path)
     target = device or plan.device
     warnings = []
@@ -194,7 +203,7 @@ def verify_plan(
     chosen = reference or choose_reference(plan, target)
     try:
         check = check_plan(
-            model_file.path, plan, device=target, seed=seed, debug=debug, reference=chosen
+            model_file.source, plan, device=target, seed=seed, debug=debug, reference=chosen
         )
     except PlanMismatchError:
         raise  # a plan for another model: its batch and device do not matter

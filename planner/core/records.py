@@ -5,6 +5,11 @@ Everything here is plain data (no torch), keyed by module qualified name, with s
 ``*_event`` (int). An *event* is one observation made during the instrumented step, in
 order: a storage allocated or freed, a module forward entered or left, a saved tensor packed
 or unpacked. Events order things; they are not a clock.
+
+Two words are kept apart: *saved* is what autograd saves for backward (``saved_bytes``,
+``saved_tensors``); *saving* (DESIGN.md's word) or *freed* is what checkpointing a module
+frees between its forward and its backward (``checkpoint_saving_bytes``, a plan's
+``saving_bytes``, reports' ``freed_bytes_*``).
 """
 
 from __future__ import annotations
@@ -21,11 +26,16 @@ __all__ = [
     "MemoryTimeline",
     "ModuleCall",
     "ModuleProfile",
+    "Name",
     "OpCost",
+    "Phase",
     "Profile",
     "SavedTensor",
+    "StorageKind",
     "StorageLifetime",
     "forward_totals_by_call",
+    "parse_unit",
+    "unit_name",
 ]
 
 PROFILE_SCHEMA_VERSION = 1
@@ -51,10 +61,68 @@ class CostSource(str, enum.Enum):
     """Estimated for a target device from each op's FLOPs and bytes (``Profile.target``)."""
 
 
-# Storage kinds. "activation" covers everything made during the step that is not one of the
-# static kinds: activations, temporaries, gradients of activations, the loss.
-# "workspace": memory a device's libraries hold for the whole step (cuBLAS on CUDA).
-STATIC_KINDS = ("parameter", "buffer", "gradient", "optimizer_state", "workspace")
+class Name(str, enum.Enum):
+    """A word of the profile's vocabulary: equal to, hashed as and printed as its string, so
+    JSON files and dictionaries keyed by the plain word keep working."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, format_spec: str) -> str:
+        return format(str(self.value), format_spec)
+
+
+class StorageKind(Name):
+    """What a storage of the instrumented step holds."""
+
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    GRADIENT = "gradient"
+    OPTIMIZER_STATE = "optimizer_state"
+    WORKSPACE = "workspace"
+    """Memory a device's libraries hold for the whole step (cuBLAS on CUDA)."""
+    BATCH = "batch"
+    OTHER = "other"
+    """Tensors held as plain module attributes when the step started."""
+    ACTIVATION = "activation"
+    """Everything made during the step that is not one of the above: activations,
+    temporaries, gradients of activations, the loss."""
+
+
+# Memory no plan can remove: present for the whole step whatever is checkpointed.
+STATIC_KINDS = frozenset(
+    {
+        StorageKind.PARAMETER,
+        StorageKind.BUFFER,
+        StorageKind.GRADIENT,
+        StorageKind.OPTIMIZER_STATE,
+        StorageKind.WORKSPACE,
+    }
+)
+
+
+def unit_name(module_name: str, segments: int | None = None) -> str:
+    """A *unit* is what a plan checkpoints, as the memory model and the solver name it: a
+    module (``"blocks.3"``: wrap it in ``checkpoint``) or, with ``segments``,
+    ``"blocks#3"``: ``checkpoint_sequential`` over the children of ``blocks`` in 3
+    segments. :func:`parse_unit` reads it back."""
+    return module_name if segments is None else f"{module_name}#{segments}"
+
+
+def parse_unit(unit: str) -> tuple[str, int | None]:
+    """``"blocks"`` -> ("blocks", None); ``"blocks#3"`` -> ("blocks", 3) (see
+    :func:`unit_name`)."""
+    name, _, segments = unit.partition("#")
+    return name, int(segments) if segments else None
+
+
+class Phase(Name):
+    """The parts of a training step, each ending at an event (``phase_end_events``)."""
+
+    FORWARD = "forward"
+    """Ends when the loss is computed."""
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +139,7 @@ class StorageLifetime:
     alloc_event: int
     free_event: int
     alloc_call: int
-    kind: str
+    kind: StorageKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +212,8 @@ class MemoryTimeline:
     storages: tuple[StorageLifetime, ...]
     calls: tuple[ModuleCall, ...]
     saved_tensors: tuple[SavedTensor, ...] = ()
-    # Event at which each phase ended: "forward" (loss computed), "backward", "optimizer".
-    phase_end_events: dict[str, int] = field(default_factory=dict)
+    # Event at which each phase ended.
+    phase_end_events: dict[Phase, int] = field(default_factory=dict)
     op_costs: tuple[OpCost, ...] = ()
 
 
@@ -156,7 +224,7 @@ def forward_totals_by_call(
     children's included (an op counts for the innermost call running and all its parents).
     Integer values (FLOPs) sum as integers."""
     totals: list[float] = [0] * len(timeline.calls)
-    forward_end = timeline.phase_end_events.get("forward", timeline.event_count)
+    forward_end = timeline.phase_end_events.get(Phase.FORWARD, timeline.event_count)
     for op in timeline.op_costs:
         if op.call < 0 or op.event > forward_end:
             continue
@@ -172,7 +240,7 @@ def forward_totals_by_call(
 
 @dataclass(frozen=True)
 class ModuleProfile:
-    """What checkpointing one module would save and cost, derived from the timeline.
+    """What checkpointing one module would free and cost, derived from the timeline.
 
     ``saved_bytes``: unique storages saved for backward inside the module (parameters
     excluded), summed over its calls. ``checkpoint_saving_bytes``: of those, the bytes that

@@ -589,7 +589,7 @@ def build_fake_workload(
     )
     model = _build_model(model_file, session, seed)
     with _user_code("switching off the model's own checkpointing", model_file.path):
-        notes = switch_off_own_checkpointing(model)
+        notes = (*model_file.assumptions, *switch_off_own_checkpointing(model))
     batch = _fake_batch(model_file, session, seed)
     optimizer = _fake_optimizer(model_file, model, session)
     workload = Workload(model_file, model, batch, optimizer, torch.device(tensor_device), notes)

@@ -41,8 +41,10 @@ from planner.core.records import (
     ModuleCall,
     ModuleProfile,
     OpCost,
+    Phase,
     Profile,
     SavedTensor,
+    StorageKind,
     StorageLifetime,
     forward_totals_by_call,
 )
@@ -136,7 +138,8 @@ class TimelineRecorder(StorageWatcher):
         self.workload = workload
         self._op_costs: list[OpCost] = []
         self.event = 0
-        self._alloc: dict[int, tuple[int, int, int, str]] = {}  # index -> size, event, call, kind
+        # index -> size, event, call, kind
+        self._alloc: dict[int, tuple[int, int, int, StorageKind]] = {}
         self._free: dict[int, int] = {}
         self._calls: list[dict[str, Any]] = []
         self._stack: list[int] = []
@@ -146,14 +149,14 @@ class TimelineRecorder(StorageWatcher):
         self._buffers = {id(m): list(m.named_buffers()) for m in workload.model.modules()}
         self._handles: list[Any] = []
         self._saved_hooks: Any = None
-        self.phase_end_events: dict[str, int] = {}
+        self.phase_end_events: dict[Phase, int] = {}
 
     def _tick(self) -> int:
         self.event += 1
         return self.event
 
     # -- storages ----------------------------------------------------------------------
-    def on_alloc(self, index: int, size_bytes: int, kind: str) -> None:
+    def on_alloc(self, index: int, size_bytes: int, kind: StorageKind) -> None:
         started = self._saved_hooks is not None
         event = self._tick() if started else -1
         call = self._stack[-1] if self._stack else -1
@@ -287,10 +290,10 @@ class TimelineRecorder(StorageWatcher):
         self._handles.clear()
         self.close()
 
-    def mark_phase_end(self, phase: str) -> None:
+    def mark_phase_end(self, phase: Phase) -> None:
         self.phase_end_events[phase] = self._tick()
 
-    def timeline(self, final_kinds: dict[int, str]) -> MemoryTimeline:
+    def timeline(self, final_kinds: dict[int, StorageKind]) -> MemoryTimeline:
         """The recorded timeline. ``final_kinds`` relabels storages identified after the
         step (gradients and optimizer state made during it)."""
         event_count = self.event + 1
@@ -430,9 +433,9 @@ def _record_step(
     with recorder:
         run_training_step(workload, seed=seed, phase_ended=recorder.mark_phase_end)
     # Storages that became gradients or optimizer state during the step are static memory.
-    final_kinds: dict[int, str] = {}
+    final_kinds: dict[int, StorageKind] = {}
     for kind, tensors in workload_tensors(workload.model, workload.optimizer, None).items():
-        if kind in ("gradient", "optimizer_state"):
+        if kind in (StorageKind.GRADIENT, StorageKind.OPTIMIZER_STATE):
             for tensor in tensors:
                 index = recorder.storage_index(tensor)
                 if index is not None:
@@ -695,7 +698,7 @@ def _with_workspace(timeline: MemoryTimeline, workspace_bytes: int) -> MemoryTim
         alloc_event=-1,
         free_event=timeline.event_count,
         alloc_call=-1,
-        kind="workspace",
+        kind=StorageKind.WORKSPACE,
     )
     return dataclasses.replace(timeline, storages=(*timeline.storages, workspace))
 
@@ -705,8 +708,8 @@ def recomputed_in_backward(timeline: MemoryTimeline) -> tuple[str, ...]:
     checkpointing the model does in its own code (``torch.utils.checkpoint``, reentrant or
     not, ``checkpoint_sequential``, timm's ``checkpoint_seq``) recomputes them there. Only
     the outermost of nested ones, in the order of their first forward."""
-    forward_end = timeline.phase_end_events.get("forward", timeline.event_count)
-    backward_end = timeline.phase_end_events.get("backward", timeline.event_count)
+    forward_end = timeline.phase_end_events.get(Phase.FORWARD, timeline.event_count)
+    backward_end = timeline.phase_end_events.get(Phase.BACKWARD, timeline.event_count)
 
     def in_backward(index: int) -> bool:
         return forward_end < timeline.calls[index].forward_start_event <= backward_end
@@ -757,7 +760,7 @@ def _profile_from_timeline(
             f"measured {measured_peak}; please report this with your model file"
         )
 
-    def kind_bytes(kind: str) -> int:
+    def kind_bytes(kind: StorageKind) -> int:
         return sum(
             s.size_bytes
             for s in storages
@@ -771,24 +774,24 @@ def _profile_from_timeline(
     return Profile(
         schema_version=PROFILE_SCHEMA_VERSION,
         model_name=workload.model_file.name,
-        model_file=str(workload.model_file.path),
+        model_file=workload.model_file.source,
         device=device,
         torch_version=torch.__version__,
         fingerprint=model_fingerprint(model),
         batch=describe_batch(workload.batch),
         step_ms=step_ms,
         measured_peak_bytes=measured_peak,
-        parameter_bytes=kind_bytes("parameter"),
-        buffer_bytes=kind_bytes("buffer"),
-        gradient_bytes=kind_bytes("gradient"),
-        optimizer_state_bytes=kind_bytes("optimizer_state"),
+        parameter_bytes=kind_bytes(StorageKind.PARAMETER),
+        buffer_bytes=kind_bytes(StorageKind.BUFFER),
+        gradient_bytes=kind_bytes(StorageKind.GRADIENT),
+        optimizer_state_bytes=kind_bytes(StorageKind.OPTIMIZER_STATE),
         modules=_module_profiles(model, timeline, forward_ms, memory),
         timeline=timeline,
         block_names=find_blocks(model),
         memory_source=memory_source,
         cost_source=cost_source,
         assumptions=(*assumptions, *notes),
-        workspace_bytes=kind_bytes("workspace"),
+        workspace_bytes=kind_bytes(StorageKind.WORKSPACE),
     )
 
 

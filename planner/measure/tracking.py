@@ -24,6 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.core.errors import ProfilingError
+from planner.core.records import StorageKind
 from planner.core.units import format_bytes
 
 __all__ = [
@@ -148,7 +149,7 @@ def returns_view(func: Any) -> bool:
 
 def workload_tensors(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, batch: Any
-) -> dict[str, list[torch.Tensor]]:
+) -> dict[StorageKind, list[torch.Tensor]]:
     """The tensors a training step starts with, by kind (parameters, gradients, ...)."""
     parameters: list[torch.Tensor] = list(model.parameters())
     state = [] if optimizer is None else list(iter_tensors(list(optimizer.state.values())))
@@ -160,12 +161,12 @@ def workload_tensors(
         for tensor in iter_tensors(value)
     ]
     return {
-        "parameter": parameters,
-        "gradient": [p.grad for p in parameters if p.grad is not None],
-        "buffer": list(model.buffers()),
-        "optimizer_state": state,
-        "batch": list(iter_tensors(batch)),
-        "other": module_attributes,
+        StorageKind.PARAMETER: parameters,
+        StorageKind.GRADIENT: [p.grad for p in parameters if p.grad is not None],
+        StorageKind.BUFFER: list(model.buffers()),
+        StorageKind.OPTIMIZER_STATE: state,
+        StorageKind.BATCH: list(iter_tensors(batch)),
+        StorageKind.OTHER: module_attributes,
     }
 
 
@@ -217,7 +218,7 @@ class StorageWatcher(TorchDispatchMode):
         """Never count these tensors' storages (the caller keeps them alive)."""
         self._ignored.update(id(tensor.untyped_storage()) for tensor in tensors)
 
-    def track(self, tensor: torch.Tensor, kind: str) -> int | None:
+    def track(self, tensor: torch.Tensor, kind: StorageKind) -> int | None:
         """Start tracking the storage behind ``tensor`` (no-op if already tracked)."""
         # Hot path (every op output): the cheapest checks first.
         try:
@@ -254,7 +255,7 @@ class StorageWatcher(TorchDispatchMode):
             reached_bytes=self.current_bytes,
         )
 
-    def add_existing(self, tensors_by_kind: Mapping[str, Iterable[torch.Tensor]]) -> None:
+    def add_existing(self, tensors_by_kind: Mapping[StorageKind, Iterable[torch.Tensor]]) -> None:
         for kind, tensors in tensors_by_kind.items():
             for tensor in tensors:
                 self.track(tensor, kind)
@@ -279,7 +280,7 @@ class StorageWatcher(TorchDispatchMode):
         self._closed = True
 
     # -- hooks for subclasses ---------------------------------------------------------
-    def on_alloc(self, index: int, size_bytes: int, kind: str) -> None:
+    def on_alloc(self, index: int, size_bytes: int, kind: StorageKind) -> None:
         pass
 
     def on_free(self, index: int) -> None:
@@ -300,7 +301,7 @@ class StorageWatcher(TorchDispatchMode):
         else:
             tensors = list(iter_tensors(out))
         for tensor in tensors:
-            self.track(tensor, "activation")
+            self.track(tensor, StorageKind.ACTIVATION)
         self.on_op(func, args, kwargs or {}, tensors, out)
         return out
 
@@ -323,7 +324,7 @@ class PeakMemoryTracker:
     def __init__(
         self,
         device: torch.device | str,
-        existing: Mapping[str, Iterable[torch.Tensor]] | None = None,
+        existing: Mapping[StorageKind, Iterable[torch.Tensor]] | None = None,
         *,
         limit_bytes: int | None = None,
         ignore: Iterable[torch.Tensor] = (),

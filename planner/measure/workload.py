@@ -12,6 +12,8 @@ checking a plan, benchmarks), so that every measurement is of the same step.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 
 from planner.core.errors import ModelFileError, ProfilingError
+from planner.core.records import Phase
 from planner.measure.tracking import iter_tensors
 
 __all__ = [
@@ -47,7 +50,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ModelFile:
-    """The functions a model file provides, checked against the contract."""
+    """The functions a model file provides, checked against the contract.
+
+    ``source`` is what :func:`load_model_file` builds it again from, in another process or
+    from a saved profile: the file's path (the default), or a Hugging Face workload's source
+    string (:mod:`planner.measure.hf`; ``path`` is then its config). ``assumptions``: what
+    the workload itself assumed, one line each, for the profile's assumptions."""
 
     path: Path
     name: str
@@ -56,13 +64,20 @@ class ModelFile:
     training_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None
     loss_fn: Callable[[Any, Any], torch.Tensor] | None
     build_optimizer: Callable[[Any], torch.optim.Optimizer] | None
+    source: str = ""
+    assumptions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            object.__setattr__(self, "source", str(self.path))
 
 
 @dataclass
 class Workload:
     """A live model, its batch and its optimizer on one device (mutable: it trains).
-    ``notes``: what was changed in the model to plan it (its own checkpointing switched off,
-    see :func:`switch_off_own_checkpointing`), one line each."""
+    ``notes``: what the model file assumed (``ModelFile.assumptions``) and what was changed
+    in the model to plan it (its own checkpointing switched off, see
+    :func:`switch_off_own_checkpointing`), one line each."""
 
     model_file: ModelFile
     model: torch.nn.Module
@@ -151,8 +166,65 @@ def _error_location(error: BaseException, path: Path) -> str:
     return str(path)
 
 
+_BATCH_SIZE_QUERY = "?batch_size="
+
+
+def model_file_source(path: str | Path, batch_size: int | None = None) -> str:
+    """The source string of a model file's workload: its path, and with ``batch_size``
+    ``PATH?batch_size=N`` (the file's ``sample_batch(batch_size=N)``), carried wherever a
+    path is (a separate check process, the profile and the plan)."""
+    return str(path) if batch_size is None else f"{path}{_BATCH_SIZE_QUERY}{batch_size}"
+
+
+def _split_source(path: str | Path) -> tuple[str | Path, int | None]:
+    """``PATH?batch_size=N`` -> (PATH, N); anything else -> (path, None). A file whose own
+    name holds the query is read as that file."""
+    text = str(path)
+    base, query, count = text.rpartition(_BATCH_SIZE_QUERY)
+    if not query or Path(text).expanduser().is_file():
+        return path, None
+    if not count.isdigit() or int(count) < 1:
+        raise ModelFileError(f"{text}: the batch size after '?batch_size=' must be a whole number")
+    return base, int(count)
+
+
+def takes_batch_size(sample_batch: Callable[..., Any]) -> bool:
+    """Whether ``sample_batch`` accepts a ``batch_size`` keyword (needed by ``--batch-size``
+    on a model file and by ``ckpt-plan fit``)."""
+    try:
+        parameters = inspect.signature(sample_batch).parameters
+    except (TypeError, ValueError):
+        return False
+    return "batch_size" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+
+
+def with_batch_size(model_file: ModelFile, batch_size: int) -> ModelFile:
+    """The same workload at another batch size: a Hugging Face workload's ``batch_size``, or
+    the model file's ``sample_batch(batch_size=...)``. Raises :class:`ModelFileError` where
+    ``sample_batch`` takes no batch size."""
+    from planner.measure.hf import is_hf_source, parse_hf_source
+
+    if is_hf_source(model_file.source):
+        workload = parse_hf_source(model_file.source)
+        return load_model_file(dataclasses.replace(workload, batch_size=batch_size).source)
+    return load_model_file(model_file_source(model_file.path, batch_size))
+
+
 def load_model_file(path: str | Path) -> ModelFile:
-    """Import the Python file at ``path`` and check it defines the model-file contract."""
+    """Import the Python file at ``path`` and check it defines the model-file contract.
+
+    ``path`` may also be a Hugging Face workload's source string (``hf:CONFIG?...``, see
+    :mod:`planner.measure.hf`), for which the contract is built from the config, or a model
+    file's at a batch size (``PATH?batch_size=N``, :func:`model_file_source`): every stage
+    that carries a model file's path carries that string instead."""
+    from planner.measure.hf import is_hf_source, load_hf_model_file, parse_hf_source
+
+    if is_hf_source(path):
+        assert isinstance(path, str)
+        return load_hf_model_file(parse_hf_source(path))
+    path, batch_size = _split_source(path)
     source = Path(path).expanduser().resolve()
     if not source.is_file():
         raise ModelFileError(f"model file {path} does not exist; pass the path to a .py file")
@@ -202,6 +274,18 @@ def load_model_file(path: str | Path) -> ModelFile:
     )
     if model_file.build_optimizer is not None:
         optimizer_takes_model(model_file)  # a wrong signature fails here, before any work
+    if batch_size is not None:
+        if not takes_batch_size(model_file.sample_batch):
+            raise ModelFileError(
+                f"sample_batch() in {path} takes no batch size: define it as "
+                "sample_batch(batch_size=...) to choose the batch size from the command line"
+            )
+        sample_batch: Callable[..., Any] = model_file.sample_batch
+        model_file = dataclasses.replace(
+            model_file,
+            sample_batch=functools.partial(sample_batch, batch_size=batch_size),
+            source=model_file_source(source, batch_size),
+        )
     return model_file
 
 
@@ -289,7 +373,7 @@ def build_workload(
     model = model.to(target)
     model.train()
     with _user_code("switching off the model's own checkpointing", model_file.path):
-        notes = switch_off_own_checkpointing(model)
+        notes = (*model_file.assumptions, *switch_off_own_checkpointing(model))
     with _user_code("sample_batch()", model_file.path):
         torch.manual_seed(seed + 1)
         batch = _to_device(model_file.sample_batch(), target)
@@ -356,7 +440,7 @@ def run_training_step(
     workload: Workload,
     seed: int | None = None,
     *,
-    phase_ended: Callable[[str], None] | None = None,
+    phase_ended: Callable[[Phase], None] | None = None,
 ) -> torch.Tensor:
     """One steady-state step: zero grads (to None), forward + loss, backward, optimizer step.
     The one training step every stage runs (warm-up, timing, the recorded and the measured
@@ -364,8 +448,8 @@ def run_training_step(
 
     Returns the loss, detached. ``seed`` reseeds the global RNG first so that random ops
     (dropout) draw the same numbers in runs that should be comparable. ``phase_ended`` is
-    called with ``"forward"`` (the loss computed), ``"backward"`` and ``"optimizer"`` as
-    each phase ends. An error in the model's code is a one-line :class:`ProfilingError`.
+    called with each :class:`Phase` as it ends (forward: the loss computed). An error in the
+    model's code is a one-line :class:`ProfilingError`.
     """
     if seed is not None:
         torch.manual_seed(seed)
@@ -373,13 +457,13 @@ def run_training_step(
         workload.optimizer.zero_grad(set_to_none=True)
         loss = compute_loss(workload.model_file, workload.model, workload.batch)
         if phase_ended:
-            phase_ended("forward")
+            phase_ended(Phase.FORWARD)
         loss.backward()
         if phase_ended:
-            phase_ended("backward")
+            phase_ended(Phase.BACKWARD)
         workload.optimizer.step()
         if phase_ended:
-            phase_ended("optimizer")
+            phase_ended(Phase.OPTIMIZER)
     return loss.detach()
 
 

@@ -43,13 +43,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.core.records import STATIC_KINDS, MemoryTimeline
+from planner.core.records import STATIC_KINDS, MemoryTimeline, Phase, parse_unit
 
 __all__ = [
     "CheckpointEffect",
     "MemoryModel",
     "checkpoint_effects",
-    "parse_unit",
     "sequential_segments",
 ]
 
@@ -104,7 +103,7 @@ class _EffectBuilder:
             self.saves.setdefault(saved_tensor.storage, []).append(
                 (saved_tensor.call, saved_tensor.last_unpack_event)
             )
-        self.forward_end = timeline.phase_end_events.get("forward", timeline.event_count - 1)
+        self.forward_end = timeline.phase_end_events.get(Phase.FORWARD, timeline.event_count - 1)
 
     def span(self, first: int, last: int, name: str) -> CheckpointEffect:
         """The effect of checkpointing calls ``first..last`` (consecutive siblings) as one
@@ -232,13 +231,6 @@ def sequential_segments(child_count: int, segments: int) -> list[tuple[int, int]
     if size < 1:
         return []
     return [(start, start + size - 1) for start in range(0, size * (segments - 1), size)]
-
-
-def parse_unit(unit: str) -> tuple[str, int | None]:
-    """``"blocks"`` -> ("blocks", None); ``"blocks#3"`` -> ("blocks", 3): checkpoint_sequential
-    over the children of ``blocks`` in 3 segments."""
-    name, _, segments = unit.partition("#")
-    return name, int(segments) if segments else None
 
 
 class MemoryModel:

@@ -16,6 +16,7 @@ from typing import Any
 
 from planner.core.errors import PlanFileError
 from planner.core.fileio import atomic_write_text
+from planner.core.records import unit_name
 
 __all__ = [
     "PLAN_SCHEMA_VERSION",
@@ -74,7 +75,10 @@ class Plan:
     device that is not here (``target``) stays unchecked until ``ckpt-plan verify`` runs
     it there. ``memory_source`` and ``cost_source`` say how the profile's figures were
     obtained (``fake`` or ``real`` memory; ``measured`` or ``roofline`` times), and
-    ``assumptions`` what the profile assumed about the device.
+    ``assumptions`` what the profile assumed about the device. ``model_file`` is the
+    profile's: the model file's path, or a Hugging Face workload's source
+    (``hf:CONFIG?batch_size=...``), which ``ckpt-plan verify PLAN`` rebuilds; None in plans
+    written before it was recorded.
     """
 
     budget_bytes: int
@@ -99,6 +103,7 @@ class Plan:
     target: str | None = None
     checked: bool = False
     assumptions: tuple[str, ...] = field(default_factory=tuple)
+    model_file: str | None = None
 
     @property
     def module_names(self) -> tuple[str, ...]:
@@ -109,7 +114,7 @@ class Plan:
         """The plan as the memory model reads it: module names, and ``"name#k"`` for
         ``checkpoint_sequential`` over ``name``'s children in ``k`` segments."""
         return tuple(
-            f"{d.module_name}#{d.segments}"
+            unit_name(d.module_name, d.segments)
             if d.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL
             else d.module_name
             for d in self.modules
@@ -202,6 +207,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "memory_source": (str,),
     "cost_source": (str,),
     "checked": (bool,),
+    "model_file": (str, type(None)),
 }
 
 _REQUIRED_PLAN_FIELDS = frozenset(

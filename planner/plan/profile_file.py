@@ -20,8 +20,10 @@ from planner.core.records import (
     ModuleCall,
     ModuleProfile,
     OpCost,
+    Phase,
     Profile,
     SavedTensor,
+    StorageKind,
     StorageLifetime,
 )
 
@@ -76,6 +78,10 @@ def save_profile_table(profile: Profile, path: str | Path) -> Path:
     return target
 
 
+def _storage(values: dict[str, Any]) -> StorageLifetime:
+    return StorageLifetime(**{**values, "kind": StorageKind(values["kind"])})
+
+
 def _tuple_if_list(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
@@ -106,7 +112,7 @@ def load_profile(path: str | Path) -> Profile:
         timeline = MemoryTimeline(
             event_count=int(raw["event_count"]),
             storages=tuple(
-                StorageLifetime(**dict(zip(columns, row, strict=True))) for row in raw["storages"]
+                _storage(dict(zip(columns, row, strict=True))) for row in raw["storages"]
             ),
             calls=tuple(
                 ModuleCall(**{k: _tuple_if_list(v) for k, v in call.items()})
@@ -116,7 +122,7 @@ def load_profile(path: str | Path) -> Profile:
                 SavedTensor(**dict(zip(raw["saved_tensor_columns"], row, strict=True)))
                 for row in raw.get("saved_tensors", ())
             ),
-            phase_end_events={k: int(v) for k, v in raw["phase_end_events"].items()},
+            phase_end_events={Phase(k): int(v) for k, v in raw["phase_end_events"].items()},
             op_costs=tuple(
                 OpCost(**dict(zip(raw["op_cost_columns"], row, strict=True)))
                 for row in raw.get("op_costs", ())

@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from planner.core.records import Profile
+from planner.core.records import Phase, Profile
 from planner.core.units import format_bytes
 from planner.plan.memory_model import MemoryModel
 from planner.plan.plan_file import Plan
@@ -180,7 +180,7 @@ def module_figure(
     data = module_frame(profile, plan, group_above=group_above)
     total_rows, module_count = len(data), int(data["count"].sum())
     if total_rows > max_rows:
-        weight = data["saved_bytes_mean"] * data["count"] + np.where(
+        weight = data["freed_bytes_mean"] * data["count"] + np.where(
             data["chosen_count"] > 0, np.inf, 0.0
         )
         data = data.loc[sorted(weight.nlargest(max_rows).index)]
@@ -189,7 +189,7 @@ def module_figure(
     counts = data["count"].to_numpy()
     row_inches = 0.45 if (counts > 1).any() else 0.3  # grouped rows have two label lines
     figure = Figure(figsize=(11, 2.3 + row_inches * max(rows, 3)), layout="constrained")
-    saved_axes, time_axes = figure.subplots(1, 2, sharey=True)
+    freed_axes, time_axes = figure.subplots(1, 2, sharey=True)
     positions = np.arange(rows)
     chosen_counts = data["chosen_count"].to_numpy()
     covered_counts = data["covered_count"].to_numpy()
@@ -220,10 +220,10 @@ def module_figure(
         axes.grid(axis="x", alpha=0.3)
 
     bars(
-        saved_axes,
-        data["saved_bytes_mean"].to_numpy() / unit_bytes,
-        data["saved_bytes_min"].to_numpy() / unit_bytes,
-        data["saved_bytes_max"].to_numpy() / unit_bytes,
+        freed_axes,
+        data["freed_bytes_mean"].to_numpy() / unit_bytes,
+        data["freed_bytes_min"].to_numpy() / unit_bytes,
+        data["freed_bytes_max"].to_numpy() / unit_bytes,
     )
     bars(
         time_axes,
@@ -231,10 +231,10 @@ def module_figure(
         data["recompute_ms_min"].to_numpy(),
         data["recompute_ms_max"].to_numpy(),
     )
-    saved_axes.set_yticks(positions, [_module_row_label(row) for row in data.itertuples()])
-    saved_axes.tick_params(axis="y", labelsize=8)
-    saved_axes.invert_yaxis()
-    saved_axes.set_xlabel(f"memory freed by checkpointing ({unit} per module)")
+    freed_axes.set_yticks(positions, [_module_row_label(row) for row in data.itertuples()])
+    freed_axes.tick_params(axis="y", labelsize=8)
+    freed_axes.invert_yaxis()
+    freed_axes.set_xlabel(f"memory freed by checkpointing ({unit} per module)")
     time_axes.set_xlabel("recompute time (ms per module: its forward)")
     handles = [Patch(color=CHOSEN_COLOR, label="checkpointed by the plan")]
     if covered_counts.any():
@@ -313,7 +313,10 @@ def memory_timeline_figure(
     )
     axes.set_ylim(bottom=0)
     phases = profile.timeline.phase_end_events
-    for phase, label in (("forward", "forward | backward"), ("backward", "backward | optimizer")):
+    for phase, label in (
+        (Phase.FORWARD, "forward | backward"),
+        (Phase.BACKWARD, "backward | optimizer"),
+    ):
         if phase in phases:
             axes.axvline(phases[phase] + 1, color="black", linewidth=0.8)
             axes.annotate(

@@ -175,7 +175,7 @@ def module_frame(profile: Profile, plan: Plan, *, group_above: int = 24) -> pd.D
     ``chosen_count`` (of them, those the plan wraps), ``chosen_indices`` (their numeric
     name parts, e.g. ``"0-11, 14"``; empty when none or when the row is one module),
     ``covered_count`` (not wrapped themselves but recomputed inside a wrapped module),
-    ``saved_bytes_mean``/``_min``/``_max`` (``checkpoint_saving_bytes``: what wrapping one
+    ``freed_bytes_mean``/``_min``/``_max`` (``checkpoint_saving_bytes``: what wrapping one
     module frees between its forward and its backward) and ``recompute_ms_mean``/``_min``/
     ``_max`` (its profiled forward time, what recomputation costs).
     """
@@ -191,7 +191,7 @@ def module_frame(profile: Profile, plan: Plan, *, group_above: int = 24) -> pd.D
         groups.setdefault((pattern, record.module_type), []).append(record)
     rows = []
     for (pattern, module_type), members in groups.items():
-        saved = np.array([member.checkpoint_saving_bytes for member in members], dtype=float)
+        freed = np.array([member.checkpoint_saving_bytes for member in members], dtype=float)
         recompute = np.array([member.forward_ms for member in members], dtype=float)
         chosen_names = [member.module_name for member in members if member.module_name in chosen]
         rows.append(
@@ -210,9 +210,9 @@ def module_frame(profile: Profile, plan: Plan, *, group_above: int = 24) -> pd.D
                     )
                     for member in members
                 ),
-                "saved_bytes_mean": saved.mean(),
-                "saved_bytes_min": int(saved.min()),
-                "saved_bytes_max": int(saved.max()),
+                "freed_bytes_mean": freed.mean(),
+                "freed_bytes_min": int(freed.min()),
+                "freed_bytes_max": int(freed.max()),
                 "recompute_ms_mean": recompute.mean(),
                 "recompute_ms_min": recompute.min(),
                 "recompute_ms_max": recompute.max(),
@@ -229,9 +229,9 @@ _MODULE_COLUMNS = [
     "chosen_count",
     "chosen_indices",
     "covered_count",
-    "saved_bytes_mean",
-    "saved_bytes_min",
-    "saved_bytes_max",
+    "freed_bytes_mean",
+    "freed_bytes_min",
+    "freed_bytes_max",
     "recompute_ms_mean",
     "recompute_ms_min",
     "recompute_ms_max",

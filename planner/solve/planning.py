@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from planner.core.records import Profile
-from planner.plan.memory_model import MemoryModel, parse_unit, sequential_segments
+from planner.core.records import Profile, parse_unit, unit_name
+from planner.plan.memory_model import MemoryModel, sequential_segments
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan
 from planner.solve import Solution, Solver
 
@@ -127,6 +127,7 @@ def build_plan(
         cost_source=profile.cost_source.value,
         target=profile.target,
         assumptions=profile.assumptions,
+        model_file=profile.model_file,
     )
 
 
@@ -206,7 +207,7 @@ def baseline_plans(profile: Profile, budget_bytes: int = 0, *, every: int = 2) -
         segments = max(2, round(len(profile.block_names) ** 0.5))
         plans["sqrt-n-segments"] = build_plan(
             profile,
-            [f"{container}#{segments}"],
+            [unit_name(container, segments)],
             budget_bytes,
             strategy="sqrt-n-segments",
             memory=memory,

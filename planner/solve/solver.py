@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from planner.core.errors import InfeasibleBudgetError
-from planner.core.records import Profile
+from planner.core.records import Phase, Profile
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.plan.memory_model import MemoryModel
 from planner.solve.exhaustive import branch_and_bound
@@ -102,7 +102,7 @@ class Solver:
         )
         curve = self.memory.memory_curve(names)
         phases = self.memory.timeline.phase_end_events
-        backward_end = phases.get("backward")
+        backward_end = phases.get(Phase.BACKWARD)
         if backward_end is None or len(curve) <= backward_end + 1:
             return static
         optimizer_peak = int(curve[backward_end + 1 :].max(initial=0))

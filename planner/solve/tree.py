@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from planner.core.records import Profile
+from planner.core.records import Profile, unit_name
 from planner.plan.memory_model import MemoryModel, sequential_segments
 
 __all__ = ["UnitTree", "is_ancestor", "tree_key"]
@@ -128,5 +128,5 @@ def _sequential_units(profile: Profile, memory: MemoryModel, name: str) -> list[
             continue
         seen.add(spans)
         cost = sum(children[i].forward_ms for first, last in spans for i in range(first, last + 1))
-        units.append((f"{name}#{segments}", cost))
+        units.append((unit_name(name, segments), cost))
     return units

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.core.records import Phase
 from planner.solve.rows import MemoryRows, PlanPeaks
 from planner.solve.tree import UnitTree, tree_key
 
@@ -140,7 +141,7 @@ class TreeDP:
         ).reshape(self.states, len(self.classes))
         self.helper_keys = rows.helpers
         # w: each unit's change at the end of the forward pass.
-        forward_end = memory.timeline.phase_end_events.get("forward")
+        forward_end = memory.timeline.phase_end_events.get(Phase.FORWARD)
         point = forward_end + 1 if forward_end is not None else int(rows.base.argmax())
         self.w = np.zeros(count)
         for column, value in rows.delta_at(point).items():

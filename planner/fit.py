@@ -1,0 +1,218 @@
+"""``ckpt-plan fit``: the largest batch size for which some plan fits a budget, and the
+batch size with the highest predicted throughput among those that fit.
+
+How it searches
+---------------
+Whether *any* plan fits a batch size is a memory question: the solver's lowest predicted
+peak (every useful module checkpointed, :meth:`Solver.lowest_peak`) must be within the
+budget. That needs only the memory half of a profile, recorded on fake tensors (no storage,
+so a batch that would never fit costs nothing to try). The search doubles the batch size
+from 1 while it fits, then bisects between the last size that fits and the first that does
+not, so the answer ``largest`` comes with its neighbour ``largest + 1`` shown not to fit
+(unless ``max_batch_size`` stopped the search first).
+
+Which batch is fastest
+----------------------
+A bigger batch with more recomputation is often faster per sample. For the sizes that fit
+among those tried (the powers of two from ``largest / 8`` up, and ``largest``), the step is
+timed here (in steps
+that fit the budget, as ``profile`` times it) or estimated for a ``--target`` device
+(roofline), the cheapest plan at the budget is solved, and the predicted samples per second
+is ``batch_size / (step + recomputation)``.
+
+The plan returned is the one for ``largest``, checked by running it (as ``profile`` checks
+its plan) unless it is made for a target device that is not here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from planner.core.errors import InfeasibleBudgetError
+from planner.core.records import MemorySource, Profile
+from planner.core.units import format_bytes
+from planner.measure.profiler import ProgressCallback
+from planner.measure.workload import ModelFile, with_batch_size
+from planner.pipeline import (
+    PlanningResult,
+    measure_profile_costs,
+    plan_checked,
+    record_step_memory,
+)
+from planner.plan.targets import DeviceSpec, check_budget_fits, roofline_costs
+from planner.solve import Solver
+from planner.solve.planning import plan_for_budget
+
+__all__ = ["FitPoint", "FitResult", "fit_batch_size"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FitPoint:
+    """One batch size tried. ``lowest_peak_bytes``: the smallest budget any plan fits
+    (predicted); ``unplanned_peak_bytes``: the peak without checkpointing. For sizes that
+    fit and were timed: ``step_ms`` (the unplanned step), ``recompute_ms`` (what the
+    cheapest plan at the budget adds) and ``plan_modules`` (how many modules it wraps)."""
+
+    batch_size: int
+    lowest_peak_bytes: int
+    unplanned_peak_bytes: int
+    step_ms: float | None = None
+    recompute_ms: float | None = None
+    plan_modules: int | None = None
+
+    @property
+    def samples_per_second(self) -> float | None:
+        if self.step_ms is None or self.recompute_ms is None:
+            return None
+        return self.batch_size * 1000.0 / (self.step_ms + self.recompute_ms)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """The search's outcome: every size tried (ascending), the largest that fits, the
+    fastest among the timed ones, and the plan for the largest (a :class:`PlanningResult`,
+    checked where it was run). ``capped``: the search stopped at ``max_batch_size`` with
+    that size still fitting."""
+
+    budget_bytes: int
+    points: tuple[FitPoint, ...]
+    largest: int
+    fastest: int
+    capped: bool
+    planned: PlanningResult
+    source: str
+
+    def point(self, batch_size: int) -> FitPoint:
+        return next(point for point in self.points if point.batch_size == batch_size)
+
+
+def fit_batch_size(
+    model_file: ModelFile,
+    budget_bytes: int,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    target: DeviceSpec | None = None,
+    max_batch_size: int = 1 << 16,
+    timing_steps: int = 3,
+    check: bool = True,
+    progress: ProgressCallback | None = None,
+) -> FitResult:
+    """Search the batch size (see the module docstring). Raises
+    :class:`InfeasibleBudgetError` where not even batch size 1 fits (with the smallest
+    budget that does), and :class:`~planner.core.errors.ModelFileError` where the model
+    file's ``sample_batch`` takes no ``batch_size``. ``timing_steps``: real steps timed per
+    batch size (the median is kept)."""
+    if target is not None:
+        check_budget_fits(target, budget_bytes)
+        device = target.device_type
+    memory: dict[int, tuple[ModelFile, Profile, int]] = {}
+
+    def fits(batch_size: int) -> bool:
+        if batch_size not in memory:
+            if progress:
+                progress(f"batch size {batch_size}: recording the step on fake tensors", 0, 0)
+            sized = with_batch_size(model_file, batch_size)
+            profile = record_step_memory(
+                sized,
+                device=device,
+                seed=seed,
+                memory=MemorySource.FAKE,
+                budget_bytes=budget_bytes,
+                target=target,
+                progress=None,
+            )
+            lowest = Solver(profile).lowest_peak()[1]
+            memory[batch_size] = (sized, profile, lowest)
+            logger.info(
+                "batch size %d: lowest peak %s, unplanned %s",
+                batch_size,
+                format_bytes(lowest),
+                format_bytes(profile.measured_peak_bytes),
+            )
+        return memory[batch_size][2] <= budget_bytes
+
+    if not fits(1):
+        lowest = memory[1][2]
+        raise InfeasibleBudgetError(
+            f"no batch size fits {format_bytes(budget_bytes)}: even batch size 1 needs "
+            f"{format_bytes(lowest)} with every useful module checkpointed; use a budget of "
+            f"at least {format_bytes(lowest)}",
+            budget_bytes=budget_bytes,
+            min_budget_bytes=lowest,
+        )
+    fitting, failing = 1, None
+    while failing is None and fitting < max_batch_size:
+        size = min(2 * fitting, max_batch_size)
+        if fits(size):
+            fitting = size
+        else:
+            failing = size
+    if failing is not None:
+        while failing - fitting > 1:
+            middle = (fitting + failing) // 2
+            if fits(middle):
+                fitting = middle
+            else:
+                failing = middle
+    largest = fitting
+
+    # Throughput is timed for the powers of two from largest / 8 up, and largest: smaller
+    # batches rarely win, and each timing runs real steps.
+    timed_sizes = sorted(
+        {size for size in memory if size & (size - 1) == 0 and 8 * size >= largest and fits(size)}
+        | {largest}
+    )
+    points: dict[int, FitPoint] = {
+        size: FitPoint(size, lowest, profile.measured_peak_bytes)
+        for size, (_, profile, lowest) in memory.items()
+    }
+    timed: dict[int, Profile] = {}
+    for index, size in enumerate(timed_sizes):
+        if progress:
+            progress(f"timing batch size {size}", index, len(timed_sizes))
+        sized, profile, lowest = memory[size]
+        if target is not None:
+            costed = roofline_costs(profile, target)
+        else:
+            costed = measure_profile_costs(
+                sized,
+                profile,
+                device=device,
+                seed=seed,
+                budget_bytes=budget_bytes,
+                timing_steps=timing_steps,
+            )
+        plan, _ = plan_for_budget(costed, budget_bytes)
+        timed[size] = costed
+        points[size] = FitPoint(
+            size,
+            lowest,
+            profile.measured_peak_bytes,
+            step_ms=costed.step_ms,
+            recompute_ms=plan.recompute_ms,
+            plan_modules=len(plan.modules),
+        )
+    fastest = max(timed_sizes, key=lambda size: points[size].samples_per_second or 0.0)
+
+    sized = memory[largest][0]
+    planned = plan_checked(
+        timed[largest],
+        budget_bytes,
+        model_path=sized.source if check and target is None else None,
+        device=device,
+        seed=seed,
+        progress=progress,
+    )
+    return FitResult(
+        budget_bytes=budget_bytes,
+        points=tuple(points[size] for size in sorted(points)),
+        largest=largest,
+        fastest=fastest,
+        capped=failing is None,
+        planned=planned,
+        source=sized.source,
+    )

@@ -1,0 +1,110 @@
+"""``ckpt-plan fit``: the largest batch size that fits a budget under some plan, checked by
+running its plan, with the next size shown not to fit by the solver's lowest peak."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from planner.core.errors import InfeasibleBudgetError, ModelFileError
+from planner.fit import fit_batch_size
+from planner.measure.workload import load_model_file, with_batch_size
+from planner.plan.plan_file import load_plan
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MIB = 2**20
+
+
+def _assert_largest(result, budget_bytes: int) -> None:  # type: ignore[no-untyped-def]
+    """The answer fits when measured, and the next size does not fit under any plan."""
+    largest = result.point(result.largest)
+    assert largest.lowest_peak_bytes <= budget_bytes
+    assert result.point(result.largest + 1).lowest_peak_bytes > budget_bytes
+    check = result.planned.check
+    assert check is not None and check.training_unchanged
+    assert result.planned.plan.checked
+    assert result.planned.plan.measured_peak_bytes <= budget_bytes
+    assert result.planned.plan.batch == result.planned.profile.batch
+    sizes = [point.batch_size for point in result.points]
+    assert sizes == sorted(sizes)
+    fitting = [p for p in result.points if p.lowest_peak_bytes <= budget_bytes]
+    assert max(p.batch_size for p in fitting) == result.largest
+    # Peaks grow with the batch: the search's premise.
+    lowest = [p.lowest_peak_bytes for p in result.points]
+    assert lowest == sorted(lowest)
+    timed = [p for p in result.points if p.samples_per_second is not None]
+    assert result.largest in [p.batch_size for p in timed]
+    assert result.point(result.fastest).samples_per_second == max(
+        p.samples_per_second or 0.0 for p in timed
+    )
+
+
+def test_fit_on_the_gpt_example() -> None:
+    budget = 30 * MIB
+    result = fit_batch_size(load_model_file(EXAMPLES / "gpt.py"), budget, timing_steps=1)
+    _assert_largest(result, budget)
+    assert result.largest > 1 and not result.capped
+    assert result.source.endswith(f"gpt.py?batch_size={result.largest}")
+    assert result.planned.profile.batch["input_ids"]["shape"][0] == result.largest  # type: ignore[index]
+
+
+def test_fit_on_the_hf_llama_example() -> None:
+    pytest.importorskip("transformers")
+    budget = 24 * MIB
+    result = fit_batch_size(load_model_file(EXAMPLES / "hf_llama.py"), budget, timing_steps=1)
+    _assert_largest(result, budget)
+
+
+def test_a_budget_below_batch_size_one_names_the_smallest_that_fits() -> None:
+    model_file = load_model_file(EXAMPLES / "mlp.py")
+    with pytest.raises(InfeasibleBudgetError, match="even batch size 1 needs") as raised:
+        fit_batch_size(model_file, 1 * MIB, check=False)
+    assert raised.value.min_budget_bytes > 1 * MIB
+
+
+def test_a_model_file_without_a_batch_size_is_told_how_to_add_one(tmp_path: Path) -> None:
+    source = (EXAMPLES / "mlp.py").read_text()
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(
+        source.replace("def sample_batch(batch_size=BATCH_SIZE):", "def sample_batch():")
+        .replace("(batch_size,", "(BATCH_SIZE,")
+        .replace("(batch_size, ", "(BATCH_SIZE, ")
+    )
+    with pytest.raises(ModelFileError, match=r"sample_batch\(batch_size=\.\.\.\)"):
+        with_batch_size(load_model_file(fixed), 4)
+    result = CliRunner().invoke(app, ["fit", str(fixed), "--budget", "64MiB"])
+    assert result.exit_code != 0
+    assert "sample_batch(batch_size=...)" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_batch_size_travels_with_the_model_file(tmp_path: Path) -> None:
+    """``PATH?batch_size=N`` is what the check process and the plan carry."""
+    sized = with_batch_size(load_model_file(EXAMPLES / "mlp.py"), 3)
+    again = load_model_file(sized.source)
+    assert again.source == sized.source
+    x, y = again.sample_batch()
+    assert x.shape[0] == 3 and y.shape[0] == 3
+    result = CliRunner().invoke(
+        app, ["profile", str(EXAMPLES / "mlp.py"), "--batch-size", "0", "--budget", "1GiB"]
+    )
+    assert result.exit_code == 2
+
+
+def test_fit_cli_writes_the_plan_for_the_largest(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        app, ["fit", str(EXAMPLES / "functional_blocks.py"), "--budget", "6MiB"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "largest batch size that fits 6.00 MiB:" in result.output
+    assert "fastest: batch size" in result.output
+    written = list((tmp_path / "profiles" / "functional_blocks").glob("plan-batch*.json"))
+    assert len(written) == 1
+    plan = load_plan(written[0])
+    assert plan.checked and plan.measured_peak_bytes is not None
+    assert plan.measured_peak_bytes <= 6 * MIB
+    assert plan.model_file is not None and "?batch_size=" in plan.model_file

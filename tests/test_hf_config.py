@@ -1,0 +1,293 @@
+"""`--hf CONFIG`: plan a Hugging Face model from its config.json, with no model file.
+
+End to end through the CLI on tiny GPT-2 and Llama configs (profile, plan, the check in a
+separate process, solve and verify rebuilding the same workload from what the profile and
+plan record), and every bad input: one line, the README's exit code, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+pytest.importorskip("transformers")
+
+from cli.main import app
+from planner.core.errors import ModelFileError
+from planner.measure.fake import build_fake_workload
+from planner.measure.hf import (
+    HfWorkload,
+    hf_workload,
+    is_hf_source,
+    load_hf_model_file,
+    parse_hf_source,
+)
+from planner.measure.profiler import record_memory
+from planner.measure.workload import build_workload, load_model_file, run_training_step
+from planner.plan.plan_file import Plan, load_plan, plan_to_dict
+from planner.plan.profile_file import load_profile
+from planner.solve.planning import baseline_every_block
+
+pytestmark = pytest.mark.hf
+
+CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "configs"
+TINY_GPT2 = {
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_embd": 32,
+    "n_head": 2,
+    "n_layer": 2,
+    "n_positions": 64,
+    "vocab_size": 256,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 88,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 64,
+    "vocab_size": 256,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty folder as the working directory: default outputs land there."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _write(path: Path, config: dict[str, object]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def _files(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def _error_line(result, *fragments: str) -> str:  # type: ignore[no-untyped-def]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _mid_budget(source: str) -> int:
+    """Halfway between every block checkpointed and no checkpointing, from a fake step."""
+    workload, session = build_fake_workload(load_model_file(source))
+    profile = record_memory(workload, session=session)
+    low = baseline_every_block(profile).predicted_peak_bytes
+    assert low < profile.measured_peak_bytes
+    return (low + profile.measured_peak_bytes) // 2
+
+
+# -- the workload -----------------------------------------------------------------------------
+def test_a_workload_travels_as_one_string_and_builds_the_same_step(tmp_path: Path) -> None:
+    config = _write(tmp_path / "tiny-llama" / "config.json", TINY_LLAMA)
+    workload = hf_workload(config.parent, batch_size=2, seq_len=16)
+    # A folder means its config.json; the dtype is the config's; the name is the folder's.
+    assert workload == HfWorkload(config.resolve(), 2, 16, "bfloat16")
+    assert workload.name == "tiny-llama"
+    assert is_hf_source(workload.source) and parse_hf_source(workload.source) == workload
+    model_file = load_model_file(workload.source)
+    assert model_file.source == workload.source and model_file.name == "tiny-llama"
+    losses = []
+    for _ in range(2):
+        built = build_workload(model_file, seed=0)
+        assert type(built.model).__name__ == "LlamaForCausalLM"
+        assert {p.dtype for p in built.model.parameters()} == {torch.bfloat16}
+        assert not built.model.config.use_cache
+        assert {k: tuple(v.shape) for k, v in built.batch.items()} == {
+            "input_ids": (2, 16),
+            "attention_mask": (2, 16),
+            "labels": (2, 16),
+        }
+        assert int(built.batch["input_ids"].max()) < TINY_LLAMA["vocab_size"]
+        assert built.notes and "synthetic batch of 2 x 16" in built.notes[0]
+        losses.append(run_training_step(built, seed=0))
+    assert losses[0].equal(losses[1])  # seeded: the same weights, batch and loss
+
+
+@pytest.mark.parametrize(
+    ("name", "model_class", "dtype"),
+    [
+        ("gpt2.json", "GPT2LMHeadModel", "float32"),
+        ("llama-3-8b.json", "LlamaForCausalLM", "bfloat16"),
+        ("mistral-7b.json", "MistralForCausalLM", "bfloat16"),
+        ("tiny-llama.json", "LlamaForCausalLM", "float32"),
+    ],
+)
+def test_the_shipped_configs_name_classes_transformers_builds(
+    name: str, model_class: str, dtype: str
+) -> None:
+    model_file = load_hf_model_file(hf_workload(CONFIGS / name, 1, 256))
+    assert model_file.name == name.removesuffix(".json")
+    assert parse_hf_source(model_file.source).dtype == dtype  # the config's own
+    assert model_file.assumptions[0].startswith(f"Hugging Face {model_class} from ")
+
+
+# -- end to end through the CLI -------------------------------------------------------------
+def test_profile_a_tiny_gpt2_config_then_verify_it_with_hf(workdir: Path) -> None:
+    folder = _write(workdir / "gpt2-tiny" / "config.json", TINY_GPT2).parent
+    shape = ["--batch-size", "2", "--seq-len", "32"]
+    source = hf_workload(folder, 2, 32).source
+    budget = _mid_budget(source)
+    runner = CliRunner()
+    result = runner.invoke(app, ["profile", "--hf", str(folder), *shape, "--budget", str(budget)])
+    assert result.exit_code == 0, result.output
+    plan = load_plan(workdir / "profiles" / "gpt2-tiny" / "plan.json")
+    assert plan.modules and plan.checked
+    assert plan.measured_peak_bytes is not None
+    assert plan.measured_peak_bytes <= plan.budget_bytes == budget < plan.baseline_peak_bytes
+    assert plan.model_file == source and plan.model_name == "gpt2-tiny"
+    assert set(plan.batch) == {"input_ids", "attention_mask", "labels"}
+    assert plan.batch["input_ids"] == {"shape": [2, 32], "dtype": "int64"}
+    assert any("GPT2LMHeadModel" in line for line in plan.assumptions)
+    assert load_profile(workdir / "profiles" / "gpt2-tiny" / "profile.json").model_file == source
+    # verify takes the config again; the batch shape and dtype default to the plan's.
+    plan_path = str(workdir / "profiles" / "gpt2-tiny" / "plan.json")
+    verified = runner.invoke(app, ["verify", "--hf", str(folder), plan_path])
+    assert verified.exit_code == 0, verified.output
+    assert "verified: the plan fits its budget" in verified.stdout
+    assert "warning" not in verified.stderr
+
+
+def test_a_tiny_llama_config_too_small_a_budget_then_solve_and_verify(workdir: Path) -> None:
+    """An infeasible budget keeps the profile and prints a `solve` command naming the same
+    workload; that command times it, plans and checks; `verify PLAN` rebuilds it from the
+    plan alone."""
+    config = _write(workdir / "tiny-llama.json", TINY_LLAMA)
+    shape = ["--batch-size", "2", "--seq-len", "32"]
+    runner = CliRunner()
+    result = runner.invoke(app, ["profile", "--hf", str(config), *shape, "--budget", "300000"])
+    assert result.exit_code == 3, result.output
+    hint = next(line for line in result.stdout.splitlines() if "ckpt-plan solve" in line)
+    command = shlex.split(hint.split("ckpt-plan ", 1)[1])
+    assert command[command.index("--hf") :] == [
+        "--hf",
+        str(config.resolve()),
+        *shape,
+        "--dtype",
+        "bfloat16",
+    ]
+    budget = _mid_budget(hf_workload(config, 2, 32).source)
+    command[command.index("--budget") + 1] = str(budget)
+    solved = runner.invoke(app, command)
+    assert solved.exit_code == 0, solved.output
+    plan_path = workdir / "profiles" / "tiny-llama" / "plan.json"
+    plan = load_plan(plan_path)
+    assert plan.modules and plan.checked
+    assert plan.measured_peak_bytes is not None and plan.measured_peak_bytes <= budget
+    assert plan.fingerprint["parameters"]
+    verified = runner.invoke(app, ["verify", str(plan_path)])
+    assert verified.exit_code == 0, verified.output
+    assert "verified" in verified.stdout
+
+
+# -- bad inputs -------------------------------------------------------------------------------
+PROFILE = ["profile", "--budget", "1GB"]
+SHAPE = ["--batch-size", "1", "--seq-len", "8"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "fragments"),
+    [
+        (
+            ["--hf", "missing.json", *SHAPE],
+            ["missing.json does not exist", "nothing is downloaded"],
+        ),
+        (["--hf", "empty-folder", *SHAPE], ["holds no config.json"]),
+        (["--hf", "no-type.json", *SHAPE], ['no "model_type"', '"model_type": "llama"']),
+        (["--hf", "unknown.json", *SHAPE], ["does not know model_type 'not-a-model'"]),
+        (["--hf", "not-json.json", *SHAPE], ["not a readable JSON config"]),
+        (["--hf", "vit.json", *SHAPE], ["no causal language model", "write a model file"]),
+        (["--hf", "gpt2.json", "--batch-size", "1", "--seq-len", "65"], ["--seq-len 64 or less"]),
+    ],
+)
+def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
+    workdir: Path, arguments: list[str], fragments: list[str]
+) -> None:
+    (workdir / "empty-folder").mkdir()
+    _write(workdir / "no-type.json", {k: v for k, v in TINY_LLAMA.items() if k != "model_type"})
+    _write(workdir / "unknown.json", {**TINY_LLAMA, "model_type": "not-a-model"})
+    (workdir / "not-json.json").write_text("{", encoding="utf-8")
+    _write(workdir / "vit.json", {"model_type": "vit", "hidden_size": 32, "num_attention_heads": 2})
+    _write(workdir / "gpt2.json", TINY_GPT2)
+    before = _files(workdir)
+    result = CliRunner().invoke(app, [*PROFILE, *arguments])
+    assert result.exit_code == 4, result.output
+    _error_line(result, *fragments)
+    assert _files(workdir) == before
+
+
+@pytest.mark.parametrize(
+    ("arguments", "fragment"),
+    [
+        (["model.py", "--hf", "tiny.json", *SHAPE], "either MODEL.py or --hf CONFIG, not both"),
+        ([], "pass a model file (MODEL.py) or --hf CONFIG"),
+        (["--hf", "tiny.json", "--seq-len", "8"], "--hf needs --batch-size and --seq-len"),
+        (["model.py", *SHAPE], "go with --hf CONFIG"),
+    ],
+)
+def test_model_file_and_hf_are_exclusive_and_one_is_required(
+    workdir: Path, arguments: list[str], fragment: str
+) -> None:
+    (workdir / "model.py").write_text("def build_model(): ...\n", encoding="utf-8")
+    _write(workdir / "tiny.json", TINY_LLAMA)
+    before = _files(workdir)
+    result = CliRunner().invoke(app, [*PROFILE, *arguments])
+    assert result.exit_code == 2, result.output
+    _error_line(result, fragment)
+    assert _files(workdir) == before
+
+
+@pytest.mark.parametrize("arguments", [[], ["model.py"]])
+def test_verify_without_a_plan_is_a_usage_error(workdir: Path, arguments: list[str]) -> None:
+    result = CliRunner().invoke(app, ["verify", *arguments])
+    assert result.exit_code == 2, result.output
+    _error_line(result, "pass the plan: ckpt-plan verify [MODEL.py] PLAN")
+
+
+def test_a_plan_from_before_the_model_file_was_recorded_asks_for_it(workdir: Path) -> None:
+    old = Plan(
+        budget_bytes=10**6,
+        predicted_peak_bytes=10**6,
+        baseline_peak_bytes=10**6,
+        predicted_overhead=0.0,
+        recompute_ms=0.0,
+        step_ms=1.0,
+        static_bytes=0,
+        modules=(),
+        fingerprint={},
+        batch={},
+        device="cpu",
+        torch_version="2.13",
+        model_name="old",
+    )
+    data = plan_to_dict(old)
+    del data["model_file"]  # as plans were written before the field
+    (workdir / "plan.json").write_text(json.dumps(data), encoding="utf-8")
+    result = CliRunner().invoke(app, ["verify", "plan.json"])
+    assert result.exit_code == 4, result.output
+    _error_line(result, "does not record its model file", "ckpt-plan verify MODEL.py PLAN")
+
+
+def test_a_bad_source_string_is_a_model_file_error() -> None:
+    with pytest.raises(ModelFileError, match="not a Hugging Face workload source"):
+        load_model_file("hf:/some/config.json?batch_size=two")
