@@ -4,6 +4,9 @@
 # the package pulls no torch build of its own, so no CUDA wheels are downloaded on a machine
 # without a GPU. Where the pinned version is not available as a CPU wheel from your package
 # index, pass extra pip arguments, e.g. `make demo TORCH_PIP_ARGS="--index-url <cpu index>"`.
+# The rest is installed under a constraint holding torch at TORCH_SPEC, so that no
+# dependency (lightning, accelerate, peft in the dev extras) can upgrade or replace it: pip
+# picks versions that work with it, or stops with an error.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,6 +14,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.installed
+CONSTRAINTS := $(VENV)/torch-constraint.txt
 
 .PHONY: setup demo test lint typecheck pytest bench clean
 
@@ -19,7 +23,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	echo "$(TORCH_SPEC)" > $(CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[dev]"
 	@$(BIN)/python -c "import importlib.metadata as m, torch; \
 	cuda = sorted(d.metadata['Name'] for d in m.distributions() if (d.metadata['Name'] or '').startswith('nvidia')); \
 	print('torch', torch.__version__, '| CUDA available:', torch.cuda.is_available(), '| CUDA packages:', cuda or 'none')"

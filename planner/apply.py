@@ -13,6 +13,14 @@ Design notes
   modules already wrapped the same way are left alone, others are re-wrapped or unwrapped.
 * **No grad, no checkpoint.** Under ``torch.no_grad()`` (evaluation) the original forward
   runs directly: there is nothing to save, so nothing to recompute.
+* **Through wrappers, by fingerprint.** A plan names modules of the model it was made for.
+  Given a model whose fingerprint is not the plan's, ``apply_plan`` looks for the one
+  submodule whose fingerprint is: that covers every wrapper that holds the model as a
+  submodule (``torch.compile``'s ``OptimizedModule._orig_mod``, DDP's ``module``, a peft
+  model's ``get_base_model()``, a LightningModule's attribute) with one rule and no list of
+  wrapper classes to keep up to date. A model found twice is an error (which one trains?).
+  Modules sharded by FSDP are refused whatever their fingerprint: a recomputation run
+  outside FSDP's hooks would not find its parameters gathered; plans go on before sharding.
 * **A guard on the first training forward.** The first forward with grad enabled after
   ``apply_plan`` compares what it sees with what the plan was made for (the batch's shapes
   and dtypes, the parameters' dtypes) and looks for the model's own gradient checkpointing
@@ -26,6 +34,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -250,8 +259,12 @@ def apply_plan(
 
     ``plan_or_path`` is a :class:`Plan` or the path of a plan JSON file. The model must be
     the one the plan was made for: same module names and parameter shapes and dtypes (the
-    plan's ``fingerprint``); the device may differ. Apply the plan before ``torch.compile``
-    and before sharding (FSDP/DDP) so the wrappers are part of what gets compiled/sharded.
+    plan's ``fingerprint``); the device may differ. Or it may hold that model as a submodule,
+    once: a wrapper such as ``torch.compile``'s ``OptimizedModule``, DDP, a peft model or a
+    LightningModule; the plan is then applied to the model inside (found by its
+    fingerprint). Apply the plan before ``torch.compile`` and before sharding. Modules
+    already sharded by FSDP are refused (:class:`PlanMismatchError`); a compiled model that
+    has already run recompiles on its next call.
 
     Guarantees: ``state_dict`` keys are unchanged; applying the same plan twice is the same as
     once; on any error (:class:`PlanFileError`, :class:`PlanMismatchError`) the model is left
@@ -262,14 +275,8 @@ def apply_plan(
     model's own gradient checkpointing on; see :func:`step_differences`), then costs nothing.
     """
     plan = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
-    actual = model_fingerprint(model)
-    expected = plan.fingerprint
-    if expected.get("digest") != actual["digest"]:
-        raise PlanMismatchError(
-            f"this plan was made for another model ({plan.model_name}): "
-            f"{_describe_mismatch(expected, actual)}; re-run `ckpt-plan profile` for this model"
-        )
-    modules = dict(model.named_modules())
+    planned = _planned_model(model, plan)
+    modules = dict(planned.named_modules())
     targets: dict[str, tuple[torch.nn.Module, ModuleDecision]] = {}
     for decision in plan.modules:
         module = modules.get(decision.module_name)
@@ -316,10 +323,100 @@ def apply_plan(
             if is_wrapped(module):
                 _unwrap(module)
             _wrap(module, decision)
-    _FirstForwardGuard.remove(model)
+    _FirstForwardGuard.remove(planned)
     if guard:
-        _FirstForwardGuard.install(model, plan)
+        _FirstForwardGuard.install(planned, plan)
     return model
+
+
+def _planned_model(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
+    """``model`` if it is the model the plan was made for, else the one submodule that is
+    (see "Through wrappers" in the module's notes). Raises :class:`PlanMismatchError` with
+    what differs, or what to do, where there is none, or more than one."""
+    sharded = _sharded_module_names(model)
+    if sharded:
+        raise PlanMismatchError(
+            f"this model is already sharded by FSDP (fully_shard or FullyShardedDataParallel "
+            f"on {_name_list(sharded)}), and a recomputation would run without FSDP gathering "
+            "its parameters: call apply_plan(model, plan) before sharding the model"
+        )
+    expected = plan.fingerprint
+    digest = expected.get("digest")
+    if model_fingerprint(model)["digest"] == digest:
+        return model
+    module_count = expected.get("module_count")
+    found = [
+        (name, module)
+        for name, module in model.named_modules()
+        if name
+        and (module_count is None or sum(1 for _ in module.modules()) - 1 == module_count)
+        and model_fingerprint(module)["digest"] == digest
+    ]
+    if len(found) == 1:
+        name, module = found[0]
+        logger.info("applying the plan to %s, the planned model inside this %s", name, _kind(model))
+        return module
+    if found:
+        names = [name for name, _ in found]
+        raise PlanMismatchError(
+            f"the plan's model ({plan.model_name}) is in this {_kind(model)} {len(found)} "
+            f"times ({_name_list(names)}): apply it to the one that trains, e.g. "
+            f"apply_plan(model.{names[0]}, plan)"
+        )
+    inner, hint = _unwrapped(model)
+    raise PlanMismatchError(
+        f"this plan was made for another model ({plan.model_name}): "
+        f"{_describe_mismatch(expected, model_fingerprint(inner))}{hint}; re-run "
+        "`ckpt-plan profile` for this model"
+    )
+
+
+def _kind(model: torch.nn.Module) -> str:
+    return type(model).__name__
+
+
+def _name_list(names: list[str]) -> str:
+    shown = ", ".join(name or "the model itself" for name in names[:4])
+    return shown + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _sharded_module_names(model: torch.nn.Module) -> list[str]:
+    """The modules of ``model`` that FSDP shards (none if FSDP was never imported)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    kinds = tuple(
+        kind
+        for kind in (
+            getattr(fsdp, "FSDPModule", None),  # fully_shard (FSDP2)
+            getattr(fsdp, "FullyShardedDataParallel", None),
+        )
+        if isinstance(kind, type)
+    )
+    if not kinds:
+        return []
+    return [name for name, module in model.named_modules() if isinstance(module, kinds)]
+
+
+def _unwrapped(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+    """The model inside the wrappers that hold one (to say what differs from the plan's
+    model), and a hint where a wrapper changes what the plan must be made for."""
+    hint = ""
+    for _ in range(8):  # wrappers of wrappers: compile(DDP(peft model)), and no deeper
+        get_base_model = getattr(model, "get_base_model", None)
+        if isinstance(getattr(model, "peft_config", None), dict) and callable(get_base_model):
+            hint = (
+                f"; this is a peft model ({_kind(model)}), whose adapters add parameters and "
+                "modules: make the plan for the model with its adapters (build_model() "
+                "returning get_peft_model(model, config))"
+            )
+            inner = get_base_model()
+        else:
+            inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+            if inner is None and _kind(model) in ("DistributedDataParallel", "DataParallel"):
+                inner = getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module) or inner is model:
+            break
+        model = inner
+    return model, hint
 
 
 class _FirstForwardGuard:

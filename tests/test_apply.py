@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -516,3 +517,153 @@ def test_a_training_step_that_passes_the_model_other_inputs_is_not_second_guesse
     apply_plan(model, _batch_plan(model, planned))
     model(torch.randn(6, WIDTH)).backward()
     assert "0 is [6, 8] float32, the plan's was [4, 8] float32" in _guard_warnings(caplog)[0]
+
+
+# -- through wrappers --------------------------------------------------------------------
+# A plan made for a model applies to a wrapper holding it as a submodule (found by its
+# fingerprint): torch.compile's OptimizedModule, DDP, a peft model, a LightningModule.
+
+
+def _assert_trains_like_the_unplanned_model(wrapper: nn.Module, inner: TinyModel) -> None:
+    """One step through ``wrapper``: the planned blocks of ``inner`` (0 and 2) recompute,
+    and loss and gradients equal those of the model without a plan."""
+    reset_calls(inner)
+    loss, _ = train_step(wrapper)
+    assert forward_calls(inner) == [2, 1, 2]
+    reference_loss, reference_gradients = train_step(build_model())
+    assert torch.equal(loss, reference_loss)
+    inner_gradients = {name: p.grad for name, p in inner.named_parameters()}
+    for name, gradient in reference_gradients.items():
+        assert torch.equal(inner_gradients[name], gradient), name
+
+
+def _blocks_0_and_2(model: nn.Module) -> Plan:
+    return make_plan(model, decision("blocks.0"), decision("blocks.2"))
+
+
+def test_a_plan_applies_to_the_model_inside_torch_compile() -> None:
+    model = build_model()
+    plan = _blocks_0_and_2(model)
+    compiled = torch.compile(model, backend="eager")
+    assert apply_plan(compiled, plan) is compiled
+    assert wrapped_modules(model) == {d.module_name: d for d in plan.modules}
+    assert apply_plan(compiled, plan) is compiled  # idempotent through the wrapper too
+    assert wrapped_modules(compiled) == {f"_orig_mod.{d.module_name}": d for d in plan.modules}
+    loss, _ = train_step(compiled)
+    reference_loss, _ = train_step(build_model())
+    assert torch.equal(loss, reference_loss)
+
+
+@pytest.fixture
+def one_rank_process_group(tmp_path: Path) -> Iterator[None]:
+    """A gloo process group of one rank in this process (what DDP needs to be built)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this torch build")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_rank_process_group")
+def test_a_plan_applies_to_the_model_inside_ddp() -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = build_model()
+    ddp = DistributedDataParallel(model)
+    apply_plan(ddp, _blocks_0_and_2(model))
+    assert sorted(wrapped_modules(model)) == ["blocks.0", "blocks.2"]
+    _assert_trains_like_the_unplanned_model(ddp, model)
+
+
+@pytest.mark.usefixtures("one_rank_process_group")
+def test_a_model_sharded_by_fsdp_is_refused_with_the_fix() -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    model = build_model()
+    plan = _blocks_0_and_2(model)
+    fully_shard(model.blocks[0])
+    fully_shard(model)
+    with pytest.raises(PlanMismatchError, match=r"FSDP .*blocks\.0.*before sharding"):
+        apply_plan(model, plan)
+    assert wrapped_modules(model) == {}
+
+
+def _peft_model(model: nn.Module) -> nn.Module:
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=2, target_modules=["mlp.0"], init_lora_weights=False)
+    return peft.get_peft_model(model, config)
+
+
+def _adapter_step(model: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One step of a peft model: the loss and the adapters' gradients (the rest is frozen)."""
+    torch.manual_seed(7)
+    loss = model(batch())
+    loss.backward()
+    trained = {name: p.grad for name, p in model.named_parameters() if p.requires_grad}
+    return loss.detach(), {name: gradient.clone() for name, gradient in trained.items()}
+
+
+def test_a_plan_for_the_model_with_its_adapters_applies_to_the_peft_model() -> None:
+    torch.manual_seed(0)
+    peft_model = _peft_model(TinyModel())
+    base = peft_model.get_base_model()
+    apply_plan(peft_model, _blocks_0_and_2(base))  # made for the model peft returns
+    assert sorted(wrapped_modules(base)) == ["blocks.0", "blocks.2"]
+    reset_calls(base)
+    loss, gradients = _adapter_step(peft_model)
+    assert forward_calls(base) == [2, 1, 2]
+    torch.manual_seed(0)
+    reference_loss, reference_gradients = _adapter_step(_peft_model(TinyModel()))
+    assert torch.equal(loss, reference_loss)
+    assert gradients.keys() == reference_gradients.keys() and gradients
+    assert all(torch.equal(gradients[name], reference_gradients[name]) for name in gradients)
+    # A plan made for the PeftModel itself (its own module names) applies as it is.
+    names = ["base_model.model.blocks.1"]
+    apply_plan(peft_model, make_plan(peft_model, *(decision(name) for name in names)))
+    assert sorted(wrapped_modules(peft_model)) == names
+
+
+def test_a_plan_without_the_adapters_is_refused_for_a_peft_model_with_the_fix() -> None:
+    plain = build_model()
+    peft_model = _peft_model(build_model())
+    with pytest.raises(PlanMismatchError) as raised:
+        apply_plan(peft_model, _blocks_0_and_2(plain))
+    message = str(raised.value)
+    assert "blocks.0.mlp.0.base_layer is not in the plan's model" in message
+    assert "get_peft_model(model, config)" in message
+    assert wrapped_modules(peft_model) == {}
+
+
+def test_a_plan_applies_to_the_model_a_lightning_module_holds() -> None:
+    lightning = pytest.importorskip("lightning")
+
+    class Holder(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = build_model()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.model(x)
+
+    holder = Holder()
+    apply_plan(holder, _blocks_0_and_2(holder.model))
+    assert sorted(wrapped_modules(holder)) == ["model.blocks.0", "model.blocks.2"]
+    _assert_trains_like_the_unplanned_model(holder, holder.model)
+
+
+def test_a_model_held_twice_is_refused_with_the_fix() -> None:
+    class Distillation(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.teacher = build_model()
+            self.student = build_model()
+
+    pair = Distillation()
+    with pytest.raises(PlanMismatchError, match=r"2 times \(teacher, student\).*model\.teacher"):
+        apply_plan(pair, _blocks_0_and_2(pair.student))
+    assert wrapped_modules(pair) == {}

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
-from planner.measure.tracking import PeakMemoryTracker, StorageWatcher, iter_tensors
+from planner.core.errors import ProfilingError
+from planner.measure.tracking import (
+    AllocatorPeakTracker,
+    PeakMemoryTracker,
+    StorageWatcher,
+    iter_tensors,
+)
 
 
 def test_views_share_one_storage_and_frees_are_seen() -> None:
@@ -42,6 +50,55 @@ def test_peak_tracker_counts_existing_tensors_and_backward() -> None:
     assert tracker.peak_bytes < 40000 + 6 * 20000 + 40000
 
 
+def _hidden_step(weight: torch.Tensor, *, checkpointed: bool, preserve_rng_state: bool) -> None:
+    def hidden(x: torch.Tensor) -> torch.Tensor:
+        return (x @ weight).relu()
+
+    x = torch.ones(50, 100)
+    out = (
+        checkpoint(hidden, x, use_reentrant=False, preserve_rng_state=preserve_rng_state)
+        if checkpointed
+        else hidden(x)
+    )
+    out.sum().backward()
+
+
+@pytest.mark.parametrize(
+    ("checkpointed", "preserve_rng_state", "stash_bytes"),
+    [(False, False, 0), (True, False, 0), (True, True, 5056)],
+)
+def test_allocator_tracker_agrees_with_the_storage_tracker_but_sees_the_rng_stash(
+    checkpointed: bool, preserve_rng_state: bool, stash_bytes: int
+) -> None:
+    """The allocator's accounting equals live storages, except what the dispatcher does not
+    see: the CPU RNG state checkpoint stashes (``torch.get_rng_state()``, 5,056 bytes)."""
+    weight = torch.randn(100, 100, requires_grad=True)
+    peaks = []
+    for tracker_type in (PeakMemoryTracker, AllocatorPeakTracker):
+        weight.grad = None
+        existing = {"parameter": [weight]}
+        tracker = (
+            PeakMemoryTracker("cpu", existing)
+            if tracker_type is PeakMemoryTracker
+            else AllocatorPeakTracker(existing)
+        )
+        with tracker:
+            _hidden_step(weight, checkpointed=checkpointed, preserve_rng_state=preserve_rng_state)
+        assert tracker.start_bytes == 40000
+        peaks.append(tracker.peak_bytes)
+    assert peaks[0] >= 40000 + 20000 + 20000 + 40000
+    assert peaks[1] == peaks[0] + stash_bytes
+
+
+def test_allocator_tracker_refuses_a_region_that_frees_what_it_started_with() -> None:
+    gradient = torch.ones(1000)
+    holder = {"gradient": gradient}
+    tracker = AllocatorPeakTracker({"gradient": [gradient]})
+    with pytest.raises(ProfilingError, match="release them before the region"), tracker:
+        del gradient
+        holder.clear()  # the last reference: freed inside the region
+
+
 def test_iter_tensors_walks_containers_and_plain_objects() -> None:
     class Cache:
         def __init__(self) -> None:
@@ -50,3 +107,28 @@ def test_iter_tensors_walks_containers_and_plain_objects() -> None:
     a = torch.zeros(3)
     found = list(iter_tensors({"a": a, "cache": Cache(), "again": (a, "text", 3)}))
     assert [t.numel() for t in found] == [3, 1, 2]
+
+
+def test_allocator_tracker_does_not_subtract_a_free_of_an_earlier_regions_memory() -> None:
+    """The allocator reports the free of a block allocated in an earlier profiled region, with
+    its size; counted, it would pull the running total below what the region holds."""
+    with AllocatorPeakTracker():
+        kept = torch.ones(1000)  # 4000 bytes, allocated in the first region
+    with AllocatorPeakTracker() as second:
+        del kept  # freed in the second region
+        made = torch.ones(1000)
+    assert second.peak_bytes == 4000
+    del made
+
+
+def test_peak_tracker_ignores_views_of_data_the_caller_holds() -> None:
+    """A view of a tensor made before the region is counted once the region's ops return it
+    (its storage becomes known), unless the caller asked to ignore it."""
+    data = torch.ones(1000)  # 4000 bytes, made before the region
+    peaks = []
+    for ignore in ((), (data,)):
+        with PeakMemoryTracker("cpu", ignore=ignore) as tracker:
+            row = data[:10] * 2  # indexing returns a view of data's storage; * 2: 40 bytes
+        peaks.append(tracker.peak_bytes)
+        del row
+    assert peaks == [4040, 40]

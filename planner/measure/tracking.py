@@ -9,7 +9,9 @@ run ops through it) and a weak reference on each new storage tells us when it is
 
 :class:`StorageWatcher` is the mechanism; :class:`PeakMemoryTracker` is the small interface
 used to *measure* a step (independently of the profiler's own bookkeeping), with the same
-methods on both devices.
+methods on both devices. :class:`AllocatorPeakTracker` measures a CPU region from the other
+side, the allocator's own accounting, for what the dispatcher does not see
+(``torch.compile``'s kernels).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from planner.core.units import format_bytes
 
 __all__ = [
     "CUDA_BLOCK_BYTES",
+    "AllocatorPeakTracker",
     "MemoryLimitExceeded",
     "PeakMemoryTracker",
     "StorageWatcher",
@@ -312,7 +315,10 @@ class PeakMemoryTracker:
     allocator holds for tensors, and ``existing`` is not needed. The tracker lets go of
     ``existing`` on enter; the caller must not keep its own reference to it either.
     ``limit_bytes`` (CPU) stops the region with :class:`MemoryLimitExceeded` as soon as
-    live memory passes it; on CUDA the peak is only known afterwards.
+    live memory passes it; on CUDA the peak is only known afterwards. ``ignore`` (CPU):
+    tensors made before the region that it must not count when its ops return views of them
+    (data the caller holds, such as a data set a training run indexes); the caller keeps
+    them alive.
     """
 
     def __init__(
@@ -321,10 +327,12 @@ class PeakMemoryTracker:
         existing: Mapping[StorageKind, Iterable[torch.Tensor]] | None = None,
         *,
         limit_bytes: int | None = None,
+        ignore: Iterable[torch.Tensor] = (),
     ) -> None:
         self.device = torch.device(device)
         self.limit_bytes = limit_bytes
         self._existing = existing or {}
+        self._ignore = list(ignore)
         self._watcher: StorageWatcher | None = None
         self.peak_bytes = 0
         self.start_bytes = 0
@@ -341,6 +349,8 @@ class PeakMemoryTracker:
             self._watcher = StorageWatcher(
                 self.device.type, limit_bytes=self.limit_bytes, real_only=True
             )
+            self._watcher.ignore(self._ignore)
+            self._ignore = []
             self._watcher.add_existing(self._existing)
             # Drop our references: holding them would keep e.g. last step's gradients alive
             # after ``zero_grad(set_to_none=True)`` and inflate the very peak we measure.
@@ -358,3 +368,87 @@ class PeakMemoryTracker:
             self._watcher.__exit__(*exc)
             self._watcher.close()
             self.peak_bytes = self._watcher.peak_bytes
+
+
+class AllocatorPeakTracker:
+    """Measure the peak memory of a CPU region from the CPU allocator's own accounting.
+
+    :class:`PeakMemoryTracker` sees the storages that ops make through the dispatcher. What
+    is allocated below it is invisible to it, and one thing runs differently under it:
+    ``torch.compile``'s generated kernels allocate their buffers directly, and while a
+    ``TorchDispatchMode`` is active TorchDynamo does not run compiled code at all (the
+    region would measure the eager step, and later calls may stay eager). This tracker
+    reads ``torch.profiler``'s memory events instead (``profile_memory=True``): every
+    allocation and free of the CPU allocator in the region, compiled kernels' and the RNG
+    state ``checkpoint`` stashes (a CPU tensor of 5,056 bytes per region that preserves RNG
+    state) included. The peak is the bytes of ``existing`` (a mapping of kind to tensors,
+    each storage counted once) plus the highest running total of the region's allocations
+    less its frees (of memory allocated in the region: a block freed there that was allocated
+    before is not subtracted).
+
+    The profiler does not see the free of memory allocated before it started, so a storage
+    of ``existing`` freed in the region would stay counted: release what the region would
+    free before entering it (``optimizer.zero_grad(set_to_none=True)`` before a plain
+    step). A region that frees one raises :class:`ProfilingError`. The tracker lets go of
+    ``existing`` on enter, as :class:`PeakMemoryTracker` does.
+    """
+
+    def __init__(self, existing: Mapping[str, Iterable[torch.Tensor]] | None = None) -> None:
+        self._existing = existing or {}
+        self._existing_refs: list[weakref.ref[Any]] = []
+        self._profiler: Any = None
+        self.start_bytes = 0
+        self.peak_bytes = 0
+
+    def __enter__(self) -> AllocatorPeakTracker:
+        from torch.profiler import ProfilerActivity, profile
+
+        seen: set[int] = set()
+        for tensors in self._existing.values():
+            for tensor in tensors:
+                storage = tensor.untyped_storage()
+                if tensor.device.type != "cpu" or id(storage) in seen:
+                    continue
+                seen.add(id(storage))
+                self.start_bytes += storage.nbytes()
+                self._existing_refs.append(weakref.ref(storage))
+        self._existing = {}
+        self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._profiler.__exit__(*exc)
+        if exc[0] is not None:
+            return
+        freed = sum(1 for reference in self._existing_refs if reference() is None)
+        if freed:
+            raise ProfilingError(
+                f"{freed} of the storages the region started with were freed inside it, and "
+                "the profiler cannot see those frees: release them before the region (zero "
+                "the gradients to None before a plain step)"
+            )
+        from torch._C._profiler import _EventType
+
+        # Every allocation event of the region, in the order they happened (the tree's
+        # depth-first order breaks ties in time).
+        events: list[tuple[int, int, Any]] = []
+        stack = list(reversed(self._profiler.profiler.kineto_results.experimental_event_tree()))
+        while stack:
+            node = stack.pop()
+            if node.typed[0] == _EventType.Allocation and node.typed[1].device.type == "cpu":
+                events.append((node.start_time_ns, len(events), node.typed[1]))
+            stack.extend(reversed(node.children))
+        events.sort(key=lambda event: event[:2])
+        # A free is counted only for memory allocated in the region: the allocator also
+        # reports the frees of blocks from an earlier profiled region, with their sizes.
+        live: dict[int, int] = {}
+        running = highest = 0
+        for _, _, allocation in events:
+            if allocation.alloc_size > 0:
+                live[allocation.ptr] = allocation.alloc_size
+                running += allocation.alloc_size
+                highest = max(highest, running)
+            else:
+                running -= live.pop(allocation.ptr, 0)
+        self.peak_bytes = self.start_bytes + highest
