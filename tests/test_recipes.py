@@ -14,7 +14,6 @@ without their check run: the tracker here is the check.
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import logging
 from pathlib import Path
 from types import ModuleType
@@ -23,8 +22,8 @@ from typing import Any
 import pytest
 import torch
 
+from planner.core.loop import PLAIN_LOOP
 from planner.measure.tracking import AllocatorPeakTracker, PeakMemoryTracker
-from planner.pipeline import profile_and_plan
 
 RECIPES = Path(__file__).resolve().parent.parent / "examples" / "recipes"
 STEPS = 2  # the second step is the first with optimizer state (and, in Lightning, gradients)
@@ -86,7 +85,7 @@ def test_lightning_with_a_plain_loop_plan_goes_over_by_at_most_the_gradients(
     plain loop's shape) brings the step within the budget."""
     recipe = load_recipe("lightning_module", "transformers", "lightning")
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    plan = recipe.make_plan(check=False)
+    plan = recipe.make_plan(check=False, loop=PLAIN_LOOP)
     caplog.set_level(logging.WARNING)
     peak, losses = measured_run(recipe, plan)
     zeroed_peak, zeroed_losses = measured_run(recipe, plan, zero_grad_before_forward=True)
@@ -100,28 +99,12 @@ def test_lightning_with_a_plain_loop_plan_goes_over_by_at_most_the_gradients(
     print(f"Lightning, plain-loop plan: {peak - plan.budget_bytes:+,} bytes against its budget")
 
 
-def _lightning_loop() -> dict[str, Any]:
-    """``profile_and_plan``'s option for Lightning's loop (gradients zeroed after the forward),
-    as branch loop-shape defines it; ImportError where this version has none."""
-    from planner.core.loop import LoopShape, ZeroGrad  # type: ignore[import-not-found]
-
-    return {"loop": LoopShape(zero_grad=ZeroGrad.AFTER_FORWARD)}
-
-
-@pytest.mark.xfail(
-    "loop" not in inspect.signature(profile_and_plan).parameters,
-    reason="profile_and_plan has no loop-shape option yet (branch loop-shape: "
-    "loop=LoopShape(zero_grad='after-forward')); a plain-loop plan does not count the "
-    "gradients Lightning keeps alive during the forward",
-    raises=(ImportError, TypeError),
-    strict=True,
-)
 def test_lightning_with_a_plan_for_its_loop_trains_within_the_budget(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     recipe = load_recipe("lightning_module", "transformers", "lightning")
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    plan = recipe.make_plan(check=False, **_lightning_loop())
+    plan = recipe.make_plan(check=False)  # for Lightning's loop (the recipe's default)
     caplog.set_level(logging.WARNING)
     peak, losses = measured_run(recipe, plan)
     _, unplanned_losses = measured_run(recipe, None)

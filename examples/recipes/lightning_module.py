@@ -2,8 +2,9 @@
 
     python examples/recipes/lightning_module.py
 
-1. Plan the model and the batch it trains on (``profile_and_plan`` on the model file
-   ``examples/hf_gpt2.py``).
+1. Plan the model and the batch it trains on, for Lightning's loop (``profile_and_plan`` on
+   the model file ``examples/hf_gpt2.py`` with ``loop=LIGHTNING_LOOP``; on the command line
+   ``ckpt-plan profile examples/hf_gpt2.py --budget 40MiB --zero-grad after-forward``).
 2. Apply the plan in ``configure_model``: Lightning calls it in its strategy's context,
    before the optimizers are configured (where a model-parallel strategy shards the model
    in this hook, apply the plan before ``fully_shard``). The hook runs again in each of
@@ -15,12 +16,11 @@ step on, the previous step's gradients are alive during the forward. A plan made
 plain loop (``zero_grad`` before the forward, ckpt-plan's default) does not count them, and
 Lightning's step goes over its budget by up to the gradients' bytes (measured, ``python
 benchmarks/recipes.py``: 41.01 MiB against a 40 MiB plan predicted at 39.32 MiB; gradients
-3.64 MiB). Plan for Lightning's loop where ckpt-plan has the option (branch loop-shape:
-``make_plan(loop=LoopShape(zero_grad="after-forward"))``, ``ckpt-plan profile --zero-grad
-after-forward``); without it, zero the gradients yourself before the forward, as the plain
-loop does (``zero_grad_before_forward=True`` below: ``on_train_batch_start`` zeroes them to
-None; Lightning's own ``zero_grad`` after the forward then has nothing left to free), or
-plan for a budget lower by the gradients' bytes.
+3.64 MiB). So plan for Lightning's loop (``LIGHTNING_LOOP``, ``--zero-grad after-forward``):
+that plan counts them and fits. Alternatively, zero the gradients yourself before the
+forward, as the plain loop does (``zero_grad_before_forward=True`` below:
+``on_train_batch_start`` zeroes them to None; Lightning's own ``zero_grad`` after the
+forward then has nothing left to free), and keep a plain-loop plan.
 """
 
 from __future__ import annotations
@@ -35,17 +35,24 @@ import torch
 from torch.utils.data import DataLoader
 
 from planner import Plan, apply_plan, profile_and_plan
+from planner.core.loop import LoopShape, ZeroGrad
 from planner.measure.workload import load_model_file
 
 MODEL_FILE = Path(__file__).resolve().parent.parent / "hf_gpt2.py"
 BUDGET_BYTES = 40 * 2**20  # 40 MiB
 
 
-def make_plan(budget_bytes: int = BUDGET_BYTES, *, check: bool = True, **loop: Any) -> Plan:
-    """The cheapest plan whose training step fits ``budget_bytes``. ``loop``: the loop-shape
-    option of ``profile_and_plan``, where it has one (Lightning's: gradients zeroed after the
-    forward)."""
-    return profile_and_plan(MODEL_FILE, budget_bytes, check=check, **loop).plan
+# Lightning's automatic optimization: gradients zeroed after the forward, before backward.
+LIGHTNING_LOOP = LoopShape(zero_grad=ZeroGrad.AFTER_FORWARD)
+
+
+def make_plan(
+    budget_bytes: int = BUDGET_BYTES, *, check: bool = True, loop: LoopShape = LIGHTNING_LOOP
+) -> Plan:
+    """The cheapest plan whose training step, in ``loop`` (default: Lightning's), fits
+    ``budget_bytes`` (``check``: run it once, in a separate process, to check its peak and
+    that training is unchanged)."""
+    return profile_and_plan(MODEL_FILE, budget_bytes, check=check, loop=loop).plan
 
 
 class PlannedLanguageModel(lightning.LightningModule):
@@ -113,6 +120,4 @@ if __name__ == "__main__":
     print("checkpointed:", ", ".join(d.module_name for d in plan.modules))
     batches = make_batches()
     print("losses with the plan:   ", train(plan, batches))
-    print("losses with the plan, gradients zeroed before the forward:", end=" ")
-    print(train(plan, batches, zero_grad_before_forward=True))
     print("losses without the plan:", train(None, batches))
