@@ -73,7 +73,8 @@ def build_model() -> nn.Module:
     return ResNet()
 
 
-def sample_batch(batch_size=BATCH_SIZE):
+def sample_batch(batch_size=None):
+    batch_size = batch_size or BATCH_SIZE  # read at call time: a file importing this one may set it
     images = torch.randn(batch_size, IN_CHANNELS, IMAGE_SIZE, IMAGE_SIZE)
     labels = torch.randint(0, N_CLASSES, (batch_size,))
     return (images, labels)

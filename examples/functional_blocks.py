@@ -51,5 +51,6 @@ def build_model() -> nn.Module:
     return Model()
 
 
-def sample_batch(batch_size=BATCH_SIZE) -> torch.Tensor:
+def sample_batch(batch_size=None) -> torch.Tensor:
+    batch_size = batch_size or BATCH_SIZE  # read at call time: a file importing this one may set it
     return torch.randn(batch_size, WIDTH)

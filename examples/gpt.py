@@ -115,7 +115,8 @@ def build_model() -> nn.Module:
     return GPT()
 
 
-def sample_batch(batch_size=BATCH_SIZE):
+def sample_batch(batch_size=None):
+    batch_size = batch_size or BATCH_SIZE  # read at call time: a file importing this one may set it
     # random tokens; labels are the inputs shifted by one, as in next-token prediction
     tokens = torch.randint(0, VOCAB_SIZE, (batch_size, SEQ_LEN + 1))
     # .contiguous(): two separate (B, T) tensors, not views of one shared storage

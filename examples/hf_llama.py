@@ -41,7 +41,8 @@ def build_model() -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-def sample_batch(batch_size=BATCH_SIZE):
+def sample_batch(batch_size=None):
+    batch_size = batch_size or BATCH_SIZE  # read at call time: a file importing this one may set it
     input_ids = torch.randint(0, VOCAB_SIZE, (batch_size, SEQ_LEN))  # (B, T)
     # labels == input_ids: the model shifts them by one position internally
     return {"input_ids": input_ids, "labels": input_ids}

@@ -49,7 +49,8 @@ def build_model() -> torch.nn.Module:
     return T5ForConditionalGeneration(config)
 
 
-def sample_batch(batch_size=BATCH_SIZE):
+def sample_batch(batch_size=None):
+    batch_size = batch_size or BATCH_SIZE  # read at call time: a file importing this one may set it
     # token ids from 2: 0 is padding (and the decoder's start token), 1 is end-of-sequence
     input_ids = torch.randint(2, VOCAB_SIZE, (batch_size, SOURCE_LEN))  # (B, S)
     labels = torch.randint(2, VOCAB_SIZE, (batch_size, TARGET_LEN))  # (B, T)

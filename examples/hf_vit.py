@@ -37,7 +37,8 @@ def build_model() -> torch.nn.Module:
     return ViTForImageClassification(config)
 
 
-def sample_batch(batch_size=BATCH_SIZE):
+def sample_batch(batch_size=None):
+    batch_size = batch_size or BATCH_SIZE  # read at call time: a file importing this one may set it
     pixel_values = torch.randn(batch_size, 3, IMAGE_SIZE, IMAGE_SIZE)  # (B, C, H, W)
     labels = torch.randint(0, N_CLASSES, (batch_size,))
     return {"pixel_values": pixel_values, "labels": labels}

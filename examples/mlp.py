@@ -55,7 +55,8 @@ def build_model() -> nn.Module:
     return ResidualMLP()
 
 
-def sample_batch(batch_size=BATCH_SIZE):
+def sample_batch(batch_size=None):
+    batch_size = batch_size or BATCH_SIZE  # read at call time: a file importing this one may set it
     x = torch.randn(batch_size, IN_FEATURES)
     y = torch.randint(0, N_CLASSES, (batch_size,))
     return (x, y)
