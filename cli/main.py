@@ -39,6 +39,7 @@ from cli.options import (
     ZeroGradOption,
     parse_budget,
     require_device,
+    target_and_device,
     workload_source,
 )
 from cli.render import print_fit, print_plan_summary, warn_own_checkpointing
@@ -116,14 +117,7 @@ def profile(
         source = workload_source(model, hf, batch_size, seq_len, dtype)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
-        spec = None
-        if target is not None:
-            from planner.plan.targets import load_spec
-
-            spec = load_spec(target)
-            device = Device(spec.device_type)
-        else:
-            require_device(device)
+        spec, device = target_and_device(target, device)
         from planner.pipeline import profile_and_plan
         from planner.plan.plan_file import save_plan
         from planner.plan.profile_file import save_profile, save_profile_table
@@ -257,14 +251,7 @@ def fit(
         source = workload_source(model, hf, batch_size, seq_len, dtype)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
-        spec = None
-        if target is not None:
-            from planner.plan.targets import load_spec
-
-            spec = load_spec(target)
-            device = Device(spec.device_type)
-        else:
-            require_device(device)
+        spec, device = target_and_device(target, device)
         from planner.fit import fit_largest
         from planner.measure.workload import load_model_file, takes_batch_size
         from planner.plan.plan_file import save_plan

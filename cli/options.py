@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,6 +12,9 @@ from cli.boundary import EXIT_CODES, fail
 from planner.core import errors
 from planner.core.loop import ZeroGrad
 from planner.core.units import parse_bytes
+
+if TYPE_CHECKING:
+    from planner.plan.targets import DeviceSpec
 
 __all__ = [
     "BatchSizeOption",
@@ -30,6 +33,7 @@ __all__ = [
     "ZeroGradOption",
     "parse_budget",
     "require_device",
+    "target_and_device",
     "workload_source",
 ]
 
@@ -181,6 +185,18 @@ def workload_source(
     if batch_size is None or seq_len is None:
         fail("--hf needs --batch-size and --seq-len (the shape of the token batch)", 2)
     return hf_workload(hf, batch_size, seq_len, dtype_name).source
+
+
+def target_and_device(target: str | None, device: Device) -> tuple[DeviceSpec | None, Device]:
+    """The ``--target`` spec (None without one) and the device the work runs on: the
+    target's device type, or ``device``, which must be present here."""
+    if target is None:
+        require_device(device)
+        return None, device
+    from planner.plan.targets import load_spec
+
+    spec = load_spec(target)
+    return spec, Device(spec.device_type)
 
 
 def require_device(device: Device | None) -> None:
