@@ -361,13 +361,7 @@ def plan_checked(
             limit_bytes=budget_bytes if device == "cpu" else None,
         )
         if check.recompute_mismatches:
-            reasons = {
-                name: next(
-                    (d for d in check.differences if d.startswith(f"recomputation of {name}")),
-                    "its recomputation differs from its forward",
-                )
-                for name in check.recompute_mismatches
-            }
+            reasons = dict(zip(check.recompute_mismatches, check.mismatch_reasons, strict=True))
             logger.warning("excluding %s: %s", ", ".join(reasons), "; ".join(reasons.values()))
             profile = exclude_modules(profile, reasons)
             solver = Solver(profile, solver.memory)

@@ -92,6 +92,8 @@ class PlanCheck:
     recomputation_equal: bool | None = None
     recomputed_ops: int = 0
     recompute_mismatches: tuple[str, ...] = field(default_factory=tuple)
+    # For each of ``recompute_mismatches``, in order: where its recomputation first differed.
+    mismatch_reasons: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def within_budget(self) -> bool:
@@ -391,7 +393,8 @@ def run_check(
             reference=CheckReference.RECOMPUTATION.value,
             recomputation_equal=recomputation_equal,
             recomputed_ops=compared,
-            recompute_mismatches=mismatched,
+            recompute_mismatches=tuple(mismatched),
+            mismatch_reasons=tuple(why),
         )
 
     loss_equal: bool | None
@@ -526,6 +529,7 @@ def check_plan(
         raise ProfilingError(f"checking the plan failed: {data['error']}")
     data["differences"] = tuple(data["differences"])
     data["recompute_mismatches"] = tuple(data.get("recompute_mismatches", ()))
+    data["mismatch_reasons"] = tuple(data.get("mismatch_reasons", ()))
     return PlanCheck(**data)
 
 
