@@ -1,5 +1,8 @@
 """Reports: the data behind each chart (pandas), the charts (matplotlib), and the files.
 
+Owns what a profile and its plans look like to a reader; imports ``planner.core``,
+``planner.plan`` and ``planner.solve`` (no torch), pandas and matplotlib.
+
 Each chart comes in two parts: a ``*_frame`` function that returns the numbers as a
 ``DataFrame`` (sizes in ``*_bytes``, times in ``*_ms``, shares in ``*_percent``), and a
 ``*_figure`` function that draws them into a new ``Figure`` with the object API (no pyplot
