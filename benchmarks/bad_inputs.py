@@ -48,6 +48,9 @@ MODEL_SOURCES = {
         "build_model, sample_batch = example.build_model, example.sample_batch\n"
     ),
     "syntax_error.py": "import torch\n\ndef build_model(:\n    pass\n",
+    # Hugging Face configs that cannot be planned (for --hf).
+    "no_model_type.json": '{"hidden_size": 64, "num_hidden_layers": 2}\n',
+    "unknown_model_type.json": '{"model_type": "no-such-architecture"}\n',
     "no_build_model.py": "import torch\n\ndef sample_batch():\n    return torch.zeros(2, 3)\n",
     "no_sample_batch.py": "import torch\n\ndef build_model():\n    return torch.nn.Linear(2, 2)\n",
     "raises_on_import.py": "import torch\nraise RuntimeError('no GPU here')\n",
@@ -83,17 +86,19 @@ MODEL_SOURCES = {
 
 @dataclass(frozen=True)
 class Case:
-    command: str  # "profile", "verify" or "apply_plan"
+    command: str  # "profile", "fit", "verify" or "apply_plan"
     bad_input: str
-    arguments: tuple[str, ...]  # after the command; {data} and {plans} are filled in
+    arguments: tuple[str, ...]  # after the command; {data}, {plans} and {examples} are filled in
     expected_exit: int
     # An infeasible budget (exit 3) keeps the profile, to re-solve without profiling again.
     expected_files: str = "none"
 
 
 PROFILE = "profile"
+FIT = "fit"
 VERIFY = "verify"
 OUT = ("-o", "out/plan.json", "--report-dir", "out/report")
+HF_SHAPE = ("--batch-size", "1", "--seq-len", "8", "-b", "1GB")
 CASES = [
     Case(PROFILE, "model file missing", ("no_such_model.py", "-b", "1GB", *OUT), 4),
     Case(PROFILE, "model file with a syntax error", ("syntax_error.py", "-b", "1GB", *OUT), 4),
@@ -179,6 +184,72 @@ CASES = [
         "Ctrl-C (SIGINT) while the plan is checked",
         ("ctrl_c_while_checking.py", "-b", "1GB", *OUT),
         130,
+    ),
+    Case(PROFILE, "--hf config missing", ("--hf", "no_such_config.json", *HF_SHAPE, *OUT), 4),
+    Case(PROFILE, "--hf config not JSON", ("--hf", "{plans}/corrupt.json", *HF_SHAPE, *OUT), 4),
+    Case(
+        PROFILE,
+        "--hf config without model_type",
+        ("--hf", "no_model_type.json", *HF_SHAPE, *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "--hf config of an architecture transformers lacks",
+        ("--hf", "unknown_model_type.json", *HF_SHAPE, *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "--hf without a batch shape",
+        ("--hf", "{examples}/configs/gpt2.json", "-b", "1GB", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "--hf sequence longer than the config's positions",
+        (
+            "--hf",
+            "{examples}/configs/gpt2.json",
+            "--batch-size",
+            "1",
+            "--seq-len",
+            "5000",
+            "-b",
+            "1GB",
+            *OUT,
+        ),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "MODEL.py and --hf together",
+        ("{data}/small_cnn.py", "--hf", "{examples}/configs/gpt2.json", *HF_SHAPE, *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "--batch-size on a model file whose sample_batch takes none",
+        ("{data}/small_cnn.py", "--batch-size", "3", "-b", "1GB", *OUT),
+        4,
+    ),
+    Case(
+        FIT,
+        "fit: sample_batch takes no batch size",
+        ("{data}/small_cnn.py", "-b", "1GB", "-o", "out/plan.json"),
+        4,
+    ),
+    Case(
+        FIT,
+        "fit: budget below batch size 1 (100KiB)",
+        ("{examples}/mlp.py", "-b", "100KiB", "-o", "out/plan.json"),
+        3,
+    ),
+    Case(
+        FIT,
+        "fit: --hf with neither --seq-len nor --batch-size",
+        ("--hf", "{examples}/configs/gpt2.json", "-b", "1GB"),
+        2,
     ),
     Case(VERIFY, "plan file missing", ("{data}/small_cnn.py", "no_such_plan.json"), 6),
     Case(VERIFY, "plan file empty", ("{data}/small_cnn.py", "{plans}/empty.json"), 6),
@@ -277,7 +348,9 @@ def run_cli_case(case: Case, plans: Path, scratch: Path) -> dict[str, object]:
     # The model files that import small_cnn find it beside them, as a user's would.
     (folder / "small_cnn.py").write_text(SMALL_CNN.read_text())
     inputs = set(_files(folder))
-    arguments = [a.format(data=DATA, plans=plans) for a in case.arguments]
+    arguments = [
+        a.format(data=DATA, plans=plans, examples=ROOT / "examples") for a in case.arguments
+    ]
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "400"}
     result = subprocess.run(
         [sys.executable, "-m", "cli.main", case.command, *arguments],
@@ -297,7 +370,7 @@ def run_cli_case(case: Case, plans: Path, scratch: Path) -> dict[str, object]:
         for line in result.stderr.splitlines()
         if line.startswith(("error:", "warning:")) or line.startswith("│")
     ]
-    shown = " ".join(case.arguments).format(data="tests/data", plans="<plans>")
+    shown = " ".join(case.arguments).format(data="tests/data", plans="<plans>", examples="examples")
     return {
         "command": f"ckpt-plan {case.command} {shown}",
         "bad input": case.bad_input,
