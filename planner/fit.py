@@ -171,7 +171,7 @@ def fit_largest(
         raise InfeasibleBudgetError(
             f"no {what} fits {format_bytes(budget_bytes)}: even {what} 1 needs "
             f"{format_bytes(lowest)} with every useful module checkpointed; use a budget of "
-            f"at least {format_bytes(lowest)}",
+            f"at least {lowest} bytes",
             budget_bytes=budget_bytes,
             min_budget_bytes=lowest,
         )
