@@ -253,18 +253,12 @@ def fit(
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec, device = target_and_device(target, device)
         from planner.fit import fit_largest
-        from planner.measure.workload import load_model_file, takes_batch_size
+        from planner.measure.workload import load_model_file
         from planner.plan.plan_file import save_plan
 
         with progress_line() as progress:
-            model_file = load_model_file(source)
-            if hf is None and not takes_batch_size(model_file.sample_batch):
-                raise errors.ModelFileError(
-                    f"sample_batch() in {model} takes no batch size: define it as "
-                    "sample_batch(batch_size=...) so that fit can try other sizes"
-                )
             result = fit_largest(
-                model_file,
+                load_model_file(source),
                 budget_bytes,
                 dimension=dimension,
                 device=device.value,

@@ -103,6 +103,10 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
 
 def print_fit(result: Any) -> None:
     """The sizes ``fit`` tried (a :class:`planner.fit.FitResult`), and its answers."""
+    import shlex
+
+    from planner.measure.hf import workload_arguments
+
     budget = format_bytes(result.budget_bytes)
     what = result.dimension.replace("_", " ")
     per = "samples/s" if result.dimension == "batch_size" else "tokens/s per sequence"
@@ -111,7 +115,7 @@ def print_fit(result: Any) -> None:
         table.add_column(column, justify="right")
     for point in result.points:
         fits = point.lowest_peak_bytes <= result.budget_bytes
-        rate = _rate(point)
+        rate = point.throughput
         marks = [
             mark
             for mark, size in (("largest", result.largest), ("fastest", result.fastest))
@@ -142,31 +146,8 @@ def print_fit(result: Any) -> None:
     )
     times = "estimated for the target" if result.planned.profile.target else "timed here"
     stdout.print(
-        f"fastest: {what} {result.fastest}, {_rate(result.point(result.fastest)):,.1f} {per} "
+        f"fastest: {what} {result.fastest}, {result.point(result.fastest).throughput:,.1f} {per} "
         f"predicted with its cheapest plan ({times}); plan it with: ckpt-plan profile "
-        f"{_workload_at(result.source, result.dimension, result.fastest)} "
+        f"{shlex.join(workload_arguments(result.point(result.fastest).source))} "
         f"--budget {result.budget_bytes}"
     )
-
-
-def _rate(point: Any) -> float | None:
-    steps = point.steps_per_second
-    return None if steps is None else point.size * steps
-
-
-def _workload_at(source: str, dimension: str, size: int) -> str:
-    """The command-line options naming ``source``'s workload at another size."""
-    import dataclasses
-    import shlex
-
-    from planner.measure.hf import is_hf_source, parse_hf_source
-
-    if is_hf_source(source):
-        workload = parse_hf_source(source)
-        if dimension == "batch_size":
-            workload = dataclasses.replace(workload, batch_size=size)
-        else:
-            workload = dataclasses.replace(workload, seq_len=size)
-        return shlex.join(workload.command_arguments())
-    path = source.rpartition("?batch_size=")[0] or source
-    return f"{shlex.quote(path)} --batch-size {size}"

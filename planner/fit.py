@@ -37,9 +37,15 @@ from planner.core.records import MemorySource, Profile
 from planner.core.units import format_bytes
 from planner.measure.hf import is_hf_source, max_seq_len, parse_hf_source
 from planner.measure.profiler import ProgressCallback
-from planner.measure.workload import ModelFile, load_model_file, with_batch_size
+from planner.measure.workload import (
+    ModelFile,
+    load_model_file,
+    takes_batch_size,
+    with_batch_size,
+)
 from planner.pipeline import (
     PlanningResult,
+    marked_unchecked,
     measure_profile_costs,
     plan_checked,
     record_step_memory,
@@ -60,12 +66,15 @@ sequence length of a Hugging Face workload."""
 @dataclass(frozen=True)
 class FitPoint:
     """One size tried (``size`` holds the batch size or the sequence length, as the
-    search's ``dimension`` says). ``lowest_peak_bytes``: the smallest budget any plan fits
-    (predicted); ``unplanned_peak_bytes``: the peak without checkpointing. For sizes that
-    fit and were timed: ``step_ms`` (the unplanned step), ``recompute_ms`` (what the
-    cheapest plan at the budget adds) and ``plan_modules`` (how many modules it wraps)."""
+    search's ``dimension`` says; ``source``: the workload at that size, as
+    :func:`~planner.measure.workload.load_model_file` reads it). ``lowest_peak_bytes``: the
+    smallest budget any plan fits (predicted); ``unplanned_peak_bytes``: the peak without
+    checkpointing. For sizes that fit and were timed: ``step_ms`` (the unplanned step),
+    ``recompute_ms`` (what the cheapest plan at the budget adds) and ``plan_modules`` (how
+    many modules it wraps)."""
 
     size: int
+    source: str
     lowest_peak_bytes: int
     unplanned_peak_bytes: int
     step_ms: float | None = None
@@ -77,6 +86,13 @@ class FitPoint:
         if self.step_ms is None or self.recompute_ms is None:
             return None
         return 1000.0 / (self.step_ms + self.recompute_ms)
+
+    @property
+    def throughput(self) -> float | None:
+        """Predicted samples (batch size) or tokens per sequence (sequence length) per
+        second: the size times the steps per second."""
+        steps = self.steps_per_second
+        return None if steps is None else self.size * steps
 
 
 @dataclass(frozen=True)
@@ -93,7 +109,11 @@ class FitResult:
     fastest: int
     capped: bool
     planned: PlanningResult
-    source: str
+
+    @property
+    def source(self) -> str:
+        """The workload at the largest size (the plan's)."""
+        return self.point(self.largest).source
 
     def point(self, size: int) -> FitPoint:
         return next(point for point in self.points if point.size == size)
@@ -127,6 +147,15 @@ def fit_largest(
     size (the median is kept). ``loop``: the training loop's shape, as for ``profile``."""
     if dimension not in DIMENSIONS:
         raise ValueError(f"dimension must be one of {DIMENSIONS}, not {dimension!r}")
+    if (
+        dimension == "batch_size"
+        and not is_hf_source(model_file.source)
+        and not takes_batch_size(model_file.sample_batch)
+    ):
+        raise ModelFileError(
+            f"sample_batch() in {model_file.path} takes no batch size: define it as "
+            "sample_batch(batch_size=...) so that fit can try other sizes"
+        )
     if dimension == "seq_len":
         if not is_hf_source(model_file.source):
             raise ModelFileError(
@@ -198,14 +227,14 @@ def fit_largest(
         | {largest}
     )
     points: dict[int, FitPoint] = {
-        size: FitPoint(size, lowest, profile.measured_peak_bytes)
-        for size, (_, profile, lowest) in memory.items()
+        size: FitPoint(size, sized.source, lowest, profile.measured_peak_bytes)
+        for size, (sized, profile, lowest) in memory.items()
     }
     timed: dict[int, Profile] = {}
     for index, size in enumerate(timed_sizes):
         if progress:
             progress(f"timing {what} {size}", index, len(timed_sizes))
-        sized, profile, lowest = memory[size]
+        sized, profile, _ = memory[size]
         if target is not None:
             costed = roofline_costs(profile, target)
         else:
@@ -219,16 +248,13 @@ def fit_largest(
             )
         plan, _ = plan_for_budget(costed, budget_bytes)
         timed[size] = costed
-        points[size] = FitPoint(
-            size,
-            lowest,
-            profile.measured_peak_bytes,
+        points[size] = dataclasses.replace(
+            points[size],
             step_ms=costed.step_ms,
             recompute_ms=plan.recompute_ms,
             plan_modules=len(plan.modules),
         )
-    # Throughput in samples (batch) or tokens (sequence) per second: the size times steps.
-    fastest = max(timed_sizes, key=lambda size: size * (points[size].steps_per_second or 0.0))
+    fastest = max(timed_sizes, key=lambda size: points[size].throughput or 0.0)
 
     sized = memory[largest][0]
     planned = plan_checked(
@@ -239,6 +265,8 @@ def fit_largest(
         seed=seed,
         progress=progress,
     )
+    if target is not None:
+        planned = marked_unchecked(planned, target, sized.source)
     return FitResult(
         budget_bytes=budget_bytes,
         dimension=dimension,
@@ -247,5 +275,4 @@ def fit_largest(
         fastest=fastest,
         capped=failing is None,
         planned=planned,
-        source=sized.source,
     )

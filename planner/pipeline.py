@@ -57,6 +57,7 @@ from planner.solve.planning import (
 
 __all__ = [
     "PlanningResult",
+    "marked_unchecked",
     "measure_profile_costs",
     "plan_checked",
     "profile_and_plan",
@@ -436,10 +437,16 @@ def profile_and_plan(
         progress=progress,
     )
     if target is not None:
-        note = (
-            f"unchecked: made for {target.name}, which is not here; run `ckpt-plan verify "
-            f"{workload_in_command(model_file.source)} PLAN` on it before training"
-        )
-        plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
-        result = dataclasses.replace(result, plan=plan)
+        result = marked_unchecked(result, target, model_file.source)
     return result
+
+
+def marked_unchecked(result: PlanningResult, target: DeviceSpec, source: str) -> PlanningResult:
+    """``result`` with its plan noted as unchecked: made for ``target``, which is not here,
+    to be run by ``ckpt-plan verify`` on the workload of ``source`` there before training."""
+    note = (
+        f"unchecked: made for {target.name}, which is not here; run `ckpt-plan verify "
+        f"{workload_in_command(source)} PLAN` on it before training"
+    )
+    plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
+    return dataclasses.replace(result, plan=plan)

@@ -128,3 +128,17 @@ def test_fit_the_sequence_length_of_a_hf_config(tmp_path: Path, monkeypatch) -> 
     assert plan.batch["input_ids"]["shape"] == [2, longest]  # type: ignore[index]
     both = CliRunner().invoke(app, [*arguments, "--seq-len", "8"])
     assert both.exit_code == 2 and "give one of --seq-len" in both.output
+
+
+def test_fit_for_a_target_device_leaves_its_plan_unchecked_and_says_so() -> None:
+    """A plan for a device that is not here is not run, and is marked so, as `profile`'s."""
+    from planner.plan.targets import load_spec
+
+    model_file = load_model_file(EXAMPLES / "mlp.py")
+    result = fit_largest(model_file, 200 * MIB, target=load_spec("h100-80gb"), max_size=4)
+    assert result.planned.check is None and not result.planned.plan.checked
+    assert any(
+        note.startswith("unchecked: made for h100-80gb") and "--batch-size" in note
+        for note in result.planned.plan.notes
+    )
+    assert result.source == result.point(result.largest).source

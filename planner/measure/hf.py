@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from planner.measure.workload import ModelFile
 
 __all__ = [
+    "BATCH_SIZE_QUERY",
     "DTYPES",
     "HF_SOURCE_PREFIX",
     "HfWorkload",
@@ -58,6 +59,7 @@ __all__ = [
     "load_hf_model_file",
     "max_seq_len",
     "parse_hf_source",
+    "workload_arguments",
     "workload_in_command",
 ]
 
@@ -116,14 +118,28 @@ def is_hf_source(source: object) -> bool:
     return isinstance(source, str) and source.startswith(HF_SOURCE_PREFIX)
 
 
+BATCH_SIZE_QUERY = "?batch_size="
+"""How a model file's source names a batch size: ``PATH?batch_size=N``
+(:func:`planner.measure.workload.model_file_source`)."""
+
+
+def workload_arguments(source: str, model: str | None = None) -> list[str]:
+    """The command-line options that name the workload of ``source`` (a profile's or plan's
+    ``model_file``): the ``--hf`` options of a Hugging Face workload, else the model file
+    (``model`` in its place where given, e.g. ``MODEL.py`` for a command to run on another
+    machine), with ``--batch-size N`` for a model file's ``PATH?batch_size=N``."""
+    if is_hf_source(source):
+        return parse_hf_source(source).command_arguments()
+    path, query, batch_size = source.rpartition(BATCH_SIZE_QUERY)
+    if not (query and batch_size.isdigit()):
+        path, batch_size = source, ""
+    return [model or path, *(["--batch-size", batch_size] if batch_size else [])]
+
+
 def workload_in_command(source: str | None) -> str:
-    """How a printed command names the workload of ``source`` (a profile's or plan's
-    ``model_file``): the ``--hf`` options of a Hugging Face workload, else ``MODEL.py`` (with
-    ``--batch-size N`` for a model file's ``PATH?batch_size=N``)."""
-    if source is not None and is_hf_source(source):
-        return shlex.join(parse_hf_source(source).command_arguments())
-    _, query, batch_size = (source or "").rpartition("?batch_size=")
-    return f"MODEL.py --batch-size {batch_size}" if query and batch_size.isdigit() else "MODEL.py"
+    """How a printed command names the workload of ``source`` on the machine a plan is for:
+    its ``--hf`` options, or ``MODEL.py`` (see :func:`workload_arguments`)."""
+    return shlex.join(workload_arguments(source or "", model="MODEL.py"))
 
 
 def parse_hf_source(source: str) -> HfWorkload:
@@ -189,12 +205,16 @@ def _config_dtype(data: dict[str, Any], path: Path) -> str:
     return named
 
 
-def max_seq_len(workload: HfWorkload) -> int | None:
-    """The most positions the workload's config allows (``max_position_embeddings``), or
-    None where it names no limit."""
-    data = _read_config(workload.config_path)
+def _positions(data: dict[str, Any]) -> int | None:
+    """The most positions a config allows (``max_position_embeddings``, GPT-2's
+    ``n_positions``), or None where it names no limit."""
     positions = data.get("max_position_embeddings", data.get("n_positions"))
     return positions if isinstance(positions, int) else None
+
+
+def max_seq_len(workload: HfWorkload) -> int | None:
+    """The most positions the workload's config allows, or None where it names no limit."""
+    return _positions(_read_config(workload.config_path))
 
 
 def hf_workload(
@@ -211,8 +231,8 @@ def hf_workload(
         raise ModelFileError(
             f"--batch-size {batch_size} --seq-len {seq_len}: both must be at least 1"
         )
-    positions = data.get("max_position_embeddings", data.get("n_positions"))
-    if isinstance(positions, int) and seq_len > positions:
+    positions = _positions(data)
+    if positions is not None and seq_len > positions:
         raise ModelFileError(
             f"--seq-len {seq_len} is longer than the {positions} positions the config "
             f"{path} allows (max_position_embeddings); pass --seq-len {positions} or less"

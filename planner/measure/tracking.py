@@ -393,7 +393,9 @@ class AllocatorPeakTracker:
     ``existing`` on enter, as :class:`PeakMemoryTracker` does.
     """
 
-    def __init__(self, existing: Mapping[str, Iterable[torch.Tensor]] | None = None) -> None:
+    def __init__(
+        self, existing: Mapping[StorageKind, Iterable[torch.Tensor]] | None = None
+    ) -> None:
         self._existing = existing or {}
         self._existing_refs: list[weakref.ref[Any]] = []
         self._profiler: Any = None

@@ -30,6 +30,7 @@ import torch
 from planner.core.errors import ModelFileError, ProfilingError
 from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
 from planner.core.records import Phase
+from planner.measure.hf import BATCH_SIZE_QUERY
 from planner.measure.tracking import iter_tensors
 
 __all__ = [
@@ -42,10 +43,13 @@ __all__ = [
     "describe_batch",
     "load_model_file",
     "map_tensors",
+    "model_file_source",
     "optimizer_takes_model",
     "own_checkpointing_notes",
     "run_training_step",
     "switch_off_own_checkpointing",
+    "takes_batch_size",
+    "with_batch_size",
 ]
 
 
@@ -169,21 +173,18 @@ def _error_location(error: BaseException, path: Path) -> str:
     return str(path)
 
 
-_BATCH_SIZE_QUERY = "?batch_size="
-
-
 def model_file_source(path: str | Path, batch_size: int | None = None) -> str:
     """The source string of a model file's workload: its path, and with ``batch_size``
     ``PATH?batch_size=N`` (the file's ``sample_batch(batch_size=N)``), carried wherever a
     path is (a separate check process, the profile and the plan)."""
-    return str(path) if batch_size is None else f"{path}{_BATCH_SIZE_QUERY}{batch_size}"
+    return str(path) if batch_size is None else f"{path}{BATCH_SIZE_QUERY}{batch_size}"
 
 
 def _split_source(path: str | Path) -> tuple[str | Path, int | None]:
     """``PATH?batch_size=N`` -> (PATH, N); anything else -> (path, None). A file whose own
     name holds the query is read as that file."""
     text = str(path)
-    base, query, count = text.rpartition(_BATCH_SIZE_QUERY)
+    base, query, count = text.rpartition(BATCH_SIZE_QUERY)
     if not query or Path(text).expanduser().is_file():
         return path, None
     if not count.isdigit() or int(count) < 1:
