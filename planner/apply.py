@@ -31,6 +31,7 @@ Design notes
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -40,11 +41,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.measure.workload import describe_tensor, flag_names, own_checkpointing_flags
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan, load_plan
+from planner.plan.policies import is_attention_op
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +60,7 @@ __all__ = [
     "model_fingerprint",
     "observing_recomputation",
     "remove_plan",
+    "selective_contexts",
     "step_differences",
     "wrapped_modules",
 ]
@@ -140,6 +147,15 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
     function = _observed(decision.module_name, original)
     if decision.restore_buffers:
         function = _restoring_buffers_on_recompute(module, function, decision.restore_buffers)
+    if decision.policy is not None:
+        return checkpoint(
+            function,
+            *args,
+            use_reentrant=False,
+            preserve_rng_state=decision.preserve_rng_state,
+            context_fn=functools.partial(selective_contexts, decision),
+            **kwargs,
+        )
     return checkpoint(
         function,
         *args,
@@ -147,6 +163,36 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
         preserve_rng_state=decision.preserve_rng_state,
         **kwargs,
     )
+
+
+_OP_NAMES: dict[Any, str] = {}
+
+
+def selective_contexts(decision: ModuleDecision) -> tuple[Any, Any]:
+    """The two contexts of one checkpointed call under the decision's selective policy
+    (:mod:`planner.plan.policies`): outputs of ``saved_ops`` are kept, and of
+    ``alternating_ops`` every other call's (the 1st, 3rd, ... of this call's forward); all
+    else is recomputed. Fused attention is matched by kind, not by name: the device picks
+    its kernel (a plan made on CPU names the CPU one)."""
+    saved = frozenset(decision.saved_ops)
+    alternating = frozenset(decision.alternating_ops)
+    any_attention = any(is_attention_op(op) for op in saved)
+    alternation = 0
+
+    def policy(context: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        nonlocal alternation
+        name = _OP_NAMES.get(func)
+        if name is None:
+            name = _OP_NAMES[func] = str(func)
+        if name in saved or (any_attention and is_attention_op(name)):
+            return CheckpointPolicy.MUST_SAVE
+        if name in alternating and not context.is_recompute:
+            alternation += 1
+            if alternation % 2 == 1:
+                return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def _run_segment(functions: list[torch.nn.Module], start: int, end: int) -> Any:
@@ -284,11 +330,18 @@ def apply_plan(
             raise PlanMismatchError(
                 f"the plan wraps {decision.module_name!r}, which is not a submodule of this model"
             )
-        if decision.policy is not None:
+        if decision.policy is not None and not (decision.saved_ops or decision.alternating_ops):
             raise PlanFileError(
-                f"the plan asks for selective checkpointing policy {decision.policy!r} on "
-                f"{decision.module_name}, which this version of ckpt-plan cannot apply; "
-                "upgrade ckpt-plan or re-create the plan"
+                f"the plan's selective policy {decision.policy!r} on {decision.module_name} "
+                "names no ops to save; re-create the plan"
+            )
+        if decision.nested_in is not None and not (
+            decision.module_name.startswith(decision.nested_in + ".")
+            and decision.nested_in in plan.module_names
+        ):
+            raise PlanFileError(
+                f"the plan nests {decision.module_name} inside {decision.nested_in!r}, which "
+                "is not a checkpointed module containing it; re-create the plan"
             )
         if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
             if not isinstance(module, torch.nn.Sequential):

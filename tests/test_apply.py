@@ -429,10 +429,10 @@ def test_deepcopy_of_a_wrapped_model_recomputes_its_own_modules() -> None:
     assert forward_calls(model) == [0, 0, 0]
 
 
-def test_a_plan_with_a_policy_this_version_cannot_apply_is_refused() -> None:
+def test_a_selective_policy_without_ops_is_refused() -> None:
     model = build_model()
     plan = make_plan(model, decision("blocks.0", policy="save-matmuls"))
-    with pytest.raises(PlanFileError, match="cannot apply"):
+    with pytest.raises(PlanFileError, match="names no ops to save"):
         apply_plan(model, plan)
     assert_untouched(model)
 

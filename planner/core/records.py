@@ -30,6 +30,7 @@ __all__ = [
     "ModuleProfile",
     "Name",
     "OpCost",
+    "OptionCost",
     "Phase",
     "Profile",
     "SavedTensor",
@@ -38,6 +39,7 @@ __all__ = [
     "forward_totals_by_call",
     "parse_unit",
     "unit_name",
+    "unit_option",
 ]
 
 PROFILE_SCHEMA_VERSION = 1
@@ -103,19 +105,31 @@ STATIC_KINDS = frozenset(
 )
 
 
-def unit_name(module_name: str, segments: int | None = None) -> str:
+def unit_name(module_name: str, segments: int | None = None, option: str | None = None) -> str:
     """A *unit* is what a plan checkpoints, as the memory model and the solver name it: a
-    module (``"blocks.3"``: wrap it in ``checkpoint``) or, with ``segments``,
-    ``"blocks#3"``: ``checkpoint_sequential`` over the children of ``blocks`` in 3
-    segments. :func:`parse_unit` reads it back."""
+    module (``"blocks.3"``: wrap it in ``checkpoint``); with ``segments``, ``"blocks#3"``:
+    ``checkpoint_sequential`` over the children of ``blocks`` in 3 segments; with
+    ``option``, ``"blocks.3@save-matmuls"``: ``checkpoint`` with a selective policy
+    (:mod:`planner.plan.policies`) or nested checkpointing. :func:`parse_unit` and
+    :func:`unit_option` read it back."""
+    if option is not None:
+        return f"{module_name}@{option}"
     return module_name if segments is None else f"{module_name}#{segments}"
 
 
 def parse_unit(unit: str) -> tuple[str, int | None]:
-    """``"blocks"`` -> ("blocks", None); ``"blocks#3"`` -> ("blocks", 3) (see
-    :func:`unit_name`)."""
+    """``"blocks"`` -> ("blocks", None); ``"blocks#3"`` -> ("blocks", 3);
+    ``"blocks.3@save-matmuls"`` -> ("blocks.3", None) (see :func:`unit_name`)."""
+    unit = unit.partition("@")[0]
     name, _, segments = unit.partition("#")
     return name, int(segments) if segments else None
+
+
+def unit_option(unit: str) -> str | None:
+    """``"blocks.3@save-matmuls"`` -> "save-matmuls"; None for a whole-module or
+    ``checkpoint_sequential`` unit (see :func:`unit_name`)."""
+    _, at, option = unit.partition("@")
+    return option if at else None
 
 
 class Phase(Name):
@@ -142,6 +156,11 @@ class StorageLifetime:
     free_event: int
     alloc_call: int
     kind: StorageKind
+    # The op whose output it is (``"aten.mm.default"``; "" when made outside an op or before
+    # the step), and whether a later op wrote it in place (``relu_``, ``bernoulli_``): a
+    # selective policy may keep an op's output only if nothing writes it afterwards.
+    alloc_op: str = ""
+    written_in_place: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +188,9 @@ class ModuleCall:
     devices: tuple[str, ...]
     # Bytes of the mutated buffers: a plan snapshots them while recomputing this call.
     mutated_buffer_bytes: int = 0
+    # Of ``input_storages``, those passed by keyword: a checkpoint holds these by reference
+    # (not as saved tensors), so an enclosing checkpoint cannot drop them.
+    keyword_input_storages: tuple[int, ...] = ()
     # Arguments (``"past_key_values (DynamicCache)"``) that hold tensors after the call that
     # they did not hold before it: the forward stored tensors into an object it was given,
     # such as a key/value cache. Recomputing the call would store them again.
@@ -240,6 +262,21 @@ def forward_totals_by_call(
     return totals
 
 
+@dataclass(frozen=True, slots=True)
+class OptionCost:
+    """What one checkpointing option of a module costs (:mod:`planner.plan.policies` says
+    which options a module has and what each keeps): the time of its recomputation, all
+    calls (for a selective policy, the ops it does not save, plus the policy's own dispatch
+    cost where measured; for nesting, its forward and its inner modules' forwards again),
+    and the FLOPs it recomputes."""
+
+    option: str
+    recompute_ms: float
+    recompute_flops: int
+    # For nesting: the child modules checkpointed inside it (they run three times).
+    inner_modules: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class ModuleProfile:
     """What checkpointing one module would free and cost, derived from the timeline.
@@ -270,6 +307,15 @@ class ModuleProfile:
     mutated_buffers: tuple[str, ...] = ()
     # FLOPs of its forward, all calls (torch.utils.flop_counter's count).
     forward_flops: int = 0
+    # Its options besides whole-module checkpointing (selective policies, nesting), with
+    # their costs; empty for a module that has none.
+    options: tuple[OptionCost, ...] = ()
+
+    def option_cost(self, option: str) -> OptionCost:
+        for cost in self.options:
+            if cost.option == option:
+                return cost
+        raise KeyError(f"{self.module_name} has no option {option!r}")
 
     @property
     def is_candidate(self) -> bool:

@@ -42,6 +42,7 @@ from planner.core.records import (
     ModuleCall,
     ModuleProfile,
     OpCost,
+    OptionCost,
     Phase,
     Profile,
     SavedTensor,
@@ -56,6 +57,7 @@ from planner.measure.tracking import (
     iter_tensors,
     returns_view,
     workload_tensors,
+    writes_in_place,
     written_arguments,
 )
 from planner.measure.workload import (
@@ -66,7 +68,7 @@ from planner.measure.workload import (
     run_training_step,
     user_code_errors,
 )
-from planner.plan.memory_model import MemoryModel
+from planner.plan.memory_model import NESTED, MemoryModel
 
 if TYPE_CHECKING:
     from planner.measure.fake import FakeSession
@@ -142,6 +144,10 @@ class TimelineRecorder(StorageWatcher):
         # index -> size, event, call, kind
         self._alloc: dict[int, tuple[int, int, int, StorageKind]] = {}
         self._free: dict[int, int] = {}
+        # Storages made by the op running now; each storage's op; storages written in place.
+        self._fresh: list[int] = []
+        self._alloc_op: dict[int, str] = {}
+        self._written: set[int] = set()
         self._calls: list[dict[str, Any]] = []
         self._stack: list[int] = []
         # [storage index or -1, call index or -1, pack event, last unpack event or -1]
@@ -162,6 +168,8 @@ class TimelineRecorder(StorageWatcher):
         event = self._tick() if started else -1
         call = self._stack[-1] if self._stack else -1
         self._alloc[index] = (size_bytes, event, call, kind)
+        if started:
+            self._fresh.append(index)
 
     def on_free(self, index: int) -> None:
         self._free[index] = self._tick()
@@ -169,17 +177,25 @@ class TimelineRecorder(StorageWatcher):
     def on_op(
         self, func: Any, args: Any, kwargs: Any, outputs: list[torch.Tensor], result: Any
     ) -> None:
-        if self._saved_hooks is not None:
-            self._op_costs.append(_op_cost(func, args, kwargs, outputs, result, self))
-        if not self._stack:
-            return
-        random = _is_random(func)
-        foreign = [str(t.device) for t in outputs if t.device.type != self.device_type]
+        started = self._saved_hooks is not None
+        if started:
+            cost = _op_cost(func, args, kwargs, outputs, result, self)
+            self._op_costs.append(cost)
+            # The storages this op made are its outputs (what a selective policy keeps).
+            for fresh in self._fresh:
+                self._alloc_op[fresh] = cost.op
+            self._fresh.clear()
         written = [
             index
             for tensor in written_arguments(func, args, kwargs)
             if (index := self.storage_index(tensor)) is not None
         ]
+        if started:
+            self._written.update(written)
+        if not self._stack:
+            return
+        random = _is_random(func)
+        foreign = [str(t.device) for t in outputs if t.device.type != self.device_type]
         if not (random or foreign or written):
             return
         for call_index in self._stack:
@@ -205,6 +221,7 @@ class TimelineRecorder(StorageWatcher):
                 "parent_call": self._stack[-1] if self._stack else -1,
                 "forward_start_event": self._tick(),
                 "input_storages": self._indices((args, kwargs)),
+                "keyword_input_storages": self._indices(kwargs),
                 "saved": [],
                 "unpacks": [],
                 "uses_rng": False,
@@ -305,6 +322,8 @@ class TimelineRecorder(StorageWatcher):
                 free_event=self._free.get(index, event_count),
                 alloc_call=call,
                 kind=final_kinds.get(index, kind),
+                alloc_op=self._alloc_op.get(index, ""),
+                written_in_place=index in self._written,
             )
             for index, (size, event, call, kind) in sorted(self._alloc.items())
         )
@@ -320,6 +339,7 @@ class TimelineRecorder(StorageWatcher):
                     first_unpack_event=min(unpacks) if unpacks else -1,
                     last_unpack_event=max(unpacks) if unpacks else -1,
                     input_storages=call["input_storages"],
+                    keyword_input_storages=call["keyword_input_storages"],
                     output_storages=call.get("output_storages", ()),
                     saved_storages=tuple(dict.fromkeys(call["saved"])),
                     uses_rng=call["uses_rng"],
@@ -380,6 +400,13 @@ def _argument_tensors(values: Any, found: list[torch.Tensor]) -> list[torch.Tens
 _OP_NAMES: dict[Any, str] = {}
 
 
+def _storage_of(tensor: torch.Tensor) -> object:
+    try:
+        return tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # no storage (nested, sparse): its own
+        return tensor
+
+
 def _op_cost(
     func: Any,
     args: Any,
@@ -397,7 +424,13 @@ def _op_cost(
             flops = 0
     inputs = _argument_tensors(kwargs.values(), _argument_tensors(args, []))
     moved = 0
-    if not returns_view(func):
+    # No data moves for a view, an op that returns no tensor (``prim.device``, sizes), or
+    # one whose outputs all share an input's storage without writing it (``_unsafe_view``).
+    input_storages = {id(_storage_of(t)) for t in inputs}
+    aliases_only = all(id(_storage_of(t)) in input_storages for t in outputs) and not (
+        writes_in_place(func)
+    )
+    if not returns_view(func) and outputs and not aliases_only:
         seen: set[int] = set()
         for tensor in (*inputs, *outputs):
             if id(tensor) not in seen:
@@ -627,9 +660,47 @@ def _module_profiles(
                 excluded_reason=reason,
                 mutated_buffers=tuple(mutated),
                 forward_flops=int(sum(call_flops[index] for index in calls)),
+                options=memory.module_options(name, forward_ms.get(name, 0.0))
+                if not reason
+                else (),
             )
         )
-    return tuple(records)
+    return _with_nesting(tuple(records), memory)
+
+
+def _with_nesting(
+    records: tuple[ModuleProfile, ...], memory: MemoryModel
+) -> tuple[ModuleProfile, ...]:
+    """Each candidate whose calls have candidate children that free something gets the
+    nesting option (``name@nested``: those children checkpointed inside it), costing its
+    forward and theirs again (they run three times)."""
+    by_name = {record.module_name: record for record in records}
+    result = []
+    for record in records:
+        inner: list[str] = []
+        if record.is_candidate:
+            for call in memory.calls_of(record.module_name):
+                for child in memory.child_calls(call):
+                    name = memory.timeline.calls[child].module_name
+                    child_record = by_name.get(name)
+                    if (
+                        child_record is not None
+                        and child_record.is_candidate
+                        and child_record.checkpoint_saving_bytes > 0
+                        and name not in inner
+                    ):
+                        inner.append(name)
+        if inner:
+            memory.nested_inner[record.module_name] = tuple(inner)
+            option = OptionCost(
+                NESTED,
+                record.forward_ms + sum(by_name[name].forward_ms for name in inner),
+                record.forward_flops + sum(by_name[name].forward_flops for name in inner),
+                inner_modules=tuple(inner),
+            )
+            record = dataclasses.replace(record, options=(*record.options, option))
+        result.append(record)
+    return tuple(result)
 
 
 def _updated_argument_hint(updated: list[str]) -> str:

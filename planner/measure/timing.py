@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import statistics
 import time
 from collections import defaultdict
@@ -43,12 +44,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
-from planner.apply import apply_plan
-from planner.core.records import CostSource, ModuleProfile, Profile
+from planner.apply import apply_plan, selective_contexts
+from planner.core.records import CostSource, ModuleProfile, OptionCost, Profile
 from planner.measure.tracking import PeakMemoryTracker, workload_tensors
 from planner.measure.workload import ModelFile, Workload, build_workload, run_training_step
-from planner.plan.plan_file import Plan
+from planner.plan.memory_model import NESTED, MemoryModel
+from planner.plan.plan_file import ModuleDecision, Plan
 
 __all__ = [
     "Clock",
@@ -60,6 +63,8 @@ __all__ = [
 ]
 
 ProgressCallback = Callable[[str, int, int], None]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,9 @@ class MeasuredCosts:
     recompute_ratio: float | None
     timing_modules: tuple[str, ...]
     timing_steps: int
+    # Per module, per selective option: its recomputation's cost over the module's forward
+    # time (see _option_ratios); a module's option costs its forward_ms times that.
+    option_ratios: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 class Clock:
@@ -166,6 +174,96 @@ def _recompute_ratio(
     return recomputed / forward if forward > 0 and recomputed > 0 else None
 
 
+@contextlib.contextmanager
+def _capturing_inputs(
+    workload: Workload, names: list[str]
+) -> Iterator[dict[str, tuple[tuple[Any, ...], dict[str, Any]]]]:
+    """While open, the arguments of each named module's first forward call (not a
+    recomputation during backward), detached, to call the module again on its own."""
+    modules = dict(workload.model.named_modules())
+    captured: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+
+    def capture(name: str) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            if name not in captured and torch._C._current_graph_task_id() == -1:
+                captured[name] = tree_map_only(
+                    torch.Tensor, torch.Tensor.detach, (tuple(args), dict(kwargs))
+                )
+
+        return hook
+
+    handles = [
+        modules[name].register_forward_pre_hook(capture(name), with_kwargs=True) for name in names
+    ]
+    try:
+        yield captured
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _option_groups(profile: Profile) -> list[list[ModuleProfile]]:
+    """Modules with selective options, in groups of identical ones (see _group_key)."""
+    groups: dict[tuple[object, ...], list[ModuleProfile]] = defaultdict(list)
+    for record in profile.modules:
+        if record.options:
+            groups[_group_key(record)].append(record)
+    return list(groups.values())
+
+
+def _option_ratios(
+    workload: Workload,
+    profile: Profile,
+    inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]],
+    repeats: int = 5,
+) -> dict[str, dict[str, float]]:
+    """Each selective option's recomputation cost over its module's forward time, measured on
+    one module per group of identical ones (the rest share it). Three runs of the module
+    on the inputs of its first call (``inputs``), without grad, as the policy's contexts
+    run it: plain; under the caching context (the forward of a checkpointed call, which
+    keeps what the policy saves); under the cached context (the recomputation, which
+    takes those back and computes the rest). The option costs the recomputation plus
+    what the caching context adds to the forward: ``(caching - plain + cached) /
+    plain``. Medians of ``repeats``."""
+    memory = MemoryModel.for_profile(profile)
+    modules = dict(workload.model.named_modules())
+    clock = Clock(workload.device)
+    ratios: dict[str, dict[str, float]] = {}
+    for members in _option_groups(profile):
+        name = members[0].module_name
+        if name not in inputs:
+            continue
+        args, kwargs = inputs[name]
+        module = modules[name]
+        forward = type(module).forward.__get__(module)  # not the plan's wrapper
+        per_option: dict[str, float] = {}
+        for option, rule in memory.policy_rules(name).items():
+            decision = ModuleDecision(
+                name, policy=option, saved_ops=rule.saved_ops, alternating_ops=rule.alternating_ops
+            )
+            samples: dict[str, list[float]] = defaultdict(list)
+            with torch.no_grad():
+                for _ in range(repeats):
+                    caching, cached = selective_contexts(decision)
+                    for label, context in (
+                        ("plain", contextlib.nullcontext()),
+                        ("caching", caching),
+                        ("cached", cached),
+                    ):
+                        begin = clock.mark()
+                        with context:
+                            forward(*args, **kwargs)
+                        samples[label].append(clock.elapsed_ms(begin, clock.mark()))
+            plain = statistics.median(samples["plain"])
+            if plain <= 0:
+                continue
+            extra = statistics.median(samples["caching"]) - plain
+            per_option[option] = max(0.0, extra + statistics.median(samples["cached"])) / plain
+        for record in members:
+            ratios[record.module_name] = per_option
+    return ratios
+
+
 def _group_key(record: ModuleProfile) -> tuple[object, ...]:
     return (
         record.module_type,
@@ -222,15 +320,23 @@ def measure_costs(
     samples: list[dict[str, float]] = []
     step_samples: list[float] = []
     ratios: list[float] = []
+    representatives = [members[0].module_name for members in _option_groups(profile)]
+    inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
     for step in range(timing_steps):
         if progress:
             progress("timing module forwards", step + 1, total)
-        forward_ms, backward_ms, step_ms = _timed_step(workload, seed=seed + 1 + step)
+        with _capturing_inputs(workload, representatives if step == 0 else []) as captured:
+            forward_ms, backward_ms, step_ms = _timed_step(workload, seed=seed + 1 + step)
+        inputs.update(captured)
         samples.append(forward_ms)
         step_samples.append(step_ms)
         ratio = _recompute_ratio(timing_plan, forward_ms, backward_ms)
         if ratio is not None:
             ratios.append(ratio)
+    if progress:
+        progress("timing selective checkpointing options", total, total)
+    option_ratios = _option_ratios(workload, profile, inputs)
+    inputs.clear()
     names = [record.module_name for record in profile.modules]
     medians = {name: statistics.median(s.get(name, 0.0) for s in samples) for name in names}
     recompute_ratio = statistics.median(ratios) if ratios else None
@@ -243,6 +349,7 @@ def measure_costs(
         recompute_ratio=recompute_ratio,
         timing_modules=timing_plan.module_names,
         timing_steps=timing_steps,
+        option_ratios=option_ratios,
     )
 
 
@@ -255,8 +362,26 @@ def with_measured_costs(
     """``profile`` with its times replaced by measured ones. The unplanned step's time is
     the measured step's less the recomputation of ``timing_units`` (the timing plan's),
     each costed by ``unit_cost_ms`` on the measured forward times."""
+
+    def options(record: ModuleProfile, forward_ms: float) -> tuple[OptionCost, ...]:
+        ratios = costs.option_ratios.get(record.module_name, {})
+
+        def recompute_ms(option: OptionCost) -> float:
+            if option.option == NESTED:  # the forward, and the inner modules' once more
+                return forward_ms + sum(costs.forward_ms.get(n, 0.0) for n in option.inner_modules)
+            return forward_ms * ratios.get(option.option, 1.0)
+
+        return tuple(
+            dataclasses.replace(option, recompute_ms=recompute_ms(option))
+            for option in record.options
+        )
+
     modules = tuple(
-        dataclasses.replace(record, forward_ms=costs.forward_ms.get(record.module_name, 0.0))
+        dataclasses.replace(
+            record,
+            forward_ms=(ms := costs.forward_ms.get(record.module_name, 0.0)),
+            options=options(record, ms),
+        )
         for record in profile.modules
     )
     timed = dataclasses.replace(profile, modules=modules)

@@ -28,6 +28,17 @@ Wrapping a module call ``c`` (forward spanning events ``[f0, f1]``) in non-reent
    ``c``'s backward. Under checkpoint only its consumers hold it: it dies at the last
    backward read by a saved tensor outside ``c``, or when the caller's forward returns
    without it, whichever is later; recomputation makes it again (``released_outputs``).
+5. **A selective policy keeps what it saves.** Under a policy (``"name@save-matmuls"``,
+   :mod:`planner.plan.policies`) the outputs of the ops it saves are not dropped: they stay
+   in the checkpoint's cache from their op until ``recompute_event``, even those autograd
+   did not save (``kept``: held like an input, until then); the recomputation takes them
+   back instead of making them, and one the forward had used up dies where it died then.
+6. **Nesting.** ``"name@nested"`` checkpoints a module and, inside it, some of its
+   children (``nested_inner``). The forward drops what the module alone would; the outer
+   recomputation runs the inner checkpoints, which drop their own activations again as
+   their forward returns (so its spike is lower), and those come back only at each
+   inner recomputation. An inner input that the outer recomputation makes again is held
+   until the inner backward ends (``revived``). The inner modules run three times.
 
 Everything else (parameters, gradients, optimizer state, the loss, the optimizer step's
 temporaries) is replayed exactly as measured. The peak of a plan is the maximum over the
@@ -38,14 +49,26 @@ the measured peak exactly (a test checks this).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from planner.core.records import STATIC_KINDS, MemoryTimeline, Phase, parse_unit
+from planner.core.records import (
+    STATIC_KINDS,
+    MemoryTimeline,
+    OpCost,
+    OptionCost,
+    Phase,
+    Profile,
+    parse_unit,
+    unit_name,
+    unit_option,
+)
+from planner.plan.policies import NESTED, PolicyRule, kept_storages, policy_rules
 
 __all__ = [
+    "NESTED",
     "CheckpointEffect",
     "MemoryModel",
     "checkpoint_effects",
@@ -72,6 +95,16 @@ class CheckpointEffect:
     input_storages: tuple[int, ...]
     recompute_peak_bytes: int
     saved_bytes: int
+    # Under a selective policy: ``(storage_index, size_bytes, until_event)`` of the op
+    # outputs the policy keeps, alive until the recomputation takes them back
+    # (``recompute_event``), or, for an op the recomputation never reaches (it stops after
+    # the last saved tensor), until the checkpoint is freed (``release_event``).
+    kept: tuple[tuple[int, int, int], ...] = ()
+    # Under nesting: ``(storage_index, size_bytes, from_event, until_event)`` of storages
+    # alive again over that span though the unplanned step had freed them (an inner
+    # checkpoint's inputs, made again by the outer recomputation and held until the inner
+    # backward ends).
+    revived: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def retained_bytes(self) -> int:
@@ -104,10 +137,106 @@ class _EffectBuilder:
                 (saved_tensor.call, saved_tensor.last_unpack_event)
             )
         self.forward_end = timeline.phase_end_events.get(Phase.FORWARD, timeline.event_count - 1)
+        # call -> the last event at which a tensor was saved while it was innermost.
+        self.last_pack: dict[int, int] = {}
+        for saved_tensor in timeline.saved_tensors:
+            if saved_tensor.call >= 0 and saved_tensor.pack_event <= self.forward_end:
+                self.last_pack[saved_tensor.call] = max(
+                    self.last_pack.get(saved_tensor.call, -1), saved_tensor.pack_event
+                )
 
-    def span(self, first: int, last: int, name: str) -> CheckpointEffect:
+    def made_inside(self, call_index: int) -> list[int]:
+        """Storages made during a call's forward, in allocation order."""
+        calls = self.timeline.calls
+        start = calls[call_index].forward_start_event
+        end = calls[call_index].forward_end_event
+        low = bisect.bisect_right(self.alloc_events, start)
+        high = bisect.bisect_left(self.alloc_events, end)
+        return self.by_alloc[low:high]
+
+    def nested(self, outer: int, inner: list[int], name: str) -> list[CheckpointEffect]:
+        """The effects of checkpointing call ``outer`` with its child calls ``inner``
+        checkpointed inside it (see the module notes, point 6): the outer effect without
+        the storages the inner checkpoints keep dropped, and one effect per inner call
+        whose storages come back only at its own recomputation."""
+        storages = self.timeline.storages
+        whole = self.span(outer, outer, name)
+        if whole.recompute_event < 0:
+            return [whole]
+        effects = [self.span(index, index, name) for index in inner]
+        effects = [effect for effect in effects if effect.recompute_event >= 0]
+        inner_drop = {index: drop for effect in effects for index, _size, drop in effect.retained}
+        # Every storage the outer checkpoint drops is dropped in forward where it was;
+        # those an inner checkpoint owns come back at the inner recomputation instead.
+        outer_drop = {index: drop for index, _size, drop in whole.retained}
+        retained = tuple(entry for entry in whole.retained if entry[0] not in inner_drop)
+        # The outer recomputation runs the inner checkpoints, which drop their retained
+        # storages again when their forward returns: its spike replays that.
+        end = whole.recompute_event
+        changes: list[tuple[int, int]] = []
+        for index in self.made_inside(outer):
+            record = storages[index]
+            changes.append((record.alloc_event, record.size_bytes))
+            free = inner_drop.get(index, record.free_event)
+            if free < self.timeline.calls[outer].forward_end_event:
+                changes.append((free, -record.size_bytes))
+        changes.sort()
+        level = peak = self.timeline.calls[outer].mutated_buffer_bytes
+        for _, change in changes:
+            level += change
+            peak = max(peak, level)
+        inputs_made_inside = set(self.made_inside(outer))
+        inner_effects = []
+        for effect in effects:
+            # An inner checkpoint holds its keyword arguments by reference from the
+            # forward on (the outer checkpoint cannot drop them); its positional ones are
+            # saved tensors, dropped in the forward and made again by the outer recompute.
+            keyword = set(self.timeline.calls[effect.call_index].keyword_input_storages)
+            revived = tuple(
+                (index, storages[index].size_bytes, end, effect.release_event)
+                for index in effect.input_storages
+                if index in inputs_made_inside
+                and index not in keyword
+                and index not in outer_drop
+                and storages[index].free_event < end < effect.release_event
+            )
+            inner_effects.append(
+                CheckpointEffect(
+                    call_index=effect.call_index,
+                    module_name=name,
+                    retained=tuple(
+                        (index, size, outer_drop.get(index, drop))
+                        for index, size, drop in effect.retained
+                    ),
+                    released_outputs=(),
+                    recompute_event=effect.recompute_event,
+                    release_event=effect.release_event,
+                    input_storages=tuple(i for i in effect.input_storages if i in keyword),
+                    recompute_peak_bytes=effect.recompute_peak_bytes,
+                    saved_bytes=effect.saved_bytes,
+                    revived=revived,
+                )
+            )
+        outer_effect = CheckpointEffect(
+            call_index=whole.call_index,
+            module_name=name,
+            retained=retained,
+            released_outputs=whole.released_outputs,
+            recompute_event=whole.recompute_event,
+            release_event=whole.release_event,
+            input_storages=whole.input_storages,
+            recompute_peak_bytes=peak,
+            saved_bytes=whole.saved_bytes,
+        )
+        return [outer_effect, *inner_effects]
+
+    def span(
+        self, first: int, last: int, name: str, rule: PolicyRule | None = None
+    ) -> CheckpointEffect:
         """The effect of checkpointing calls ``first..last`` (consecutive siblings) as one
-        unit: a module call (``first == last``) or a ``checkpoint_sequential`` segment."""
+        unit: a module call (``first == last``) or a ``checkpoint_sequential`` segment.
+        With ``rule`` (one call only), under that selective policy: the outputs of the ops
+        it saves are kept from the forward to the recomputation, which skips those ops."""
         timeline, storages, calls = self.timeline, self.timeline.storages, self.timeline.calls
         output_sets = self.output_sets
         members = {
@@ -123,6 +252,10 @@ class _EffectBuilder:
         low = bisect.bisect_right(self.alloc_events, start)
         high = bisect.bisect_left(self.alloc_events, end)
         made_inside = self.by_alloc[low:high]
+        keep: set[int] = set()
+        if rule is not None:
+            positions = kept_storages([storages[index] for index in made_inside], rule)
+            keep = {made_inside[position] for position in positions}
 
         # The forward's own transient peak: replay its allocations and frees (frees after
         # the forward ended do not count inside it). A plan snapshots the buffers the span
@@ -130,6 +263,12 @@ class _EffectBuilder:
         changes: list[tuple[int, int]] = []
         for index in made_inside:
             record = storages[index]
+            if index in keep:
+                # Handed back from the cache (alive already), not made again; one that
+                # the forward used up dies in the recomputation where it died before.
+                if record.free_event < end:
+                    changes.append((record.free_event, -record.size_bytes))
+                continue
             changes.append((record.alloc_event, record.size_bytes))
             if record.free_event < end:
                 changes.append((record.free_event, -record.size_bytes))
@@ -147,6 +286,9 @@ class _EffectBuilder:
                 unpacks.append(calls[sub].first_unpack_event)
                 unpacks.append(calls[sub].last_unpack_event)
         saved = {index for index in saved if storages[index].kind not in STATIC_KINDS}
+        # The recomputation stops once it has made the last tensor saved inside the span:
+        # a policy's cached output of a later op is never taken back.
+        last_pack = max((self.last_pack.get(sub, -1) for sub in inside), default=-1)
         recompute_event = min(unpacks) if unpacks else -1
         release_event = max(unpacks) if unpacks else -1
 
@@ -158,6 +300,7 @@ class _EffectBuilder:
                 if (
                     index not in saved
                     or index in outputs
+                    or index in keep
                     or record.free_event <= max(end, recompute_event)
                 ):
                     continue
@@ -177,6 +320,7 @@ class _EffectBuilder:
                 record = storages[index]
                 if (
                     index not in saved
+                    or index in keep
                     or not start < record.alloc_event < end
                     or record.free_event <= recompute_event
                 ):
@@ -208,6 +352,17 @@ class _EffectBuilder:
             input_storages=inputs,
             recompute_peak_bytes=recompute_peak,
             saved_bytes=sum(storages[index].size_bytes for index in saved),
+            kept=tuple(
+                (
+                    index,
+                    storages[index].size_bytes,
+                    recompute_event
+                    if storages[index].alloc_event < last_pack
+                    else max(recompute_event, release_event),
+                )
+                for index in sorted(keep)
+                if recompute_event >= 0 and storages[index].kind not in STATIC_KINDS
+            ),
         )
 
 
@@ -239,11 +394,17 @@ class MemoryModel:
     Build once per profile (``O(events)``), then call :meth:`peak_bytes` per plan.
     """
 
-    def __init__(self, timeline: MemoryTimeline) -> None:
+    def __init__(
+        self, timeline: MemoryTimeline, nested: Mapping[str, tuple[str, ...]] | None = None
+    ) -> None:
         self.timeline = timeline
+        # module -> the child modules its "name@nested" unit checkpoints inside it.
+        self.nested_inner: dict[str, tuple[str, ...]] = dict(nested or {})
         self._builder = _EffectBuilder(timeline)
         self.effects = _call_effects(self._builder)
         self._unit_effects: dict[str, tuple[CheckpointEffect, ...]] = {}
+        self._policy_rules: dict[str, dict[str, PolicyRule]] = {}
+        self._op_events = [op.event for op in timeline.op_costs]
         self._calls_by_module: dict[str, list[int]] = {}
         for index, call in enumerate(timeline.calls):
             self._calls_by_module.setdefault(call.module_name, []).append(index)
@@ -253,6 +414,19 @@ class MemoryModel:
         for record in timeline.storages:
             self._base_delta[record.alloc_event + 1] += record.size_bytes
             self._base_delta[record.free_event + 1] -= record.size_bytes
+
+    @classmethod
+    def for_profile(cls, profile: Profile) -> MemoryModel:
+        """The model of a profile's timeline, with the profile's nesting options."""
+        return cls(
+            profile.timeline,
+            {
+                record.module_name: option.inner_modules
+                for record in profile.modules
+                for option in record.options
+                if option.option == NESTED
+            },
+        )
 
     def module_names(self) -> list[str]:
         return list(self._calls_by_module)
@@ -268,14 +442,96 @@ class MemoryModel:
             if self.timeline.calls[index].parent_call == call_index
         ]
 
+    def policy_rules(self, module_name: str) -> dict[str, PolicyRule]:
+        """The selective policies that make sense for a module, by name, with their op
+        lists (:func:`planner.plan.policies.policy_rules`, over all its calls)."""
+        rules = self._policy_rules.get(module_name)
+        if rules is None:
+            storages = self.timeline.storages
+            made = [
+                storages[index]
+                for call_index in self.calls_of(module_name)
+                for index in self._builder.made_inside(call_index)
+            ]
+            rules = {str(rule.policy): rule for rule in policy_rules(made)}
+            self._policy_rules[module_name] = rules
+        return rules
+
+    def recomputed_ops(self, unit: str) -> list[OpCost]:
+        """The ops a module unit's recomputation runs, all its calls: every op of its
+        forward, less, under a selective policy, the calls whose outputs the policy saves
+        (counted as :func:`~planner.plan.policies.kept_storages` counts them)."""
+        name, segments = parse_unit(unit)
+        if segments is not None:
+            raise ValueError(f"recomputed_ops takes a module or an option unit, not {unit!r}")
+        option = unit_option(unit)
+        rule = None if option is None else self.policy_rules(name)[option]
+        ops = self.timeline.op_costs
+        recomputed: list[OpCost] = []
+        for call_index in self.calls_of(name):
+            call = self.timeline.calls[call_index]
+            low = bisect.bisect_right(self._op_events, call.forward_start_event)
+            high = bisect.bisect_left(self._op_events, call.forward_end_event)
+            alternation = 0
+            for op in ops[low:high]:
+                if rule is not None and op.op in rule.alternating_ops:
+                    saved = rule.saves(op.op, alternation)
+                    alternation += 1
+                else:
+                    saved = rule is not None and rule.saves(op.op)
+                if not saved:
+                    recomputed.append(op)
+        return recomputed
+
+    def module_options(self, module_name: str, forward_ms: float) -> tuple[OptionCost, ...]:
+        """A candidate's selective options that free something, each with the FLOPs its
+        recomputation runs and a first time estimate (``forward_ms`` scaled by the share of
+        the forward's FLOPs it recomputes; measured or roofline times replace it)."""
+        forward_flops = sum(op.flops for op in self.recomputed_ops(module_name))
+        options = []
+        for option in self.policy_rules(module_name):
+            unit = unit_name(module_name, option=option)
+            if sum(effect.retained_bytes for effect in self.unit_effects(unit)) <= 0:
+                continue
+            flops = sum(op.flops for op in self.recomputed_ops(unit))
+            share = flops / forward_flops if forward_flops else 1.0
+            options.append(OptionCost(option, forward_ms * share, flops))
+        return tuple(options)
+
     def unit_effects(self, unit: str) -> tuple[CheckpointEffect, ...]:
-        """The effects of one plan unit: a module name (all its calls) or ``"name#k"``,
-        ``checkpoint_sequential`` over that module's children in ``k`` segments."""
+        """The effects of one plan unit: a module name (all its calls), ``"name#k"``,
+        ``checkpoint_sequential`` over that module's children in ``k`` segments, or
+        ``"name@policy"``, the module under a selective policy."""
         cached = self._unit_effects.get(unit)
         if cached is not None:
             return cached
         name, segments = parse_unit(unit)
-        if segments is None:
+        option = unit_option(unit)
+        if option == NESTED:
+            inner_names = set(self.nested_inner.get(name, ()))
+            if not inner_names:
+                raise KeyError(f"{name} has no nested checkpointing option")
+            effects = tuple(
+                effect
+                for index in self.calls_of(name)
+                for effect in self._builder.nested(
+                    index,
+                    [
+                        child
+                        for child in self.child_calls(index)
+                        if self.timeline.calls[child].module_name in inner_names
+                    ],
+                    unit,
+                )
+            )
+        elif option is not None:
+            rule = self.policy_rules(name).get(option)
+            if rule is None:
+                raise KeyError(f"{name} has no selective checkpointing option {option!r}")
+            effects = tuple(
+                self._builder.span(index, index, unit, rule) for index in self.calls_of(name)
+            )
+        elif segments is None:
             effects = tuple(self.effects[index] for index in self.calls_of(name))
         else:
             spans = []
@@ -303,6 +559,11 @@ class MemoryModel:
                 spikes.append((effect.recompute_event, effect.recompute_peak_bytes))
                 for index in effect.input_storages:
                     kept_until[index] = max(kept_until.get(index, -1), effect.release_event)
+                for index, _size, until in effect.kept:
+                    kept_until[index] = max(kept_until.get(index, -1), until)
+                for _index, size, start, until in effect.revived:
+                    delta[start + 1] += size
+                    delta[until + 1] -= size
         for index in gaps.keys() | kept_until.keys():
             record = storages[index]
             held_until = kept_until.get(index, -1)

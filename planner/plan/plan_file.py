@@ -18,6 +18,7 @@ from planner.core.errors import LoopShapeError, PlanFileError
 from planner.core.fileio import atomic_write_text
 from planner.core.loop import PLAIN_LOOP, LoopShape, loop_from_dict, loop_to_dict
 from planner.core.records import unit_name
+from planner.plan.policies import NESTED
 
 __all__ = [
     "PLAN_SCHEMA_VERSION",
@@ -49,11 +50,15 @@ class ModuleDecision:
     ``preserve_rng_state`` is True for modules that run random ops (dropout), so that
     recomputation draws the same numbers; modules without random ops skip the RNG stash.
     ``segments`` is set only for ``checkpoint_sequential``. ``policy`` names a selective
-    checkpointing policy, or None for full recomputation. ``restore_buffers`` names buffers
-    (relative to the module) that its forward changes in place (BatchNorm running
-    statistics): recomputation restores them, so they change once per step, as unplanned.
+    checkpointing policy (:mod:`planner.plan.policies`), or None for full recomputation;
+    with a policy, ``saved_ops`` are the ops whose outputs it saves (``"aten.mm.default"``)
+    and ``alternating_ops`` those of which it saves every other call (the 1st, 3rd, ...).
+    ``restore_buffers`` names buffers (relative to the module) that its forward changes in
+    place (BatchNorm running statistics): recomputation restores them, so they change once
+    per step, as unplanned.
     ``saving_bytes`` and ``recompute_ms`` are the profile's figures for this module (all
-    its calls).
+    its calls). ``nested_in`` names the checkpointed module this one is checkpointed inside
+    (nesting: the outer decision carries the cost and the saving of both).
     """
 
     module_name: str
@@ -61,9 +66,12 @@ class ModuleDecision:
     preserve_rng_state: bool = True
     segments: int | None = None
     policy: str | None = None
+    saved_ops: tuple[str, ...] = ()
+    alternating_ops: tuple[str, ...] = ()
     restore_buffers: tuple[str, ...] = ()
     saving_bytes: int = 0
     recompute_ms: float = 0.0
+    nested_in: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,13 +122,16 @@ class Plan:
 
     @property
     def units(self) -> tuple[str, ...]:
-        """The plan as the memory model reads it: module names, and ``"name#k"`` for
-        ``checkpoint_sequential`` over ``name``'s children in ``k`` segments."""
+        """The plan as the memory model reads it: module names, ``"name#k"`` for
+        ``checkpoint_sequential`` over ``name``'s children in ``k`` segments, and
+        ``"name@policy"`` for a selective policy."""
+        outers = {d.nested_in for d in self.modules if d.nested_in is not None}
         return tuple(
             unit_name(d.module_name, d.segments)
             if d.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL
-            else d.module_name
+            else unit_name(d.module_name, option=NESTED if d.module_name in outers else d.policy)
             for d in self.modules
+            if d.nested_in is None
         )
 
 
@@ -131,6 +142,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             **asdict(decision),
             "method": decision.method.value,
             "restore_buffers": list(decision.restore_buffers),
+            "saved_ops": list(decision.saved_ops),
+            "alternating_ops": list(decision.alternating_ops),
         }
         for decision in plan.modules
     ]
@@ -174,10 +187,13 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
                 method=CheckpointMethod(item.get("method", "checkpoint")),
                 preserve_rng_state=bool(item.get("preserve_rng_state", True)),
                 segments=None if item.get("segments") is None else int(item["segments"]),
-                policy=item.get("policy"),
+                policy=None if item.get("policy") is None else str(item["policy"]),
+                saved_ops=tuple(str(op) for op in item.get("saved_ops", ())),
+                alternating_ops=tuple(str(op) for op in item.get("alternating_ops", ())),
                 restore_buffers=tuple(str(name) for name in item.get("restore_buffers", ())),
                 saving_bytes=int(item.get("saving_bytes", 0)),
                 recompute_ms=float(item.get("recompute_ms", 0.0)),
+                nested_in=None if item.get("nested_in") is None else str(item["nested_in"]),
             )
             for item in data["modules"]
         )

@@ -21,6 +21,7 @@ from planner.core.records import (
     ModuleCall,
     ModuleProfile,
     OpCost,
+    OptionCost,
     Phase,
     Profile,
     SavedTensor,
@@ -88,6 +89,12 @@ def _tuple_if_list(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
+def _module(values: dict[str, Any]) -> ModuleProfile:
+    fields_ = {k: _tuple_if_list(v) for k, v in values.items()}
+    fields_["options"] = tuple(OptionCost(**option) for option in values.get("options", ()))
+    return ModuleProfile(**fields_)
+
+
 def load_profile(path: str | Path) -> Profile:
     """Read a profile JSON written by :func:`save_profile`."""
     source = Path(path)
@@ -131,10 +138,7 @@ def load_profile(path: str | Path) -> Profile:
             ),
         )
         values = {f.name: data[f.name] for f in fields(Profile) if f.name in data}
-        values["modules"] = tuple(
-            ModuleProfile(**{k: _tuple_if_list(v) for k, v in record.items()})
-            for record in data["modules"]
-        )
+        values["modules"] = tuple(_module(record) for record in data["modules"])
         values["timeline"] = timeline
         values["block_names"] = tuple(data.get("block_names", ()))
         values["assumptions"] = tuple(data.get("assumptions", ()))

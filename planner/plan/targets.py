@@ -31,7 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from planner.core.errors import BudgetError, PlannerError, TargetSpecError
-from planner.core.records import CostSource, OpCost, Profile, forward_totals_by_call
+from planner.core.records import (
+    CostSource,
+    ModuleProfile,
+    OpCost,
+    OptionCost,
+    Profile,
+    forward_totals_by_call,
+    unit_name,
+)
+from planner.plan.memory_model import NESTED, MemoryModel
 
 __all__ = [
     "BUILT_IN_SPECS",
@@ -194,8 +203,27 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
     by_module: dict[str, float] = {}
     for index, call in enumerate(profile.timeline.calls):
         by_module[call.module_name] = by_module.get(call.module_name, 0.0) + by_call[index]
+    memory = MemoryModel(profile.timeline) if any(r.options for r in profile.modules) else None
+
+    def option_ms(record: ModuleProfile, cost: OptionCost) -> float:
+        if cost.option == NESTED:  # the forward, and the inner modules' once more
+            return by_module.get(record.module_name, 0.0) + sum(
+                by_module.get(name, 0.0) for name in cost.inner_modules
+            )
+        # A selective option recomputes every op of the forward but the ones it saves.
+        assert memory is not None
+        unit = unit_name(record.module_name, option=cost.option)
+        return sum(ms(op) for op in memory.recomputed_ops(unit))
+
+    def options(record: ModuleProfile) -> tuple[OptionCost, ...]:
+        return tuple(replace(cost, recompute_ms=option_ms(record, cost)) for cost in record.options)
+
     modules = tuple(
-        replace(record, forward_ms=by_module.get(record.module_name, 0.0))
+        replace(
+            record,
+            forward_ms=by_module.get(record.module_name, 0.0),
+            options=options(record),
+        )
         for record in profile.modules
     )
     if estimate_only:

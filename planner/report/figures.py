@@ -267,7 +267,7 @@ def memory_timeline_figure(
 ) -> Figure:
     """Live memory over one step, without and with the plan (predicted), with the budget,
     the recompute spikes and the forward | backward | optimizer boundaries."""
-    memory = memory or MemoryModel(profile.timeline)
+    memory = memory or MemoryModel.for_profile(profile)
     data = timeline_frame(profile, plan, memory)
     unit, unit_bytes = memory_unit(profile)
     scale = MIB / unit_bytes

@@ -244,7 +244,7 @@ _MODULE_COLUMNS = [
 def timeline_frame(profile: Profile, plan: Plan, memory: MemoryModel | None = None) -> pd.DataFrame:
     """The data behind the timeline chart: live MiB after each event, unplanned and planned
     (columns ``event``, ``unplanned_mib``, ``planned_mib``)."""
-    memory = memory or MemoryModel(profile.timeline)
+    memory = memory or MemoryModel.for_profile(profile)
     unplanned = memory.memory_curve(()) / MIB
     planned = memory.memory_curve(plan.units) / MIB
     return pd.DataFrame(

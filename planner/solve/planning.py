@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from planner.core.records import Profile, parse_unit, unit_name
+from planner.core.records import Profile, parse_unit, unit_name, unit_option
 from planner.plan.memory_model import MemoryModel, sequential_segments
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan
+from planner.plan.policies import NESTED
 from planner.solve import Solution, Solver
 
 if TYPE_CHECKING:
@@ -66,13 +67,59 @@ def recomputed_modules(profile: Profile, unit: str) -> list[str]:
 
 
 def unit_cost_ms(profile: Profile, unit: str) -> float:
-    """Recompute time of a plan unit: the forward times of the modules it recomputes."""
+    """Recompute time of a plan unit: the forward times of the modules it recomputes, or
+    for an option (``name@policy``) the option's measured or estimated cost."""
+    option = unit_option(unit)
+    if option is not None:
+        return profile.module(parse_unit(unit)[0]).option_cost(option).recompute_ms
     return sum(profile.module(name).forward_ms for name in recomputed_modules(profile, unit))
+
+
+def _decisions(profile: Profile, unit: str, memory: MemoryModel) -> list[ModuleDecision]:
+    """A unit's decisions: one, or for nesting the outer module's and its inner ones'."""
+    if unit_option(unit) != NESTED:
+        return [_decision(profile, unit, memory)]
+    name = parse_unit(unit)[0]
+    record = profile.module(name)
+    option = record.option_cost(NESTED)
+    outer = ModuleDecision(
+        module_name=name,
+        method=CheckpointMethod.CHECKPOINT,
+        preserve_rng_state=record.uses_rng,
+        restore_buffers=record.mutated_buffers,
+        saving_bytes=sum(effect.retained_bytes for effect in memory.unit_effects(unit)),
+        recompute_ms=option.recompute_ms,
+    )
+    inner = [
+        ModuleDecision(
+            module_name=child,
+            method=CheckpointMethod.CHECKPOINT,
+            preserve_rng_state=profile.module(child).uses_rng,
+            restore_buffers=profile.module(child).mutated_buffers,
+            nested_in=name,
+        )
+        for child in option.inner_modules
+    ]
+    return [outer, *inner]
 
 
 def _decision(profile: Profile, unit: str, memory: MemoryModel) -> ModuleDecision:
     name, segments = parse_unit(unit)
     record = profile.module(name)
+    option = unit_option(unit)
+    if option is not None:
+        rule = memory.policy_rules(name)[option]
+        return ModuleDecision(
+            module_name=name,
+            method=CheckpointMethod.CHECKPOINT,
+            preserve_rng_state=record.uses_rng,
+            policy=option,
+            saved_ops=rule.saved_ops,
+            alternating_ops=rule.alternating_ops,
+            restore_buffers=record.mutated_buffers,
+            saving_bytes=sum(effect.retained_bytes for effect in memory.unit_effects(unit)),
+            recompute_ms=record.option_cost(option).recompute_ms,
+        )
     if segments is None:
         return ModuleDecision(
             module_name=name,
@@ -104,8 +151,10 @@ def build_plan(
 ) -> Plan:
     """A plan checkpointing ``units`` (module names, or ``"name#k"`` for
     ``checkpoint_sequential`` in k segments), its prediction re-checked by the memory model."""
-    memory = memory or MemoryModel(profile.timeline)
-    decisions = tuple(_decision(profile, unit, memory) for unit in sorted(units))
+    memory = memory or MemoryModel.for_profile(profile)
+    decisions = tuple(
+        decision for unit in sorted(units) for decision in _decisions(profile, unit, memory)
+    )
     recompute_ms = sum(d.recompute_ms for d in decisions)
     return Plan(
         budget_bytes=budget_bytes,
@@ -190,7 +239,7 @@ def baseline_plans(profile: Profile, budget_bytes: int = 0, *, every: int = 2) -
     ``sqrt-n-segments``, ``checkpoint_sequential`` over the blocks in round(sqrt(n))
     segments, when the blocks are the children of one ``nn.Sequential``.
     """
-    memory = MemoryModel(profile.timeline)
+    memory = MemoryModel.for_profile(profile)
     blocks = [name for name in profile.block_names if profile.module(name).is_candidate]
     ordinal = {1: "st", 2: "nd", 3: "rd"}.get(every if every < 20 else every % 10, "th")
     every_kth = f"every-{every}{ordinal}-block"

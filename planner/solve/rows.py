@@ -88,6 +88,9 @@ class MemoryRows:
                     )
                 for storage in effect.input_storages:
                     holders.setdefault(storage, []).append((unit_index, effect.release_event + 1))
+                # A selective policy holds the outputs it saves until its recomputation.
+                for storage, _size, until in effect.kept:
+                    holders.setdefault(storage, []).append((unit_index, until + 1))
                 spikes.append((effect.recompute_event, effect.recompute_peak_bytes))
             self.spikes.append(spikes)
         # Plain (additive) intervals: (unit, start, end, bytes) in numpy arrays for speed.

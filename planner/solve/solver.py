@@ -51,12 +51,13 @@ class Solver:
         memory: MemoryModel | None = None,
         *,
         sequential: bool = True,
+        options: bool = True,
         exhaustive_evaluations: int = 2_000,
     ) -> None:
         self.profile = profile
-        self.memory = memory or MemoryModel(profile.timeline)
+        self.memory = memory or MemoryModel.for_profile(profile)
         self.exhaustive_evaluations = exhaustive_evaluations
-        self.tree = UnitTree(profile, self.memory, sequential=sequential)
+        self.tree = UnitTree(profile, self.memory, sequential=sequential, options=options)
         self.names = self.tree.names
         self.plan_count = self.tree.plan_count
         self.peak = PlanPeaks(self.memory)

@@ -1,10 +1,12 @@
 """The unit tree: what a plan may choose, and which choices exclude each other.
 
-A unit is a candidate module (``"blocks.3"``: wrap it in ``checkpoint``) or, for a candidate
+A unit is a candidate module (``"blocks.3"``: wrap it in ``checkpoint``); for a candidate
 ``nn.Sequential`` with at least three children, ``"name#k"``: ``checkpoint_sequential`` over
-its children in ``k`` segments. Every unit sits on one node of the module tree; a plan uses
-at most one unit per root-to-leaf path (never a module together with its ancestor: wrapping a
-parent already recomputes its children). Built once per profile; read-only afterwards.
+its children in ``k`` segments; or one of a candidate's options (``"blocks.3@save-matmuls"``:
+a selective policy, :mod:`planner.plan.policies`), each with its own cost. Every unit sits
+on one node of the module tree; a plan uses at most one unit per root-to-leaf path (never a
+module together with its ancestor: wrapping a parent already recomputes its children). Built
+once per profile; read-only afterwards.
 """
 
 from __future__ import annotations
@@ -36,13 +38,25 @@ class UnitTree:
     (antichains of units) there are.
     """
 
-    def __init__(self, profile: Profile, memory: MemoryModel, *, sequential: bool = True) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        memory: MemoryModel,
+        *,
+        sequential: bool = True,
+        options: bool = True,
+    ) -> None:
         candidates = sorted(profile.candidates, key=lambda m: tree_key(m.module_name))
         self.cost_ms: dict[str, float] = {}
         self.node_of: dict[str, str] = {}
         for record in candidates:
             self.cost_ms[record.module_name] = record.forward_ms
             self.node_of[record.module_name] = record.module_name
+            if options:
+                for option in record.options:
+                    unit = unit_name(record.module_name, option=option.option)
+                    self.cost_ms[unit] = option.recompute_ms
+                    self.node_of[unit] = record.module_name
             # checkpoint_sequential cannot restore buffers after recomputing (a wrapped
             # module can), so a Sequential whose forward changes buffers gets no segments.
             if sequential and record.module_type == "Sequential" and not record.mutated_buffers:

@@ -1,0 +1,158 @@
+"""Selective checkpointing options: which op outputs a checkpointed module keeps.
+
+Pure Python (no torch). ``torch.utils.checkpoint`` with
+``context_fn=partial(create_selective_checkpoint_contexts, policy_fn)`` recomputes a
+module's forward in backward like whole-module checkpointing, except that the outputs of
+the ops the policy marks ``MUST_SAVE`` are kept from the forward (in the checkpoint's cache)
+and handed back during recomputation instead of being computed again. Each option trades
+memory (what it keeps) for time (what it still recomputes); the solver weighs them by cost.
+
+Design notes
+------------
+* **Named, stable policies, concrete op lists.** A policy is a rule over op *families*
+  (:class:`SelectivePolicy`); the ops it saves in one module are the family's ops that the
+  profile saw in that module's forward (``addmm`` for a Linear with a bias, ``mm`` without,
+  ``_scaled_dot_product_flash_attention_for_cpu`` for CPU attention). A rule written for
+  other op names (torchtitan's list names ``aten.mm`` only) would save nothing on a model
+  whose Linears have biases. The plan JSON records the concrete list.
+* **What a policy keeps is measured, not assumed.** It keeps *every* output of every op it
+  marks, whether backward needs it or not: the memory model replays exactly those
+  storages (:func:`kept_storages`), alive from their op until the module's recomputation.
+* **Never a cached output that is written later.** ``torch.utils.checkpoint`` checks that a
+  cached output is unchanged when it hands it back and raises if not; an op whose output is
+  later written in place (``relu_``, dropout's ``bernoulli_``) is left out of the list, so a
+  plan never fails a step. Random ops and everything else are recomputed (with the RNG
+  state replayed, as whole-module checkpointing does).
+* **torchtitan's rule** saves attention and every other matrix multiply (the 1st, 3rd, ...
+  in the module's forward), counting ``mm`` and ``addmm`` together so that it means the
+  same with biases as without.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from planner.core.records import Name, StorageLifetime
+
+__all__ = [
+    "MATMUL_OPS",
+    "NESTED",
+    "PolicyRule",
+    "SelectivePolicy",
+    "is_attention_op",
+    "is_matmul_op",
+    "kept_storages",
+    "policy_rules",
+]
+
+
+NESTED = "nested"
+"""The option that nests: ``"blocks.0@nested"`` checkpoints ``blocks.0`` and, inside it,
+its candidate children (:mod:`planner.plan.memory_model`, point 6)."""
+
+
+class SelectivePolicy(Name):
+    """The selective checkpointing options a candidate module may get."""
+
+    SAVE_MATMULS = "save-matmuls"
+    """Outputs of matrix multiplies (``mm``, ``addmm``, ``bmm``, ``baddbmm``) saved;
+    everything else recomputed."""
+    SAVE_ATTENTION = "save-attention"
+    """Outputs of fused attention (``scaled_dot_product_attention``'s kernels) saved."""
+    SAVE_MATMULS_AND_ATTENTION = "save-matmuls-and-attention"
+    """Both of the above."""
+    TORCHTITAN = "torchtitan"
+    """torchtitan's "selective op" rule: attention saved, and every other matrix multiply."""
+
+
+MATMUL_OPS = frozenset(
+    {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
+)
+# torchtitan alternates over the 2-D matmuls only (its list names aten.mm); addmm added.
+_ALTERNATING_MATMULS = frozenset({"aten.mm.default", "aten.addmm.default"})
+
+
+def is_matmul_op(op: str) -> bool:
+    return op in MATMUL_OPS
+
+
+def is_attention_op(op: str) -> bool:
+    """A fused attention kernel's forward (any backend ``scaled_dot_product_attention``
+    picks: flash, efficient, cuDNN, math-for-CPU)."""
+    name = op.removeprefix("aten.")
+    return (
+        name.startswith(("_scaled_dot_product_", "_flash_attention_forward"))
+        or name.startswith("_efficient_attention_forward")
+    ) and "backward" not in name
+
+
+@dataclass(frozen=True)
+class PolicyRule:
+    """One policy made concrete for one module: the ops whose outputs are always saved,
+    and the ops of which every other call is saved (the 1st, 3rd, ...; counted together in
+    the order they run). Both are op names as the profile records them
+    (``"aten.addmm.default"``)."""
+
+    policy: SelectivePolicy
+    saved_ops: tuple[str, ...]
+    alternating_ops: tuple[str, ...] = ()
+
+    def saves(self, op: str, alternation_index: int | None = None) -> bool:
+        if op in self.saved_ops:
+            return True
+        return op in self.alternating_ops and (alternation_index or 0) % 2 == 0
+
+
+def _family(policy: SelectivePolicy, ops: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    ops = sorted(set(ops))
+    matmuls = tuple(op for op in ops if is_matmul_op(op))
+    attention = tuple(op for op in ops if is_attention_op(op))
+    if policy is SelectivePolicy.SAVE_MATMULS:
+        return matmuls, ()
+    if policy is SelectivePolicy.SAVE_ATTENTION:
+        return attention, ()
+    if policy is SelectivePolicy.SAVE_MATMULS_AND_ATTENTION:
+        return tuple(sorted(matmuls + attention)), ()
+    alternating = tuple(op for op in matmuls if op in _ALTERNATING_MATMULS)
+    always = tuple(sorted(attention + tuple(op for op in matmuls if op not in alternating)))
+    return always, alternating
+
+
+def policy_rules(made_inside: Sequence[StorageLifetime]) -> list[PolicyRule]:
+    """The policies that make sense for a module whose forward made these storages (every
+    call's, in allocation order): each policy's op list is its family's ops among the
+    storages' ops, less any op one of whose outputs is later written in place. A policy
+    that would save nothing is left out, as is one that saves the same ops as an earlier
+    one."""
+    ops = {storage.alloc_op for storage in made_inside if storage.alloc_op}
+    unsafe = {
+        storage.alloc_op for storage in made_inside if storage.alloc_op and storage.written_in_place
+    }
+    rules: list[PolicyRule] = []
+    seen: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
+    for policy in SelectivePolicy:
+        saved, alternating = _family(policy, ops - unsafe)
+        key = (saved, alternating)
+        if not (saved or alternating) or key in seen:
+            continue
+        seen.add(key)
+        rules.append(PolicyRule(policy, saved, alternating))
+    return rules
+
+
+def kept_storages(made_inside: Sequence[StorageLifetime], rule: PolicyRule) -> list[int]:
+    """Positions in ``made_inside`` (one call's storages, in allocation order) that
+    ``rule`` keeps: the outputs of the ops it saves. Each op call makes its own output
+    storage, so counting the outputs of the alternating ops counts their calls."""
+    kept: list[int] = []
+    alternation = 0
+    for position, storage in enumerate(made_inside):
+        op = storage.alloc_op
+        if op in rule.alternating_ops:
+            if rule.saves(op, alternation):
+                kept.append(position)
+            alternation += 1
+        elif op in rule.saved_ops:
+            kept.append(position)
+    return kept

@@ -1,0 +1,182 @@
+"""Selective checkpointing options: which ops a policy saves (pure), and on a real model
+that the memory model predicts each option's peak to the byte while training stays
+bit-identical; nesting likewise; the solver weighs options by cost."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from planner.core.records import StorageKind, StorageLifetime, parse_unit, unit_name, unit_option
+from planner.plan.policies import (
+    NESTED,
+    PolicyRule,
+    SelectivePolicy,
+    is_attention_op,
+    kept_storages,
+    policy_rules,
+)
+
+DATA = Path(__file__).parent / "data"
+MM, ADDMM, BMM = "aten.mm.default", "aten.addmm.default", "aten.bmm.default"
+SDPA = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+
+def storage(op: str, written: bool = False) -> StorageLifetime:
+    return StorageLifetime(64, 1, 2, 0, StorageKind.ACTIVATION, op, written)
+
+
+def test_unit_names_carry_the_option() -> None:
+    unit = unit_name("blocks.3", option="save-matmuls")
+    assert unit == "blocks.3@save-matmuls"
+    assert parse_unit(unit) == ("blocks.3", None)
+    assert unit_option(unit) == "save-matmuls"
+    assert unit_option("blocks#3") is None and parse_unit("blocks#3") == ("blocks", 3)
+
+
+def test_attention_ops_of_every_backend_are_recognised() -> None:
+    assert is_attention_op(SDPA)
+    assert is_attention_op("aten._scaled_dot_product_efficient_attention.default")
+    assert is_attention_op("aten._scaled_dot_product_flash_attention.default")
+    assert not is_attention_op("aten._scaled_dot_product_flash_attention_backward.default")
+    assert not is_attention_op(MM)
+
+
+def test_policy_op_lists_come_from_the_ops_the_module_ran() -> None:
+    made = [storage(ADDMM), storage("aten.gelu.default"), storage(SDPA), storage(MM)]
+    rules = {rule.policy: rule for rule in policy_rules(made)}
+    assert rules[SelectivePolicy.SAVE_MATMULS].saved_ops == (ADDMM, MM)
+    assert rules[SelectivePolicy.SAVE_ATTENTION].saved_ops == (SDPA,)
+    assert rules[SelectivePolicy.SAVE_MATMULS_AND_ATTENTION].saved_ops == (SDPA, ADDMM, MM)
+    titan = rules[SelectivePolicy.TORCHTITAN]
+    assert titan.saved_ops == (SDPA,) and titan.alternating_ops == (ADDMM, MM)
+
+
+def test_a_policy_never_saves_an_op_whose_output_is_written_later() -> None:
+    # CPU dropout: empty_like's output is written by bernoulli_; a Linear then relu_.
+    made = [storage("aten.empty_like.default", written=True), storage(ADDMM, written=True)]
+    assert policy_rules(made) == []
+    made.append(storage(BMM))
+    (rule,) = policy_rules(made)  # save-matmuls; torchtitan would save the same: left out
+    assert rule.saved_ops == (BMM,)
+
+
+def test_torchtitan_saves_every_other_matmul_counted_together() -> None:
+    made = [storage(MM), storage(ADDMM), storage("aten.relu.default"), storage(MM), storage(MM)]
+    rule = PolicyRule(SelectivePolicy.TORCHTITAN, (), (MM, ADDMM))
+    assert kept_storages(made, rule) == [0, 3]
+
+
+# -- on a real model (fake-tensor profile, real measured steps) -------------------------
+
+
+@pytest.fixture(scope="module")
+def sdpa_profile():  # type: ignore[no-untyped-def]
+    from planner.core.loop import PLAIN_LOOP
+    from planner.core.records import MemorySource
+    from planner.measure.workload import load_model_file
+    from planner.pipeline import record_step_memory
+
+    return record_step_memory(
+        load_model_file(DATA / "sdpa_blocks.py"),
+        device="cpu",
+        seed=0,
+        memory=MemorySource.FAKE,
+        budget_bytes=None,
+        target=None,
+        loop=PLAIN_LOOP,
+        progress=None,
+    )
+
+
+def test_blocks_get_every_option_with_concrete_ops(sdpa_profile) -> None:  # type: ignore[no-untyped-def]
+    block = sdpa_profile.module("blocks.0")
+    names = [option.option for option in block.options]
+    assert names == [*(str(policy) for policy in SelectivePolicy), NESTED]
+    nested = block.option_cost(NESTED)
+    assert nested.inner_modules == ("blocks.0.attn", "blocks.0.mlp")
+    # Nesting recomputes the inner modules once more; a policy recomputes fewer FLOPs.
+    assert nested.recompute_flops > block.forward_flops
+    assert block.option_cost("save-matmuls").recompute_flops < block.forward_flops
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", [*(str(policy) for policy in SelectivePolicy), NESTED])
+def test_every_option_is_predicted_to_the_byte_and_trains_identically(
+    sdpa_profile,  # type: ignore[no-untyped-def]
+    option: str,
+) -> None:
+    from planner.check.compare import check_plan
+    from planner.plan.memory_model import MemoryModel
+    from planner.solve.planning import build_plan
+
+    memory = MemoryModel.for_profile(sdpa_profile)
+    units = [unit_name(block, option=option) for block in sdpa_profile.block_names]
+    plan = build_plan(sdpa_profile, units, 0, strategy="test", memory=memory)
+    plan = dataclasses.replace(plan, budget_bytes=plan.predicted_peak_bytes)
+    assert plan.units == tuple(sorted(units))
+    check = check_plan(DATA / "sdpa_blocks.py", plan)
+    assert check.measured_peak_bytes == plan.predicted_peak_bytes
+    assert check.loss_equal and check.gradients_equal and check.buffers_equal
+    assert plan.predicted_peak_bytes < sdpa_profile.measured_peak_bytes
+
+
+def test_nesting_lowers_the_floor_below_every_block() -> None:
+    from planner.core.loop import PLAIN_LOOP
+    from planner.core.records import MemorySource
+    from planner.measure.workload import load_model_file
+    from planner.pipeline import record_step_memory
+    from planner.solve import Solver
+
+    profile = record_step_memory(
+        load_model_file(DATA.parent.parent / "examples" / "gpt.py"),
+        device="cpu",
+        seed=0,
+        memory=MemorySource.FAKE,
+        budget_bytes=None,
+        target=None,
+        loop=PLAIN_LOOP,
+        progress=None,
+    )
+    _, module_only = Solver(profile, options=False).lowest_peak()
+    units, with_options = Solver(profile).lowest_peak()
+    assert with_options < module_only
+    assert any(unit_option(unit) == NESTED for unit in units)
+
+
+def test_the_solver_takes_an_option_only_where_it_is_cheaper(sdpa_profile) -> None:  # type: ignore[no-untyped-def]
+    from planner.solve import Solver
+    from planner.solve.exhaustive import branch_and_bound
+
+    # Make one policy nearly free: the solver must use it where memory allows.
+    cheap = dataclasses.replace(
+        sdpa_profile,
+        modules=tuple(
+            dataclasses.replace(
+                record,
+                options=tuple(
+                    dataclasses.replace(o, recompute_ms=o.recompute_ms / 100)
+                    if o.option == "save-attention"
+                    else o
+                    for o in record.options
+                ),
+            )
+            for record in sdpa_profile.modules
+        ),
+    )
+    for profile in (sdpa_profile, cheap):
+        solver = Solver(profile)
+        _, lowest = solver.lowest_peak()
+        for fraction in (0.2, 0.5, 0.8):
+            budget = int(lowest + (profile.measured_peak_bytes - lowest) * fraction)
+            solution = solver.solve(budget)
+            best, finished = branch_and_bound(solver.tree, solver.peak, budget, 10**7)
+            assert finished and best is not None
+            assert solution.predicted_peak_bytes <= budget
+            assert solution.recompute_ms == pytest.approx(solver.cost(best))
+    solver = Solver(cheap)
+    unit = "blocks.0@save-attention"
+    solution = solver.solve(solver.peak([unit]))
+    assert solution.recompute_ms <= solver.cost([unit])
