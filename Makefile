@@ -35,6 +35,7 @@ demo: setup
 
 bench: setup
 	$(BIN)/python benchmarks/bench.py
+	$(BIN)/python benchmarks/selective.py
 
 lint: setup
 	$(BIN)/ruff check planner cli tests examples benchmarks

@@ -415,6 +415,7 @@ def tradeoff(
         import pandas as pd
 
         from planner.core.fileio import atomic_path
+        from planner.plan.policies import option_summary
         from planner.plan.profile_file import load_profile
         from planner.solve.planning import baseline_plans, frontier
 
@@ -438,13 +439,14 @@ def tradeoff(
                 "recompute_ms": round(plan.recompute_ms, 2),
                 "overhead_pct": round(100 * plan.predicted_overhead, 1),
                 "units": len(plan.modules),
+                "how": option_summary(plan.units),
             }
             for plan in [*baseline_plans(loaded).values(), *plans]
         ]
         frame = pd.DataFrame(rows)
         table = Table(title=f"memory/time trade-off of {loaded.model_name}", title_justify="left")
         for column in frame.columns:
-            table.add_column(column, justify="left" if column == "strategy" else "right")
+            table.add_column(column, justify="left" if column in ("strategy", "how") else "right")
         for row in frame.itertuples(index=False):
             table.add_row(*map(str, row))
         stdout.print(table)

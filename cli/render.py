@@ -27,6 +27,7 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
     table = Table(title=f"checkpointed modules of {profile.model_name}", title_justify="left")
     table.add_column("module", overflow="fold")
     table.add_column("type")
+    table.add_column("how")
     table.add_column("calls", justify="right")
     table.add_column("frees (MiB)", justify="right")
     table.add_column("recompute (ms)", justify="right")
@@ -36,6 +37,7 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
         table.add_row(
             decision.module_name,
             record.module_type,
+            decision.how,
             str(record.call_count),
             f"{decision.saving_bytes / 2**20:.2f}",
             f"{decision.recompute_ms:.1f}",

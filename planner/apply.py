@@ -86,8 +86,13 @@ def observing_recomputation(observer: Any) -> Iterator[None]:
         _recompute_observer = previous
 
 
-def _observed(name: str, function: Any) -> Any:
-    return function if _recompute_observer is None else _recompute_observer.region(name, function)
+def _observed(name: str, function: Any, cached_ops: frozenset[str] = frozenset()) -> Any:
+    """``function``, routed through the recomputation observer if one is installed.
+    ``cached_ops`` are the ops a selective policy may hand back instead of running again
+    (the observer sees them in the forward only)."""
+    if _recompute_observer is None:
+        return function
+    return _recompute_observer.region(name, function, cached_ops)
 
 
 def model_fingerprint(model: torch.nn.Module) -> dict[str, Any]:
@@ -144,7 +149,7 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
     if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
         assert not kwargs and len(args) == 1, "checkpoint_sequential takes one input"
         return _checkpoint_sequential(module, decision, args[0])
-    function = _observed(decision.module_name, original)
+    function = _observed(decision.module_name, original, _cached_ops(decision))
     if decision.restore_buffers:
         function = _restoring_buffers_on_recompute(module, function, decision.restore_buffers)
     if decision.policy is not None:
@@ -166,6 +171,22 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
 
 
 _OP_NAMES: dict[Any, str] = {}
+
+
+def _cached_ops(decision: ModuleDecision) -> frozenset[str]:
+    """The op names (``"aten.mm.default"``) whose outputs a decision's policy may keep and
+    hand back to its recomputation: its saved and alternating ops, and with attention among
+    them any attention kernel (see :func:`selective_contexts`)."""
+    if decision.policy is None:
+        return frozenset()
+    ops = frozenset(decision.saved_ops) | frozenset(decision.alternating_ops)
+    if any(is_attention_op(op) for op in ops):
+        ops |= _ATTENTION_WILDCARD
+    return ops
+
+
+# Stands for "any fused attention kernel" in a set of cached op names.
+_ATTENTION_WILDCARD = frozenset({"<attention>"})
 
 
 def selective_contexts(decision: ModuleDecision) -> tuple[Any, Any]:

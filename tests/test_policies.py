@@ -108,7 +108,7 @@ def test_every_option_is_predicted_to_the_byte_and_trains_identically(
     sdpa_profile,  # type: ignore[no-untyped-def]
     option: str,
 ) -> None:
-    from planner.check.compare import check_plan
+    from planner.check.compare import CheckReference, check_plan
     from planner.plan.memory_model import MemoryModel
     from planner.solve.planning import build_plan
 
@@ -121,6 +121,12 @@ def test_every_option_is_predicted_to_the_byte_and_trains_identically(
     assert check.measured_peak_bytes == plan.predicted_peak_bytes
     assert check.loss_equal and check.gradients_equal and check.buffers_equal
     assert plan.predicted_peak_bytes < sdpa_profile.measured_peak_bytes
+    # The check `profile` runs: each recomputation against its forward, op by op (a
+    # policy's cached ops are handed back, not run again).
+    recomputation = check_plan(
+        DATA / "sdpa_blocks.py", plan, reference=CheckReference.RECOMPUTATION
+    )
+    assert recomputation.recomputation_equal and recomputation.recomputed_ops > 0
 
 
 def test_nesting_lowers_the_floor_below_every_block() -> None:

@@ -91,11 +91,18 @@ def test_tradeoff_frame_frontier_is_monotone_and_holds_the_chosen_plan(
         "module_count",
         "on_frontier",
     } <= set(data.columns)
-    # Baselines: the usual manual choices (the blocks sit in a ModuleList: no sqrt(n)).
+    # Baselines: the usual manual choices (the blocks sit in a ModuleList: no sqrt(n)),
+    # and each selective option on every block (these blocks have policies and nesting).
     assert set(data.loc[data["kind"] == "baseline", "label"]) == {
         "none",
         "every-block",
         "every-2nd-block",
+        "every-block-save-matmuls",
+        "every-block-torchtitan",
+        "every-block-nested",
+    }
+    assert set(data.loc[data["label"] == "every-block-torchtitan", "options"]) == {
+        f"{len(profile.block_names)} torchtitan"
     }
     none = data[data["label"] == "none"].iloc[0]
     assert none["predicted_peak_bytes"] == profile.measured_peak_bytes

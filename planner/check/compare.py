@@ -141,14 +141,15 @@ class _RecomputeComparison:
         self.mode = Mode()
         self.model = model
         self._buffer_storages = {b.untyped_storage().data_ptr() for b in model.buffers()}
-        self.regions: list[tuple[str, list[list[tuple[str, tuple[Any, ...]]]]]] = []
+        # (name, ops a selective policy may hand back, [ops of each run])
+        self.regions: list[tuple[str, frozenset[str], list[list[tuple[str, tuple[Any, ...]]]]]] = []
         self._open: list[list[tuple[str, tuple[Any, ...]]]] = []
         self._state_after_forward: tuple[Any, ...] | None = None
 
     # -- what the planned step shows us ---------------------------------------------------
-    def region(self, name: str, function: Any) -> Any:
+    def region(self, name: str, function: Any, cached_ops: frozenset[str] = frozenset()) -> Any:
         runs: list[list[tuple[str, tuple[Any, ...]]]] = []
-        self.regions.append((name, runs))
+        self.regions.append((name, cached_ops, runs))
 
         def run(*args: Any, **kwargs: Any) -> Any:
             runs.append([])
@@ -227,13 +228,27 @@ class _RecomputeComparison:
         compared = 0
         mismatched: list[str] = []
         why: list[str] = []
-        for name, runs in self.regions:
+        for name, cached_ops, runs in self.regions:
+            if not runs:  # an enclosing recomputation stopped before it ran
+                continue
             forward, *recomputations = runs
             for recomputed in recomputations:
+                # A selective policy's cached outputs are handed back, not computed again:
+                # the recomputation skips those ops of the forward.
+                forward_ops = (
+                    [entry for entry in forward if not _is_cached(entry[0], cached_ops)]
+                    if cached_ops
+                    else forward
+                )
+                recomputed = (
+                    [entry for entry in recomputed if not _is_cached(entry[0], cached_ops)]
+                    if cached_ops
+                    else recomputed
+                )
                 for index, (op, digests) in enumerate(recomputed):
                     compared += 1
-                    if index >= len(forward) or forward[index] != (op, digests):
-                        original = forward[index][0] if index < len(forward) else "nothing"
+                    if index >= len(forward_ops) or forward_ops[index] != (op, digests):
+                        original = forward_ops[index][0] if index < len(forward_ops) else "nothing"
                         module = name.split("[")[0]
                         if module not in mismatched:
                             mismatched.append(module)
@@ -255,6 +270,12 @@ class _RecomputeComparison:
                 state_equal = False
                 why.append("backward changed the RNG state (a recomputation drew random numbers)")
         return not mismatched, state_equal, compared, tuple(mismatched), why
+
+
+def _is_cached(op: str, cached_ops: frozenset[str]) -> bool:
+    from planner.plan.policies import is_attention_op
+
+    return op in cached_ops or ("<attention>" in cached_ops and is_attention_op(op))
 
 
 # Ops whose outputs are uninitialized memory (their values mean nothing until written).

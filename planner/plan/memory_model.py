@@ -208,7 +208,15 @@ class _EffectBuilder:
                         (index, size, outer_drop.get(index, drop))
                         for index, size, drop in effect.retained
                     ),
-                    released_outputs=(),
+                    # An inner output it saved itself: made again by the outer
+                    # recomputation, it dies with its last outside use, as under the
+                    # inner checkpoint alone, and comes back at the inner recomputation.
+                    released_outputs=tuple(
+                        (index, size, max(drop, whole.recompute_event))
+                        if index in outer_drop
+                        else (index, size, drop)
+                        for index, size, drop in effect.released_outputs
+                    ),
                     recompute_event=effect.recompute_event,
                     release_event=effect.release_event,
                     input_storages=tuple(i for i in effect.input_storages if i in keyword),
@@ -257,9 +265,15 @@ class _EffectBuilder:
             positions = kept_storages([storages[index] for index in made_inside], rule)
             keep = {made_inside[position] for position in positions}
 
-        # The forward's own transient peak: replay its allocations and frees (frees after
-        # the forward ended do not count inside it). A plan snapshots the buffers the span
-        # changes (BatchNorm statistics) while it recomputes, to restore them after.
+        # The recomputation stops once it has made the last tensor saved inside the span
+        # (torch.utils.checkpoint's early stop): no later op runs again, and a policy's
+        # cached output of a later op is never taken back.
+        last_pack = max((self.last_pack.get(sub, -1) for sub in inside), default=-1)
+
+        # The forward's own transient peak, up to that stop: replay its allocations and
+        # frees (frees after the forward ended do not count inside it). A plan snapshots
+        # the buffers the span changes (BatchNorm statistics) while it recomputes, to
+        # restore them after.
         changes: list[tuple[int, int]] = []
         for index in made_inside:
             record = storages[index]
@@ -274,7 +288,9 @@ class _EffectBuilder:
                 changes.append((record.free_event, -record.size_bytes))
         changes.sort()
         level = recompute_peak = sum(calls[index].mutated_buffer_bytes for index in members)
-        for _, change in changes:
+        for event, change in changes:
+            if event > last_pack >= 0:
+                break
             level += change
             recompute_peak = max(recompute_peak, level)
 
@@ -286,9 +302,6 @@ class _EffectBuilder:
                 unpacks.append(calls[sub].first_unpack_event)
                 unpacks.append(calls[sub].last_unpack_event)
         saved = {index for index in saved if storages[index].kind not in STATIC_KINDS}
-        # The recomputation stops once it has made the last tensor saved inside the span:
-        # a policy's cached output of a later op is never taken back.
-        last_pack = max((self.last_pack.get(sub, -1) for sub in inside), default=-1)
         recompute_event = min(unpacks) if unpacks else -1
         release_event = max(unpacks) if unpacks else -1
 
@@ -418,15 +431,16 @@ class MemoryModel:
     @classmethod
     def for_profile(cls, profile: Profile) -> MemoryModel:
         """The model of a profile's timeline, with the profile's nesting options."""
-        return cls(
-            profile.timeline,
-            {
-                record.module_name: option.inner_modules
-                for record in profile.modules
-                for option in record.options
-                if option.option == NESTED
-            },
-        )
+        return cls(profile.timeline).include_nesting(profile)
+
+    def include_nesting(self, profile: Profile) -> MemoryModel:
+        """Learn the profile's nesting options (which children each ``name@nested`` unit
+        checkpoints inside it); the profile must be of this model's timeline."""
+        for record in profile.modules:
+            for option in record.options:
+                if option.option == NESTED:
+                    self.nested_inner[record.module_name] = option.inner_modules
+        return self
 
     def module_names(self) -> list[str]:
         return list(self._calls_by_module)
@@ -547,15 +561,16 @@ class MemoryModel:
         storages = self.timeline.storages
         delta = self._base_delta.copy()
         spikes: list[tuple[int, int]] = []
-        # storage -> (end of its first life, start of its second life at a recomputation)
-        gaps: dict[int, tuple[int, int]] = {}
+        # storage -> [(end of a life, start of the next at a recomputation)]: one gap, or
+        # under nesting two (dropped by the outer checkpoint, then by an inner one).
+        gaps: dict[int, list[tuple[int, int]]] = {}
         kept_until: dict[int, int] = {}
         for unit in wrapped:
             for effect in self.unit_effects(unit):
                 if effect.recompute_event < 0:
                     continue
                 for index, _size, drop_event in effect.retained + effect.released_outputs:
-                    gaps[index] = (drop_event, effect.recompute_event)
+                    gaps.setdefault(index, []).append((drop_event, effect.recompute_event))
                 spikes.append((effect.recompute_event, effect.recompute_peak_bytes))
                 for index in effect.input_storages:
                     kept_until[index] = max(kept_until.get(index, -1), effect.release_event)
@@ -568,11 +583,11 @@ class MemoryModel:
             record = storages[index]
             held_until = kept_until.get(index, -1)
             if index in gaps:
-                drop_event, recompute_event = gaps[index]
-                drop_event = max(drop_event, held_until)  # another checkpoint holds it
-                if drop_event < recompute_event:
-                    delta[drop_event + 1] -= record.size_bytes
-                    delta[recompute_event + 1] += record.size_bytes
+                for drop_event, recompute_event in gaps[index]:
+                    drop_event = max(drop_event, held_until)  # another checkpoint holds it
+                    if drop_event < recompute_event:
+                        delta[drop_event + 1] -= record.size_bytes
+                        delta[recompute_event + 1] += record.size_bytes
             elif held_until > record.free_event:
                 delta[record.free_event + 1] += record.size_bytes
                 delta[held_until + 1] -= record.size_bytes

@@ -73,6 +73,16 @@ class ModuleDecision:
     recompute_ms: float = 0.0
     nested_in: str | None = None
 
+    @property
+    def how(self) -> str:
+        """How it is checkpointed, in a few words, for tables: ``whole``, ``3 segments``,
+        ``save-matmuls``, ``inside blocks.0``."""
+        if self.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
+            return f"{self.segments} segments"
+        if self.nested_in is not None:
+            return f"inside {self.nested_in}"
+        return self.policy or "whole"
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from planner.core.records import Name, StorageLifetime
+from planner.core.records import Name, StorageLifetime, parse_unit, unit_option
 
 __all__ = [
     "MATMUL_OPS",
@@ -43,7 +43,9 @@ __all__ = [
     "is_attention_op",
     "is_matmul_op",
     "kept_storages",
+    "option_summary",
     "policy_rules",
+    "unit_how",
 ]
 
 
@@ -156,3 +158,20 @@ def kept_storages(made_inside: Sequence[StorageLifetime], rule: PolicyRule) -> l
         elif op in rule.saved_ops:
             kept.append(position)
     return kept
+
+
+def unit_how(unit: str) -> str:
+    """How a unit checkpoints, in a word or two: ``"whole"`` (a whole module), ``"3
+    segments"`` (``checkpoint_sequential``), or the option's name (``"save-matmuls"``,
+    ``"nested"``)."""
+    _, segments = parse_unit(unit)
+    return unit_option(unit) or (f"{segments} segments" if segments else "whole")
+
+
+def option_summary(units: Iterable[str]) -> str:
+    """How a plan's units checkpoint, counted (:func:`unit_how`): ``"4 save-matmuls, 2
+    whole"``, or ``"none"``."""
+    counts: dict[str, int] = {}
+    for unit in units:
+        counts[unit_how(unit)] = counts.get(unit_how(unit), 0) + 1
+    return ", ".join(f"{count} {how}" for how, count in sorted(counts.items())) or "none"

@@ -109,7 +109,7 @@ def tradeoff_figure(
             zorder=5,
             label=(
                 f"chosen plan: {row.predicted_peak_bytes / unit_bytes:.1f} {unit}, "
-                f"{row.overhead_percent:.1f}% (predicted)"
+                f"{row.overhead_percent:.1f}% (predicted): {row.options}"
             ),
         )
 
@@ -157,12 +157,13 @@ def tradeoff_figure(
 def _module_row_label(row: Any) -> str:
     """``blocks.*.mlp  (MLP ×48)``, and for a group a second line: which were chosen."""
     if row.count == 1:
-        return f"{row.group}  ({row.module_type})"
+        how = f": {row.chosen_options[2:]}" if row.chosen_options else ""
+        return f"{row.group}  ({row.module_type}){how}"
     notes = []
     if row.chosen_count:
         indices = row.chosen_indices
         indices = indices if len(indices) <= 30 else indices[:29] + "…"
-        notes.append(f"{row.chosen_count} chosen: {indices}")
+        notes.append(f"chosen {indices} ({row.chosen_options})")
     if row.covered_count:
         notes.append(f"{row.covered_count} inside a chosen module")
     label = f"{row.group}  ({row.module_type} ×{row.count})"

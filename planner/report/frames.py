@@ -4,15 +4,16 @@ shares in ``*_percent``): trade-off, modules, memory timeline."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from planner.core.records import ModuleProfile, Profile
+from planner.core.records import ModuleProfile, Profile, parse_unit
 from planner.plan.memory_model import MemoryModel
-from planner.plan.plan_file import Plan
+from planner.plan.plan_file import ModuleDecision, Plan
+from planner.plan.policies import option_summary, unit_how
 from planner.report.common import CHOSEN, MIB
 from planner.solve.planning import (
     recomputed_modules,
@@ -42,9 +43,11 @@ def tradeoff_frame(
     Columns: ``kind`` (``"sweep"``, ``"chosen"`` or ``"baseline"``), ``label``,
     ``strategy``, ``budget_bytes``, ``predicted_peak_bytes``, ``measured_peak_bytes``
     (nullable), ``overhead_percent`` (predicted recompute time, % of one step),
-    ``recompute_ms``, ``module_count``, ``units`` (what is checkpointed, comma-separated),
-    and ``on_frontier``: True for the sweep and chosen plans that no other of them beats on
-    both peak and overhead (baselines are never marked; they are compared, not searched).
+    ``recompute_ms``, ``module_count``, ``units`` (what is checkpointed, comma-
+    separated), ``options`` (how, counted: ``"4 save-matmuls, 2 whole"``) and
+    ``on_frontier``: True for the sweep and chosen plans that no other of them beats on
+    both peak and overhead (baselines are never marked; they are compared, not
+    searched).
     """
     measured = dict(measured or {})
     rows: list[dict[str, Any]] = []
@@ -107,6 +110,7 @@ _TRADEOFF_COLUMNS = [
     "recompute_ms",
     "module_count",
     "units",
+    "options",
     "on_frontier",
 ]
 
@@ -122,6 +126,7 @@ def _tradeoff_row(kind: str, label: str, plan: Plan) -> dict[str, Any]:
         "recompute_ms": plan.recompute_ms,
         "module_count": len(plan.modules),
         "units": ", ".join(sorted(plan.units)),
+        "options": option_summary(plan.units),
     }
 
 
@@ -177,9 +182,15 @@ def module_frame(profile: Profile, plan: Plan, *, group_above: int = 24) -> pd.D
     ``covered_count`` (not wrapped themselves but recomputed inside a wrapped module),
     ``freed_bytes_mean``/``_min``/``_max`` (``checkpoint_saving_bytes``: what wrapping one
     module frees between its forward and its backward) and ``recompute_ms_mean``/``_min``/
-    ``_max`` (its profiled forward time, what recomputation costs).
+    ``_max`` (its profiled forward time, what recomputation costs), and ``chosen_options``
+    (how the chosen ones are checkpointed, counted: ``"4 save-matmuls, 2 whole"``; a module
+    checkpointed inside a nested one counts as ``inside``).
     """
     chosen = set(plan.module_names)
+    how = {
+        decision.module_name: "inside" if decision.nested_in else unit_how(unit)
+        for decision, unit in _decision_units(plan)
+    }
     recomputed_roots = _recomputed_roots(profile, plan)
     records = [
         record for record in profile.modules if record.is_candidate or record.module_name in chosen
@@ -216,9 +227,27 @@ def module_frame(profile: Profile, plan: Plan, *, group_above: int = 24) -> pd.D
                 "recompute_ms_mean": recompute.mean(),
                 "recompute_ms_min": recompute.min(),
                 "recompute_ms_max": recompute.max(),
+                "chosen_options": _counted(how[name] for name in chosen_names),
             }
         )
     return pd.DataFrame(rows, columns=_MODULE_COLUMNS)
+
+
+def _decision_units(plan: Plan) -> list[tuple[ModuleDecision, str]]:
+    """Each decision with the unit it belongs to (an inner decision of nesting: its outer
+    module's)."""
+    by_module = {parse_unit(unit)[0]: unit for unit in plan.units}
+    return [
+        (decision, by_module[decision.nested_in or decision.module_name])
+        for decision in plan.modules
+    ]
+
+
+def _counted(words: Iterable[str]) -> str:
+    counts: dict[str, int] = {}
+    for word in words:
+        counts[word] = counts.get(word, 0) + 1
+    return ", ".join(f"{count} {word}" for word, count in sorted(counts.items()))
 
 
 _MODULE_COLUMNS = [
@@ -235,6 +264,7 @@ _MODULE_COLUMNS = [
     "recompute_ms_mean",
     "recompute_ms_min",
     "recompute_ms_max",
+    "chosen_options",
 ]
 
 

@@ -111,9 +111,7 @@ def summary_markdown(
                 module_type = profile.module(decision.module_name).module_type
             except KeyError:
                 module_type = "?"
-            method = decision.method.value + (
-                f" ({decision.segments} segments)" if decision.segments else ""
-            )
+            method = f"{decision.method.value} ({decision.how})"
             lines.append(
                 f"| `{decision.module_name}` | {module_type} | {method} | "
                 f"{format_bytes(decision.saving_bytes)} | {decision.recompute_ms:.1f} | "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from planner.core.records import Profile, parse_unit, unit_name, unit_option
 from planner.plan.memory_model import MemoryModel, sequential_segments
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan
-from planner.plan.policies import NESTED
+from planner.plan.policies import NESTED, SelectivePolicy
 from planner.solve import Solution, Solver
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ def build_plan(
 ) -> Plan:
     """A plan checkpointing ``units`` (module names, or ``"name#k"`` for
     ``checkpoint_sequential`` in k segments), its prediction re-checked by the memory model."""
-    memory = memory or MemoryModel.for_profile(profile)
+    memory = (memory or MemoryModel(profile.timeline)).include_nesting(profile)
     decisions = tuple(
         decision for unit in sorted(units) for decision in _decisions(profile, unit, memory)
     )
@@ -235,9 +235,11 @@ def _sequential_blocks_container(profile: Profile) -> str | None:
 def baseline_plans(profile: Profile, budget_bytes: int = 0, *, every: int = 2) -> dict[str, Plan]:
     """The usual manual choices, as plans of the same type as the solver's:
 
-    ``none``; ``every-block``; ``every-2nd-block`` (blocks 0, 2, 4, ...; ``every`` sets k); and
-    ``sqrt-n-segments``, ``checkpoint_sequential`` over the blocks in round(sqrt(n))
-    segments, when the blocks are the children of one ``nn.Sequential``.
+    ``none``; ``every-block``; ``every-2nd-block`` (blocks 0, 2, 4, ...; ``every`` sets k);
+    ``every-block-POLICY``, one selective option (``save-matmuls``, ``torchtitan``, ...,
+    ``nested``) on every block, for each option every block has; and ``sqrt-n-segments``,
+    ``checkpoint_sequential`` over the blocks in round(sqrt(n)) segments, when the blocks
+    are the children of one ``nn.Sequential``.
     """
     memory = MemoryModel.for_profile(profile)
     blocks = [name for name in profile.block_names if profile.module(name).is_candidate]
@@ -252,6 +254,20 @@ def baseline_plans(profile: Profile, budget_bytes: int = 0, *, every: int = 2) -
             profile, blocks[::every], budget_bytes, strategy=every_kth, memory=memory
         ),
     }
+    # The uniform selective baselines: one option on every block (torchtitan's usual
+    # choice), where every block has it.
+    for option in (*(str(policy) for policy in SelectivePolicy), NESTED):
+        if blocks and all(
+            any(cost.option == option for cost in profile.module(block).options) for block in blocks
+        ):
+            name = f"every-block-{option}"
+            plans[name] = build_plan(
+                profile,
+                [unit_name(block, option=option) for block in blocks],
+                budget_bytes,
+                strategy=name,
+                memory=memory,
+            )
     container = _sequential_blocks_container(profile)
     if container is not None:
         segments = max(2, round(len(profile.block_names) ** 0.5))

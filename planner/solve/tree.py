@@ -46,6 +46,7 @@ class UnitTree:
         sequential: bool = True,
         options: bool = True,
     ) -> None:
+        memory.include_nesting(profile)
         candidates = sorted(profile.candidates, key=lambda m: tree_key(m.module_name))
         self.cost_ms: dict[str, float] = {}
         self.node_of: dict[str, str] = {}
