@@ -429,6 +429,33 @@ def test_deepcopy_of_a_wrapped_model_recomputes_its_own_modules() -> None:
     assert forward_calls(model) == [0, 0, 0]
 
 
+def test_a_module_nested_in_one_that_does_not_hold_it_is_refused() -> None:
+    model = build_model()
+    plan = make_plan(model, decision("blocks.0"), decision("blocks.1.mlp", nested_in="blocks.0"))
+    with pytest.raises(PlanFileError, match="not a checkpointed module containing it"):
+        apply_plan(model, plan)
+    assert_untouched(model)
+
+
+def test_policies_and_nesting_train_as_without_a_plan() -> None:
+    """A selective policy (linear outputs saved) and nesting keep loss and gradients."""
+    reference_loss, reference_grads = train_step(build_model())
+    model = build_model()
+    apply_plan(
+        model,
+        make_plan(
+            model,
+            decision("blocks.0", policy="save-matmuls", saved_ops=("aten.addmm.default",)),
+            decision("blocks.1"),
+            decision("blocks.1.mlp", nested_in="blocks.1"),
+        ),
+        guard=False,
+    )
+    loss, grads = train_step(model)
+    assert torch.equal(loss, reference_loss)
+    assert all(torch.equal(grads[name], reference_grads[name]) for name in reference_grads)
+
+
 def test_a_selective_policy_without_ops_is_refused() -> None:
     model = build_model()
     plan = make_plan(model, decision("blocks.0", policy="save-matmuls"))
