@@ -215,7 +215,7 @@ def _option_ratios(
     workload: Workload,
     profile: Profile,
     inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]],
-    repeats: int = 5,
+    repeats: int = 7,
 ) -> dict[str, dict[str, float]]:
     """Each selective option's recomputation cost over its module's forward time, measured on
     one module per group of identical ones (the rest share it). Three runs of the module
@@ -223,8 +223,9 @@ def _option_ratios(
     run it: plain; under the caching context (the forward of a checkpointed call, which
     keeps what the policy saves); under the cached context (the recomputation, which
     takes those back and computes the rest). The option costs the recomputation plus
-    what the caching context adds to the forward: ``(caching - plain + cached) /
-    plain``. Medians of ``repeats``."""
+    what the caching context adds to the forward: ``(max(0, caching - plain) + cached) /
+    plain``, per round of the three (so drift cancels), the median of ``repeats`` rounds
+    after one to warm up."""
     memory = MemoryModel.for_profile(profile)
     modules = dict(workload.model.named_modules())
     clock = Clock(workload.device)
@@ -241,10 +242,11 @@ def _option_ratios(
             decision = ModuleDecision(
                 name, policy=option, saved_ops=rule.saved_ops, alternating_ops=rule.alternating_ops
             )
-            samples: dict[str, list[float]] = defaultdict(list)
+            rounds: list[float] = []
             with torch.no_grad():
-                for _ in range(repeats):
+                for round_ in range(repeats + 1):  # the first round warms caches up
                     caching, cached = selective_contexts(decision)
+                    times = {}
                     for label, context in (
                         ("plain", contextlib.nullcontext()),
                         ("caching", caching),
@@ -253,12 +255,14 @@ def _option_ratios(
                         begin = clock.mark()
                         with context:
                             forward(*args, **kwargs)
-                        samples[label].append(clock.elapsed_ms(begin, clock.mark()))
-            plain = statistics.median(samples["plain"])
-            if plain <= 0:
-                continue
-            extra = statistics.median(samples["caching"]) - plain
-            per_option[option] = max(0.0, extra + statistics.median(samples["cached"])) / plain
+                        times[label] = clock.elapsed_ms(begin, clock.mark())
+                    if round_ and times["plain"] > 0:
+                        # Per round, so that drift on a shared machine cancels out; the
+                        # caching context cannot make the forward faster.
+                        overhead = max(0.0, times["caching"] - times["plain"])
+                        rounds.append((overhead + times["cached"]) / times["plain"])
+            if rounds:
+                per_option[option] = statistics.median(rounds)
         for record in members:
             ratios[record.module_name] = per_option
     return ratios
