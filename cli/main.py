@@ -31,12 +31,15 @@ from cli.options import (
     DtypeOption,
     GradAccumOption,
     HfOption,
+    ParallelOption,
     ProfileArgument,
     ReferenceChoice,
     SeqLenOption,
     TargetOption,
     VerboseOption,
+    WorldSizeOption,
     ZeroGradOption,
+    parallel_layout,
     parse_budget,
     require_device,
     target_and_device,
@@ -103,6 +106,8 @@ def profile(
     ] = MemorySource.FAKE,
     zero_grad: ZeroGradOption = ZeroGrad.BEFORE_FORWARD,
     grad_accum: GradAccumOption = 1,
+    world_size: WorldSizeOption = None,
+    parallel: ParallelOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Profile one training step, choose the cheapest checkpointing plan that fits BUDGET,
@@ -110,10 +115,12 @@ def profile(
 
     No pass needs more memory than BUDGET (with the default --memory fake): the step is
     recorded on fake tensors, times are taken in steps that fit, and the check runs only
-    the planned step."""
+    the planned step. With --world-size N --parallel ddp|fsdp2 the plan is for one rank of a
+    torchrun job (BUDGET per rank), simulated here and checked on N real ranks where N <= 4."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
+        layout = parallel_layout(world_size, parallel)
         source = workload_source(model, hf, batch_size, seq_len, dtype)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
@@ -133,6 +140,7 @@ def profile(
                     memory=memory,
                     target=spec,
                     loop=LoopShape(zero_grad, grad_accum),
+                    parallel=layout,
                     progress=progress,
                 )
         except errors.InfeasibleBudgetError as error:
