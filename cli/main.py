@@ -45,7 +45,7 @@ from cli.options import (
     target_and_device,
     workload_source,
 )
-from cli.render import print_fit, print_plan_summary, warn_own_checkpointing
+from cli.render import print_fit, print_plan_summary, rank_table, warn_own_checkpointing
 from planner.core import errors
 from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.records import CostSource, MemorySource, Profile
@@ -517,6 +517,16 @@ def verify(
             "memory); auto: unplanned where its peak fits the free memory here.",
         ),
     ] = ReferenceChoice.auto,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc",
+            help="Run a plan made for a torchrun job (--world-size) on this many real ranks "
+            "here under torchrun (gloo on CPU, NCCL on GPUs, one per rank): every rank within "
+            "the budget, its loss, gradient shards and buffers equal the unplanned step's.",
+            show_default="the plan's world size",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Run the planned step and show it trains exactly as the unplanned step would (see
@@ -550,6 +560,7 @@ def verify(
                     if reference is ReferenceChoice.auto
                     else CheckReference(reference.value),
                     on_warning=warn,
+                    nproc=nproc,
                 )
         except errors.PlanCheckError as error:
             # With --debug the message is one line, a blank line, then checkpoint's trace.
@@ -632,6 +643,8 @@ def verify(
         for key, value in rows:
             summary_table.add_row(key, value)
         stdout.print(summary_table)
+        if result.ranks is not None:
+            stdout.print(rank_table(result.ranks))
         failures = result.failures()
         if failures:
             raise errors.PlanCheckError("the plan failed verification: " + "; ".join(failures))

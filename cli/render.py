@@ -11,7 +11,7 @@ from cli.boundary import stdout, warn
 from planner.core.records import Profile
 from planner.core.units import format_bytes
 
-__all__ = ["print_fit", "print_plan_summary", "warn_own_checkpointing"]
+__all__ = ["print_fit", "print_plan_summary", "rank_table", "warn_own_checkpointing"]
 
 
 def warn_own_checkpointing(profile: Profile) -> None:
@@ -172,3 +172,22 @@ def print_fit(result: Any) -> None:
         f"{shlex.join(workload_arguments(result.point(result.fastest).source))} "
         f"--budget {result.budget_bytes}"
     )
+
+
+def rank_table(ranks: Any) -> Table:
+    """Each real rank's check of a plan for a torchrun job (a
+    :class:`planner.check.ranks.RanksCheck`)."""
+    table = Table(title="each rank", title_justify="left")
+    for column in ("rank", "peak with plan", "unplanned peak", "budget", "step"):
+        table.add_column(column, justify="right" if "peak" in column else "left")
+    for rank in ranks.ranks:
+        table.add_row(
+            str(rank.rank),
+            format_bytes(rank.measured_peak_bytes),
+            format_bytes(rank.unplanned_peak_bytes),
+            "within" if rank.within_budget else "OVER",
+            "bit-identical"
+            if rank.training_unchanged
+            else "DIFFERENT: " + ", ".join(rank.differences[:2]),
+        )
+    return table

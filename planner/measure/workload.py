@@ -17,6 +17,7 @@ import functools
 import hashlib
 import importlib.util
 import inspect
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -358,7 +359,19 @@ def _user_code(what: str, path: Path) -> Iterator[None]:
         raise
     except Exception as error:
         where = _error_location(error, path)
-        raise ProfilingError(f"{what} raised {type(error).__name__} ({where}): {error}") from error
+        hint = ""
+        if what == "build_model()" and _raised_in_torch_distributed(error):
+            hint = f"; {_SHARDED_AT_BUILD.format(path=path)}"
+        raise ProfilingError(
+            f"{what} raised {type(error).__name__} ({where}): {error}{hint}"
+        ) from error
+
+
+def _raised_in_torch_distributed(error: BaseException) -> bool:
+    """Whether ``error`` came from inside ``torch.distributed`` (a model file sharding its
+    model, or starting a process group, where there is none)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return any(f"torch{os.sep}distributed{os.sep}" in frame.filename for frame in frames)
 
 
 def checked_model(model_file: ModelFile, model: object) -> torch.nn.Module:
