@@ -7,10 +7,13 @@ rank). Each rank runs :func:`run_rank`: the unplanned step and the planned one, 
 the way training makes it (a fresh seeded model; ``apply_plan`` for the planned one; then
 the model file's ``parallelize`` or the default layout; then the optimizer; two warm-up
 steps: DDP rebuilds its buckets after its first), measures the peak of the next step as
-:func:`planner.measure.step.measure_step` does (plus DDP's gradient buckets, which the
-Reducer holds out of the tracker's sight: :func:`planner.measure.distributed.ddp_bucket_bytes`),
-and compares loss, its gradient shards and its buffers with the unplanned step's, bit for
-bit. Every rank writes one JSON file; the caller reads them all.
+:func:`planner.measure.step.measure_step` does, and compares loss, its gradient shards and
+its buffers with the unplanned step's, bit for bit. DDP's gradient buckets are held by its
+Reducer, out of the tracker's sight: the rank's DDP all-reduces through
+:func:`planner.measure.distributed.keep_bucket_buffers` (the default hook's arithmetic, in
+Python), which hands the bucket buffers to the tracker, counted from the step's start. With
+``cross_check`` each rank also measures its planned step by the CPU allocator's accounting.
+Every rank writes one JSON file; the caller reads them all.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class RankCheck:
     gradients_equal: bool
     buffers_equal: bool
     differences: tuple[str, ...] = field(default_factory=tuple)
+    allocator_peak_bytes: int | None = None
 
     @property
     def within_budget(self) -> bool:
@@ -99,16 +103,17 @@ def _local(tensor: Any) -> Any:
     return local.detach().to("cpu", copy=True)
 
 
-def _rank_step(
-    model_path: str, plan: Plan, *, planned: bool, device: str, seed: int
-) -> tuple[int, Any, dict[str, Any], dict[str, Any]]:
-    """(peak bytes, loss, gradient shards, buffers) of one measured step on this rank."""
+def _laid_out_workload(model_path: str, plan: Plan, *, planned: bool, device: str, seed: int):  # type: ignore[no-untyped-def]
+    """A fresh workload made as training makes it: seeded, the plan applied (if
+    ``planned``), laid out for the plan's job, its optimizer over the shards. Returns it, the
+    module inside DDP (or the model), DDP's bucket buffers as they are kept (see
+    :func:`~planner.measure.distributed.keep_bucket_buffers`) and the bytes of buckets that
+    could not be kept (a hook of the model file's own: counted by size)."""
     import torch
 
     from planner.apply import apply_plan
     from planner.core.parallel import ParallelStrategy
-    from planner.measure.distributed import ddp_bucket_bytes, parallelized
-    from planner.measure.step import measure_step
+    from planner.measure.distributed import ddp_bucket_bytes, keep_bucket_buffers, parallelized
     from planner.measure.workload import build_workload, load_model_file
 
     assert plan.parallel is not None
@@ -118,19 +123,71 @@ def _rank_step(
     parallelized(workload, plan.parallel)
     model = workload.model
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    buckets = ddp_bucket_bytes(model) if plan.parallel.strategy is ParallelStrategy.DDP else 0
-    measured = measure_step(workload, seed=seed, warmup_steps=2, copy_state=False)
+    kept = keep_bucket_buffers(model)
+    unkept = 0
+    if kept is None and plan.parallel.strategy is ParallelStrategy.DDP:
+        unkept = ddp_bucket_bytes(model)
+    return workload, inner, kept if kept is not None else [], unkept
+
+
+def _rank_step(
+    model_path: str, plan: Plan, *, planned: bool, device: str, seed: int
+) -> tuple[int, Any, dict[str, Any], dict[str, Any]]:
+    """(peak bytes, loss, gradient shards, buffers) of one measured step on this rank."""
+    from planner.measure.step import measure_step
+
+    workload, inner, kept, unkept = _laid_out_workload(
+        model_path, plan, planned=planned, device=device, seed=seed
+    )
+    measured = measure_step(workload, seed=seed, warmup_steps=2, copy_state=False, resident=kept)
     gradients = {
         name: _local(parameter.grad)
         for name, parameter in inner.named_parameters()
         if parameter.grad is not None
     }
     buffers = {name: _local(buffer) for name, buffer in inner.named_buffers()}
-    return measured.peak_bytes + buckets, measured.loss_tensor, gradients, buffers
+    return measured.peak_bytes + unkept, measured.loss_tensor, gradients, buffers
 
 
-def run_rank(model_path: str, plan_path: str, *, device: str = "cpu", seed: int = 0) -> RankCheck:
-    """This rank's check (see the module docstring), inside a running process group."""
+def _allocator_peak(model_path: str, plan: Plan, *, device: str, seed: int) -> int | None:
+    """The planned step's peak by the CPU allocator's own accounting
+    (:class:`~planner.measure.tracking.AllocatorPeakTracker`), beside the tracker's: the same
+    step made again, measured from the other side (it sees what the dispatcher does not, and
+    FSDP2's resizes as the allocator's frees). Only on CPU in a plain loop (the tracker needs
+    the gradients released before the step); None elsewhere."""
+    from planner.core.loop import PLAIN_LOOP
+    from planner.core.records import StorageKind
+    from planner.measure.tracking import AllocatorPeakTracker, workload_tensors
+    from planner.measure.workload import run_training_step
+
+    if not device.startswith("cpu") or plan.loop != PLAIN_LOOP:
+        return None
+    workload, _, kept, unkept = _laid_out_workload(
+        model_path, plan, planned=True, device=device, seed=seed
+    )
+    for step in range(2):
+        run_training_step(workload, seed=seed + 1000 + step)
+    workload.optimizer.zero_grad(set_to_none=True)  # as the step does first
+    existing = workload_tensors(workload.model, workload.optimizer, workload.batch)
+    existing[StorageKind.GRADIENT] = [*existing[StorageKind.GRADIENT], *kept]
+    tracker = AllocatorPeakTracker(existing)
+    del existing
+    with tracker:
+        run_training_step(workload, seed=seed)
+    return tracker.peak_bytes + unkept
+
+
+def run_rank(
+    model_path: str,
+    plan_path: str,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    cross_check: bool = False,
+) -> RankCheck:
+    """This rank's check (see the module docstring), inside a running process group. With
+    ``cross_check`` the planned step is also measured by the CPU allocator
+    (``RankCheck.allocator_peak_bytes``)."""
     import torch
     import torch.distributed as dist
 
@@ -156,8 +213,12 @@ def run_rank(model_path: str, plan_path: str, *, device: str = "cpu", seed: int 
     )
     if not buffers_equal:
         differences.append("buffers")
+    allocator_peak = (
+        _allocator_peak(model_path, plan, device=device, seed=seed) if cross_check else None
+    )
     return RankCheck(
         rank=rank,
+        allocator_peak_bytes=allocator_peak,
         budget_bytes=plan.budget_bytes,
         predicted_peak_bytes=plan.predicted_peak_bytes,
         measured_peak_bytes=peak,
@@ -176,11 +237,14 @@ def check_plan_on_ranks(
     device: str = "cpu",
     seed: int = 0,
     nproc: int | None = None,
+    cross_check: bool = False,
     timeout_s: float = 3600,
 ) -> RanksCheck:
     """Launch ``nproc`` ranks (default: the plan's world size) under ``torchrun`` on this
     machine and check ``plan`` on each (see the module docstring). ``device``: ``cpu`` (gloo)
-    or ``cuda`` (NCCL, one GPU per rank). Raises :class:`ProfilingError` if a rank fails."""
+    or ``cuda`` (NCCL, one GPU per rank). ``cross_check``: measure each rank's planned step
+    by the CPU allocator too (:func:`_allocator_peak`). Raises :class:`ProfilingError` if a
+    rank fails."""
     if plan.parallel is None:
         raise errors.ParallelLayoutError(
             "this plan is for a single process; check it with `ckpt-plan verify` without --nproc"
@@ -209,6 +273,7 @@ def check_plan_on_ranks(
             device.split(":")[0],
             "--seed",
             str(seed),
+            *(["--cross-check"] if cross_check else []),
         ]
         environment = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent.parent)
@@ -249,6 +314,7 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cross-check", action="store_true")
     arguments = parser.parse_args(argv)
     import torch
     import torch.distributed as dist
@@ -263,7 +329,11 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         with contextlib.redirect_stdout(sys.stderr):
             checked = run_rank(
-                arguments.model_path, arguments.plan_path, device=device, seed=arguments.seed
+                arguments.model_path,
+                arguments.plan_path,
+                device=device,
+                seed=arguments.seed,
+                cross_check=arguments.cross_check,
             )
         result: dict[str, Any] = asdict(checked)
     except PlannerError as error:

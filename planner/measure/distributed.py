@@ -28,9 +28,9 @@ Design notes
   the trainable parameters' gradients) when it is built, in C++, and copies each gradient
   into them in backward, in place. Nothing about the forward or backward changes, so a DDP
   rank's step is the single-process step plus those buckets, alive throughout:
-  :func:`ddp_bucket_bytes`. That is also how a real rank's peak counts them (the tracker
-  cannot reach the Reducer's tensors). DDP cannot be built on fake tensors (its Reducer needs
-  their data), so a simulated DDP rank is the single-process step with the buckets added.
+  :func:`ddp_bucket_bytes`. DDP cannot be built on fake tensors (its Reducer needs their
+  data), so a simulated DDP rank is the single-process step with the buckets added. A real
+  rank's measurement sees the buckets as tensors through :func:`keep_bucket_buffers`.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ __all__ = [
     "ddp_bucket_bytes",
     "device_mesh",
     "is_sharded",
+    "keep_bucket_buffers",
     "parallelized",
     "record_rank_memory",
     "running_layout",
@@ -134,12 +135,39 @@ def _default_parallelize(
     return model
 
 
-def _no_communication_hook(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+def _no_communication_hook(state, bucket):  # type: ignore[no-untyped-def]
     """DDP's all-reduce on a fake process group: the default hook's in-place division of the
-    bucket, with no communication (the fake group's all-reduce returns no tensor)."""
+    bucket, with no communication (the fake group's all-reduce returns no tensor). DDP
+    refuses a hook whose ``bucket`` is annotated with anything but ``GradBucket``."""
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(bucket.buffer().div_(dist.get_world_size()))
     return future
+
+
+def keep_bucket_buffers(model: torch.nn.Module) -> list[torch.Tensor] | None:
+    """Give a DDP ``model`` the all-reduce its default hook does (divide the bucket by the
+    world size, all-reduce it in place: the same values), as a Python hook that also keeps
+    each bucket's buffer in the returned list (by bucket index, the latest), so that a
+    measurement can count the Reducer's buckets as the tensors they are. None where the
+    model is not DDP or already has a hook of its own."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return None
+    buffers: list[torch.Tensor] = []
+
+    def all_reduce(state, bucket):  # type: ignore[no-untyped-def]
+        buffer = bucket.buffer()
+        del buffers[bucket.index() :]
+        buffers.append(buffer)
+        buffer.div_(dist.get_world_size())
+        work = dist.all_reduce(buffer, async_op=True)
+        assert work is not None
+        return work.get_future().then(lambda future: future.value()[0])
+
+    try:
+        model.register_comm_hook(None, all_reduce)
+    except RuntimeError:  # the model file's parallelize registered its own
+        return None
+    return buffers
 
 
 def parallelized(

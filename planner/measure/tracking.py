@@ -482,7 +482,7 @@ class AllocatorPeakTracker:
 
         seen: set[int] = set()
         for tensors in self._existing.values():
-            for tensor in tensors:
+            for tensor in (local for wrapper in tensors for local in local_tensors(wrapper)):
                 storage = tensor.untyped_storage()
                 if tensor.device.type != "cpu" or id(storage) in seen:
                     continue
