@@ -35,6 +35,7 @@ from planner.measure.workload import load_model_file
 from planner.plan.memory_model import MemoryModel
 from planner.plan.plan_file import load_plan, plan_from_dict, save_plan
 from planner.solve.planning import plan_for_budget
+from planner.solve.solver import lowest_peak
 
 DATA = Path(__file__).parent / "data"
 SMALL_GPT = DATA / "small_gpt.py"
@@ -274,7 +275,7 @@ def _losses(result: subprocess.CompletedProcess[str]) -> dict[int, list[float]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("strategy", ["fsdp2"])  # DDP: its plan runs in verify's test above
 def test_the_torchrun_recipe_trains_each_rank_as_without_the_plan(
     strategy: str, tmp_path: Path
 ) -> None:
@@ -282,7 +283,7 @@ def test_the_torchrun_recipe_trains_each_rank_as_without_the_plan(
 
     layout = ParallelLayout(2, strategy)  # type: ignore[arg-type]
     probe = record_rank_memory(load_model_file(SMALL_GPT), layout)
-    budget = (probe.static_bytes + probe.measured_peak_bytes) // 2
+    budget = (lowest_peak(probe) + probe.measured_peak_bytes) // 2
     plan = profile_and_plan(SMALL_GPT, budget, parallel=layout, check=False).plan
     assert plan.modules
     plan_path = save_plan(plan, tmp_path / "plan.json")
