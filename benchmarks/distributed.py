@@ -91,6 +91,7 @@ def compare_on_ranks(name: str, strategy: ParallelStrategy) -> list[dict[str, ob
                     "rank 0 (MiB)": mib(unplanned[0]),
                     "rank 1 (MiB)": mib(unplanned[1]),
                     "worst error": f"{max(abs(u - peak) / u for u in unplanned):.3%}",
+                    "worst error (bytes)": max(abs(u - peak) for u in unplanned),
                     "allocator, rank 0 / 1 (MiB)": "",
                     "within budget": "",
                     "bit-identical": "",
@@ -111,6 +112,7 @@ def compare_on_ranks(name: str, strategy: ParallelStrategy) -> list[dict[str, ob
                 "worst error": (
                     f"{max(abs(m - plan.predicted_peak_bytes) / m for m in measured):.3%}"
                 ),
+                "worst error (bytes)": max(abs(m - plan.predicted_peak_bytes) for m in measured),
                 "allocator, rank 0 / 1 (MiB)": " / ".join(
                     mib(r.allocator_peak_bytes) if r.allocator_peak_bytes is not None else "-"
                     for r in check.ranks

@@ -598,7 +598,13 @@ def verify(
             ]
         else:
             rows = [
-                ("reference", "the unplanned step, run from the same seed"),
+                (
+                    "reference",
+                    f"the unplanned distributed step on each of {len(result.ranks.ranks)} "
+                    "real ranks, from the same seed"
+                    if result.ranks is not None
+                    else "the unplanned step, run from the same seed",
+                ),
                 ("loss", verdict(check.loss_equal)),
                 (
                     "gradients",

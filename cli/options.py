@@ -105,8 +105,8 @@ ParallelOption = Annotated[
     typer.Option(
         "--parallel",
         help="How the job lays the model out (with --world-size): ddp (DistributedDataParallel, "
-        "default buckets) or fsdp2 (fully_shard on each block and the root); a model file's "
-        "parallelize(model, mesh) replaces the default fsdp2 layout.",
+        "default buckets) or fsdp2 (fully_shard on each block and the root, or the model "
+        "file's parallelize(model, mesh) where it defines one).",
         metavar="ddp|fsdp2",
         show_default=False,
     ),

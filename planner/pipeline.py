@@ -474,7 +474,9 @@ def profile_and_plan(
         parallel=parallel,
         progress=progress,
     )
-    runnable_here = parallel is None or parallel.world_size <= MAX_CHECKED_RANKS
+    runnable_here = parallel is None or (
+        parallel.world_size <= MAX_CHECKED_RANKS and _ranks_fit_here(parallel, device)
+    )
     result = plan_checked(
         profile,
         budget_bytes,
@@ -488,13 +490,22 @@ def profile_and_plan(
     elif parallel is not None and check and not runnable_here:
         command = f"ckpt-plan verify {workload_in_command(model_file.source)} PLAN"
         note = (
-            f"unchecked: made for {parallel.world_size} ranks, more than are launched here "
-            f"({MAX_CHECKED_RANKS}); run `{command} --nproc {parallel.world_size}` on the "
-            "job's machines before training"
+            f"unchecked: made for {parallel.world_size} ranks, more than are launched here; "
+            f"run `{command} --nproc {parallel.world_size}` on the job's machines before "
+            "training"
         )
         plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
         result = dataclasses.replace(result, plan=plan)
     return result
+
+
+def _ranks_fit_here(parallel: ParallelLayout, device: str) -> bool:
+    """Whether this machine can run the layout's ranks: any number on CPU, one GPU each."""
+    if not device.startswith("cuda"):
+        return True
+    import torch
+
+    return torch.cuda.device_count() >= parallel.world_size
 
 
 MAX_CHECKED_RANKS = 4

@@ -303,3 +303,15 @@ def test_the_torchrun_recipe_refuses_a_plan_for_another_world_size(
     result = _torchrun(1, str(plan_path), "--model", str(SMALL_GPT))
     assert result.returncode != 0
     assert "made for one rank of 2 (fsdp2), but this process is one rank of 1" in result.stderr
+
+
+def test_a_plan_for_more_ranks_than_run_here_is_marked_unchecked() -> None:
+    from planner.pipeline import MAX_CHECKED_RANKS, profile_and_plan
+
+    layout = ParallelLayout(MAX_CHECKED_RANKS * 2, "fsdp2")  # type: ignore[arg-type]
+    probe = record_rank_memory(load_model_file(SMALL_GPT), layout)
+    budget = (lowest_peak(probe) + probe.measured_peak_bytes) // 2
+    plan = profile_and_plan(SMALL_GPT, budget, parallel=layout).plan
+    assert not plan.checked and plan.measured_peak_bytes is None
+    assert plan.parallel == layout
+    assert any("--nproc 8" in note and note.startswith("unchecked") for note in plan.notes)

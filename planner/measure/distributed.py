@@ -173,15 +173,16 @@ def keep_bucket_buffers(model: torch.nn.Module) -> list[torch.Tensor] | None:
 def parallelized(
     workload: Workload, layout: ParallelLayout, *, simulated: bool = False
 ) -> Workload:
-    """``workload`` laid out for ``layout`` on the running process group: its model given to
-    the model file's ``parallelize(model, mesh)`` (or :func:`_default_parallelize`), and its
+    """``workload`` laid out for ``layout`` on the running process group: with FSDP2 its model
+    given to the model file's ``parallelize(model, mesh)`` where it defines one, else (and
+    always with DDP, whose layout is its wrapper) to :func:`_default_parallelize`; its
     optimizer built again over the sharded parameters (before any step). Apply a plan to
     ``workload.model`` before this, as training does. ``simulated``: the process group is
     fake (DDP then all-reduces nothing; see the module's design notes)."""
     model_file: ModelFile = workload.model_file
     mesh = device_mesh(layout, workload.device.type)
     model = workload.model
-    if model_file.parallelize is not None:
+    if model_file.parallelize is not None and layout.strategy is ParallelStrategy.FSDP2:
         try:
             result = model_file.parallelize(model, mesh)
         except Exception as error:

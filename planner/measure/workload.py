@@ -62,8 +62,8 @@ class ModelFile:
     from a saved profile: the file's path (the default), or a Hugging Face workload's source
     string (:mod:`planner.measure.hf`; ``path`` is then its config). ``assumptions``: what
     the workload itself assumed, one line each, for the profile's assumptions.
-    ``parallelize(model, mesh)`` (optional) lays the model out for a ``torchrun`` job
-    (``fully_shard`` or DDP, as torchtitan's ``parallelize_*`` functions do), after
+    ``parallelize(model, mesh)`` (optional) lays the model out with ``fully_shard`` for an
+    FSDP2 ``torchrun`` job, as torchtitan's ``parallelize_*`` functions do, after
     ``apply_plan`` (:mod:`planner.measure.distributed`)."""
 
     path: Path
