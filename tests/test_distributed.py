@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -270,7 +271,9 @@ def _torchrun(nproc: int, *arguments: str) -> subprocess.CompletedProcess[str]:
 
 def _losses(result: subprocess.CompletedProcess[str]) -> dict[int, list[float]]:
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    # torchrun merges the ranks' stdout: two lines printed at once can share a line.
+    found = re.findall(r'\{"rank": \d+, "losses": \[[^\]]*\]\}', result.stdout)
+    lines = [json.loads(text) for text in found]
     return {line["rank"]: line["losses"] for line in lines}
 
 
