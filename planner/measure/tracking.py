@@ -16,6 +16,7 @@ side, the allocator's own accounting, for what the dispatcher does not see
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -223,6 +224,8 @@ class StorageWatcher(TorchDispatchMode):
         self._index_by_storage_id: dict[int, int] = {}
         self._size_by_index: dict[int, int] = {}
         self._kind_by_index: dict[int, StorageKind] = {}
+        self._metadata_depth = 0
+        self._propagator: tuple[Any, Any] = (None, None)
         self._refs: dict[int, weakref.ref[Any]] = {}
         self._next_index = 0
         self._closed = False
@@ -354,12 +357,39 @@ class StorageWatcher(TorchDispatchMode):
     def _unwatch_resizes(self) -> None:
         torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
 
+    def _skip_metadata_propagation(self) -> None:
+        """A ``DTensor`` op first runs on fake tensors of the global shapes, to learn its
+        output's shape (once per op and shapes: the result is cached). Those fakes are not a
+        rank's memory: while that runs, nothing is tracked."""
+        propagation = sys.modules.get("torch.distributed.tensor._sharding_prop")
+        propagator = getattr(propagation, "ShardingPropagator", None)
+        original = getattr(propagator, "_propagate_tensor_meta_non_cached", None)
+        self._propagator = (propagator, original)
+        if propagator is None or original is None:
+            return
+
+        def metadata_only(*args: Any, **kwargs: Any) -> Any:
+            self._metadata_depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._metadata_depth -= 1
+
+        propagator._propagate_tensor_meta_non_cached = metadata_only
+
+    def _restore_metadata_propagation(self) -> None:
+        propagator, original = self._propagator
+        if propagator is not None and original is not None:
+            propagator._propagate_tensor_meta_non_cached = original
+
     def __enter__(self) -> StorageWatcher:
         self._watch_resizes()
+        self._skip_metadata_propagation()
         return super().__enter__()  # type: ignore[no-any-return]
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
+        self._restore_metadata_propagation()
         self._unwatch_resizes()
 
     # -- dispatch ------------------------------------------------------------------------
@@ -369,6 +399,8 @@ class StorageWatcher(TorchDispatchMode):
             # come back through this mode: those are the storages that hold memory.
             return NotImplemented
         out = func(*args, **(kwargs or {}))
+        if self._metadata_depth:
+            return out
         if isinstance(out, torch.Tensor):
             tensors = [out]
         elif isinstance(out, (tuple, list)):
