@@ -139,6 +139,7 @@ def test_a_storage_resized_to_nothing_is_freed_and_resized_back_is_made_again() 
     """FSDP2 frees a gathered parameter with ``storage.resize_(0)`` and gathers it again by
     resizing back, with no op the dispatcher sees: the watcher counts both."""
     tensor = torch.ones(1024)  # 4096 bytes
+    original_resize = torch.UntypedStorage.resize_
     watcher = StorageWatcher("cpu")
     watcher.add_existing({StorageKind.ACTIVATION: [tensor]})
     with watcher:
@@ -149,7 +150,7 @@ def test_a_storage_resized_to_nothing_is_freed_and_resized_back_is_made_again() 
         tensor.untyped_storage().resize_(0)
     assert watcher.current_bytes == 0
     assert watcher.peak_bytes == 8192
-    assert torch.UntypedStorage.resize_ is not None  # put back on exit
+    assert torch.UntypedStorage.resize_ is original_resize  # put back on exit
     del tensor
     assert watcher.current_bytes == 0  # its death after the resize is not a second free
 
