@@ -137,6 +137,51 @@ CASES = [
     ),
     Case(
         PROFILE,
+        "--world-size 0",
+        ("{data}/small_cnn.py", "-b", "1GB", "--world-size", "0", "--parallel", "ddp", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "--parallel that is not a layout (foo)",
+        ("{data}/small_cnn.py", "-b", "1GB", "--world-size", "2", "--parallel", "foo", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "--world-size without --parallel",
+        ("{data}/small_cnn.py", "-b", "1GB", "--world-size", "2", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "--parallel without --world-size",
+        ("{data}/small_cnn.py", "-b", "1GB", "--parallel", "fsdp2", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "--world-size with --memory real",
+        (
+            *("{data}/small_cnn.py", "-b", "1GB", "--world-size", "2", "--parallel", "ddp"),
+            *("--memory", "real", *OUT),
+        ),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "model file that shards its model in build_model()",
+        ("{data}/self_sharding.py", "-b", "1GB", *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "model file that shards its model in build_model(), with --world-size",
+        ("{data}/self_sharding.py", "-b", "1GB", "--world-size", "2", "--parallel", "fsdp2", *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
         "budget too small for any plan (100KiB)",
         ("{data}/small_cnn.py", "--budget", "100KiB", *OUT),
         3,
@@ -290,6 +335,12 @@ CASES = [
         5,
     ),
     Case(VERIFY, "plan over its budget", ("{data}/small_cnn.py", "{plans}/over_budget.json"), 5),
+    Case(
+        VERIFY,
+        "--nproc 2 on a plan for one process",
+        ("{data}/small_cnn.py", "{plans}/over_budget.json", "--nproc", "2"),
+        2,
+    ),
     Case(
         VERIFY,
         "plan whose recomputation differs (cached cross-attention)",

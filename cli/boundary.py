@@ -59,6 +59,7 @@ EXIT_CODES: dict[type[errors.PlannerError], int] = {
     errors.BudgetError: 2,
     errors.TargetSpecError: 2,
     errors.LoopShapeError: 2,
+    errors.ParallelLayoutError: 2,
     errors.InfeasibleBudgetError: 3,
     errors.ModelFileError: 4,
     errors.ProfilingError: 4,

@@ -31,18 +31,21 @@ from cli.options import (
     DtypeOption,
     GradAccumOption,
     HfOption,
+    ParallelOption,
     ProfileArgument,
     ReferenceChoice,
     SeqLenOption,
     TargetOption,
     VerboseOption,
+    WorldSizeOption,
     ZeroGradOption,
+    parallel_layout,
     parse_budget,
     require_device,
     target_and_device,
     workload_source,
 )
-from cli.render import print_fit, print_plan_summary, warn_own_checkpointing
+from cli.render import print_fit, print_plan_summary, rank_table, warn_own_checkpointing
 from planner.core import errors
 from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.records import CostSource, MemorySource, Profile
@@ -103,6 +106,8 @@ def profile(
     ] = MemorySource.FAKE,
     zero_grad: ZeroGradOption = ZeroGrad.BEFORE_FORWARD,
     grad_accum: GradAccumOption = 1,
+    world_size: WorldSizeOption = None,
+    parallel: ParallelOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Profile one training step, choose the cheapest checkpointing plan that fits BUDGET,
@@ -110,10 +115,12 @@ def profile(
 
     No pass needs more memory than BUDGET (with the default --memory fake): the step is
     recorded on fake tensors, times are taken in steps that fit, and the check runs only
-    the planned step."""
+    the planned step. With --world-size N --parallel ddp|fsdp2 the plan is for one rank of a
+    torchrun job (BUDGET per rank), simulated here and checked on N real ranks where N <= 4."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
+        layout = parallel_layout(world_size, parallel)
         source = workload_source(model, hf, batch_size, seq_len, dtype)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
@@ -133,6 +140,7 @@ def profile(
                     memory=memory,
                     target=spec,
                     loop=LoopShape(zero_grad, grad_accum),
+                    parallel=layout,
                     progress=progress,
                 )
         except errors.InfeasibleBudgetError as error:
@@ -511,6 +519,16 @@ def verify(
             "memory); auto: unplanned where its peak fits the free memory here.",
         ),
     ] = ReferenceChoice.auto,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc",
+            help="Run a plan made for a torchrun job (--world-size) on this many real ranks "
+            "here under torchrun (gloo on CPU, NCCL on GPUs, one per rank): every rank within "
+            "the budget, its loss, gradient shards and buffers equal the unplanned step's.",
+            show_default="the plan's world size",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Run the planned step and show it trains exactly as the unplanned step would (see
@@ -544,6 +562,7 @@ def verify(
                     if reference is ReferenceChoice.auto
                     else CheckReference(reference.value),
                     on_warning=warn,
+                    nproc=nproc,
                 )
         except errors.PlanCheckError as error:
             # With --debug the message is one line, a blank line, then checkpoint's trace.
@@ -581,7 +600,13 @@ def verify(
             ]
         else:
             rows = [
-                ("reference", "the unplanned step, run from the same seed"),
+                (
+                    "reference",
+                    f"the unplanned distributed step on each of {len(result.ranks.ranks)} "
+                    "real ranks, from the same seed"
+                    if result.ranks is not None
+                    else "the unplanned step, run from the same seed",
+                ),
                 ("loss", verdict(check.loss_equal)),
                 (
                     "gradients",
@@ -626,6 +651,8 @@ def verify(
         for key, value in rows:
             summary_table.add_row(key, value)
         stdout.print(summary_table)
+        if result.ranks is not None:
+            stdout.print(rank_table(result.ranks))
         failures = result.failures()
         if failures:
             raise errors.PlanCheckError("the plan failed verification: " + "; ".join(failures))

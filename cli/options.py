@@ -10,7 +10,9 @@ import typer
 
 from cli.boundary import EXIT_CODES, fail
 from planner.core import errors
+from planner.core.errors import ParallelLayoutError
 from planner.core.loop import ZeroGrad
+from planner.core.parallel import ParallelLayout
 from planner.core.units import parse_bytes
 
 if TYPE_CHECKING:
@@ -25,12 +27,15 @@ __all__ = [
     "DtypeOption",
     "GradAccumOption",
     "HfOption",
+    "ParallelOption",
     "ProfileArgument",
     "ReferenceChoice",
     "SeqLenOption",
     "TargetOption",
     "VerboseOption",
+    "WorldSizeOption",
     "ZeroGradOption",
+    "parallel_layout",
     "parse_budget",
     "require_device",
     "target_and_device",
@@ -84,6 +89,26 @@ GradAccumOption = Annotated[
         help="Micro-batches accumulated per optimizer step (gradient accumulation; 1: none). "
         "Plans the last micro-batch, whose forward and backward run with the accumulated "
         "gradients alive.",
+    ),
+]
+WorldSizeOption = Annotated[
+    int | None,
+    typer.Option(
+        "--world-size",
+        help="Plan ONE rank of a torchrun job of this many ranks (with --parallel): the budget "
+        "is each rank's peak. The ranks are simulated here on a fake process group.",
+        show_default="one process",
+    ),
+]
+ParallelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--parallel",
+        help="How the job lays the model out (with --world-size): ddp (DistributedDataParallel, "
+        "default buckets) or fsdp2 (fully_shard on each block and the root, or the model "
+        "file's parallelize(model, mesh) where it defines one).",
+        metavar="ddp|fsdp2",
+        show_default=False,
     ),
 ]
 VerboseOption = Annotated[
@@ -212,3 +237,15 @@ def parse_budget(text: str) -> int:
         return parse_bytes(text)
     except errors.BudgetError as error:
         fail(f"--budget: {error}", EXIT_CODES[errors.BudgetError])
+
+
+def parallel_layout(world_size: int | None, parallel: str | None) -> ParallelLayout | None:
+    """The layout --world-size and --parallel name (both or neither), or None: one process.
+    Raises :class:`ParallelLayoutError` (one line, exit 2) for anything else."""
+    if world_size is None and parallel is None:
+        return None
+    if parallel is None:
+        raise ParallelLayoutError("--world-size needs --parallel ddp or --parallel fsdp2")
+    if world_size is None:
+        raise ParallelLayoutError(f"--parallel {parallel} needs --world-size N (the job's ranks)")
+    return ParallelLayout(world_size, parallel)  # type: ignore[arg-type]

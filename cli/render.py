@@ -11,7 +11,7 @@ from cli.boundary import stdout, warn
 from planner.core.records import Profile
 from planner.core.units import format_bytes
 
-__all__ = ["print_fit", "print_plan_summary", "warn_own_checkpointing"]
+__all__ = ["print_fit", "print_plan_summary", "rank_table", "warn_own_checkpointing"]
 
 
 def warn_own_checkpointing(profile: Profile) -> None:
@@ -48,8 +48,14 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
     else:
         stdout.print("No checkpointing needed: the unplanned step already fits the budget.")
     fake = plan.memory_source == "fake"
+    per_rank = " per rank" if plan.parallel is not None else ""
     rows = [
-        ("budget", format_bytes(plan.budget_bytes)),
+        *(
+            [("torchrun job", f"planned for {plan.parallel.describe()}")]
+            if plan.parallel is not None
+            else []
+        ),
+        ("budget" + per_rank, format_bytes(plan.budget_bytes)),
         (
             f"unplanned peak ({'fake-tensor step' if fake else 'measured'})",
             format_bytes(plan.baseline_peak_bytes),
@@ -57,7 +63,10 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
         ("predicted peak with plan", format_bytes(plan.predicted_peak_bytes)),
     ]
     if plan.measured_peak_bytes is not None:
-        rows.append(("measured peak with plan", format_bytes(plan.measured_peak_bytes)))
+        measured_where = f" (highest of {plan.parallel.world_size} ranks)" if per_rank else ""
+        rows.append(
+            ("measured peak with plan" + measured_where, format_bytes(plan.measured_peak_bytes))
+        )
     rows += [
         ("static (params+grads+optimizer)", format_bytes(plan.static_bytes)),
         ("training loop", plan.loop.describe()),
@@ -70,7 +79,13 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
             "figures from",
             ("fake tensors (no memory used)" if fake else "a real unplanned step")
             + "; times "
-            + (f"estimated for {plan.target} (roofline)" if plan.target else "measured here"),
+            + (
+                f"estimated for {plan.target} (roofline)"
+                if plan.target
+                else "estimated from FLOPs and bytes (roofline), not timed"
+                if plan.cost_source == "roofline"
+                else "measured here"
+            ),
         ),
     ]
     summary = Table(show_header=False, box=None, pad_edge=False)
@@ -86,6 +101,12 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
             f"recomputation bit-identical to its forward ({check.recomputed_ops} ops), buffers "
             "and RNG state as without the plan, so loss and gradients are the unplanned "
             "step's; state_dict keys unchanged"
+        )
+    elif check is not None and plan.parallel is not None:
+        stdout.print(
+            f"checked by running it on {plan.parallel.world_size} real ranks (torchrun): on "
+            "every rank within the budget, and loss, gradient shards and buffers equal the "
+            "unplanned distributed step's"
         )
     elif check is not None:
         stdout.print(
@@ -153,3 +174,22 @@ def print_fit(result: Any) -> None:
         f"{shlex.join(workload_arguments(result.point(result.fastest).source))} "
         f"--budget {result.budget_bytes}"
     )
+
+
+def rank_table(ranks: Any) -> Table:
+    """Each real rank's check of a plan for a torchrun job (a
+    :class:`planner.check.ranks.RanksCheck`)."""
+    table = Table(title="each rank", title_justify="left")
+    for column in ("rank", "peak with plan", "unplanned peak", "budget", "step"):
+        table.add_column(column, justify="right" if "peak" in column else "left")
+    for rank in ranks.ranks:
+        table.add_row(
+            str(rank.rank),
+            format_bytes(rank.measured_peak_bytes),
+            format_bytes(rank.unplanned_peak_bytes),
+            "within" if rank.within_budget else "OVER",
+            "bit-identical"
+            if rank.training_unchanged
+            else "DIFFERENT: " + ", ".join(rank.differences[:2]),
+        )
+    return table

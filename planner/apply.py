@@ -331,7 +331,10 @@ def apply_plan(
     LightningModule; the plan is then applied to the model inside (found by its
     fingerprint). Apply the plan before ``torch.compile`` and before sharding. Modules
     already sharded by FSDP are refused (:class:`PlanMismatchError`); a compiled model that
-    has already run recompiles on its next call.
+    has already run recompiles on its next call. Under ``torch.distributed`` (every rank of a
+    ``torchrun`` job applies the same plan), the plan must be made for the job's world size
+    (``ckpt-plan profile ... --world-size N --parallel ddp|fsdp2``; its ``parallel``), else
+    :class:`PlanMismatchError`.
 
     Guarantees: ``state_dict`` keys are unchanged; applying the same plan twice is the same as
     once; on any error (:class:`PlanFileError`, :class:`PlanMismatchError`) the model is left
@@ -342,6 +345,7 @@ def apply_plan(
     model's own gradient checkpointing on; see :func:`step_differences`), then costs nothing.
     """
     plan = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
+    _check_world_size(plan)
     planned = _planned_model(model, plan)
     modules = dict(planned.named_modules())
     targets: dict[str, tuple[torch.nn.Module, ModuleDecision]] = {}
@@ -442,6 +446,29 @@ def _planned_model(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
         f"this plan was made for another model ({plan.model_name}): "
         f"{_describe_mismatch(expected, model_fingerprint(inner))}{hint}; re-run "
         "`ckpt-plan profile` for this model"
+    )
+
+
+def _check_world_size(plan: Plan) -> None:
+    """Refuse a plan made for another world size than the running process group's: one
+    rank's memory depends on it (shards are 1/N; DDP adds its buckets)."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None or not (distributed.is_available() and distributed.is_initialized()):
+        return
+    running = distributed.get_world_size()
+    planned = plan.parallel.world_size if plan.parallel is not None else 1
+    if running == planned:
+        return
+    made_for = (
+        f"one rank of {planned} ({plan.parallel.strategy.value})"
+        if plan.parallel is not None
+        else "a single process"
+    )
+    strategy = plan.parallel.strategy.value if plan.parallel is not None else "ddp|fsdp2"
+    raise PlanMismatchError(
+        f"this plan was made for {made_for}, but this process is one rank of {running}: a "
+        f"rank's memory depends on the world size; make the plan for this job with "
+        f"`ckpt-plan profile MODEL.py --budget B --world-size {running} --parallel {strategy}`"
     )
 
 

@@ -28,16 +28,20 @@ import logging
 from pathlib import Path
 
 from planner.check.compare import CheckReference, check_plan
+from planner.check.ranks import check_plan_on_ranks
 from planner.check.safety import exclude_modules, find_recompute_mismatches
 from planner.core.errors import (
     InfeasibleBudgetError,
+    ParallelLayoutError,
     PlanCheckError,
     ProfileFileError,
     ProfilingError,
 )
 from planner.core.loop import PLAIN_LOOP, LoopShape
+from planner.core.parallel import ParallelLayout
 from planner.core.records import CostSource, MemorySource, Profile
 from planner.core.units import format_bytes, format_bytes_apart
+from planner.measure.distributed import record_rank_memory
 from planner.measure.fake import FakeExecutionError, build_fake_workload
 from planner.measure.hf import is_hf_source, workload_in_command
 from planner.measure.profiler import ProgressCallback, record_memory
@@ -56,7 +60,9 @@ from planner.solve.planning import (
 )
 
 __all__ = [
+    "MAX_CHECKED_RANKS",
     "PlanningResult",
+    "estimated_costs",
     "marked_unchecked",
     "measure_profile_costs",
     "plan_checked",
@@ -156,6 +162,7 @@ def profile_model_file(
     target: DeviceSpec | None = None,
     timing_steps: int = 3,
     loop: LoopShape = PLAIN_LOOP,
+    parallel: ParallelLayout | None = None,
     progress: ProgressCallback | None = None,
 ) -> Profile:
     """A complete profile of the model file's training step (see the module docstring).
@@ -168,7 +175,27 @@ def profile_model_file(
     median is kept): three keep the plan the same from one run to the next. ``loop``: the
     training loop's shape (:class:`~planner.core.loop.LoopShape`: where gradients are zeroed,
     how many micro-batches are accumulated); every step recorded, timed or checked runs in
-    it, and the profile records it."""
+    it, and the profile records it. ``parallel``: profile ONE rank of that ``torchrun`` job
+    instead, simulated here (:func:`planner.measure.distributed.record_rank_memory`); its
+    recomputation times are then estimated from its ops (a roofline of this device), not
+    timed: a timing step of one rank needs the job's other ranks."""
+    if parallel is not None:
+        if memory is not MemorySource.FAKE or target is not None:
+            raise ParallelLayoutError(
+                "--world-size/--parallel plan on simulated ranks: use them without "
+                "--memory real and --target"
+            )
+        profile = record_rank_memory(
+            model_file,
+            parallel,
+            device_type=device.split(":")[0],
+            seed=seed,
+            loop=loop,
+            budget_bytes=budget_bytes,
+            workspace_bytes=_cuda_workspace_bytes(device) if device.startswith("cuda") else 0,
+            progress=progress,
+        )
+        return estimated_costs(profile, device)
     profile = record_step_memory(
         model_file,
         device=device,
@@ -196,6 +223,16 @@ def profile_model_file(
     except InfeasibleBudgetError as error:
         error.profile = profile  # memory only (no times): `solve` times it at a budget that fits
         raise
+
+
+def estimated_costs(profile: Profile, device: str) -> Profile:
+    """``profile`` with its recomputation times estimated for this ``device`` from its
+    recorded ops (FLOPs and bytes), not timed; ``cost_source`` ``roofline``."""
+    estimated = provisional_costs(profile, device)
+    line = "recomputation times estimated from each op's FLOPs and bytes (not timed here)"
+    return dataclasses.replace(
+        estimated, cost_source=CostSource.ROOFLINE, assumptions=(*estimated.assumptions, line)
+    )
 
 
 def measure_profile_costs(
@@ -353,14 +390,17 @@ def plan_checked(
                 continue
         if progress:
             progress(f"checking the plan by running it (attempt {attempt})", 0, 1)
-        check = check_plan(
-            model_path,
-            plan,
-            device=device,
-            seed=seed,
-            reference=reference,
-            limit_bytes=budget_bytes if device == "cpu" else None,
-        )
+        if plan.parallel is not None:
+            check = check_plan_on_ranks(model_path, plan, device=device, seed=seed).combined()
+        else:
+            check = check_plan(
+                model_path,
+                plan,
+                device=device,
+                seed=seed,
+                reference=reference,
+                limit_bytes=budget_bytes if device == "cpu" else None,
+            )
         if check.recompute_mismatches:
             reasons = dict(zip(check.recompute_mismatches, check.mismatch_reasons, strict=True))
             logger.warning("excluding %s: %s", ", ".join(reasons), "; ".join(reasons.values()))
@@ -405,10 +445,15 @@ def profile_and_plan(
     memory: MemorySource = MemorySource.FAKE,
     target: DeviceSpec | None = None,
     loop: LoopShape = PLAIN_LOOP,
+    parallel: ParallelLayout | None = None,
     progress: ProgressCallback | None = None,
 ) -> PlanningResult:
     """Load the model file, profile one step, solve for the budget, check the plan (see
-    the module docstring). With ``target`` the plan is for that device and is not run.
+    the module docstring). With ``parallel`` the plan is for one rank of that ``torchrun``
+    job (its budget is each rank's peak); it is checked on that many real ranks here where
+    ``check`` and the world size is at most :data:`MAX_CHECKED_RANKS`, else left unchecked
+    (``ckpt-plan verify --nproc N`` runs it on the job's machines). With ``target`` the plan
+    is for that device and is not run.
     ``loop`` is the training loop's shape (:class:`~planner.core.loop.LoopShape`): the
     step is profiled, timed and checked in it, and the plan records it.
 
@@ -426,19 +471,45 @@ def profile_and_plan(
         budget_bytes=budget_bytes,
         target=target,
         loop=loop,
+        parallel=parallel,
         progress=progress,
+    )
+    runnable_here = parallel is None or (
+        parallel.world_size <= MAX_CHECKED_RANKS and _ranks_fit_here(parallel, device)
     )
     result = plan_checked(
         profile,
         budget_bytes,
-        model_path=model_file.source if check and target is None else None,
+        model_path=model_file.source if check and target is None and runnable_here else None,
         device=device,
         seed=seed,
         progress=progress,
     )
     if target is not None:
         result = marked_unchecked(result, target, model_file.source)
+    elif parallel is not None and check and not runnable_here:
+        command = f"ckpt-plan verify {workload_in_command(model_file.source)} PLAN"
+        note = (
+            f"unchecked: made for {parallel.world_size} ranks, more than are launched here; "
+            f"run `{command} --nproc {parallel.world_size}` on the job's machines before "
+            "training"
+        )
+        plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
+        result = dataclasses.replace(result, plan=plan)
     return result
+
+
+def _ranks_fit_here(parallel: ParallelLayout, device: str) -> bool:
+    """Whether this machine can run the layout's ranks: any number on CPU, one GPU each."""
+    if not device.startswith("cuda"):
+        return True
+    import torch
+
+    return torch.cuda.device_count() >= parallel.world_size
+
+
+MAX_CHECKED_RANKS = 4
+"""The most ranks ``profile`` launches on this machine to check a plan for a parallel job."""
 
 
 def marked_unchecked(result: PlanningResult, target: DeviceSpec, source: str) -> PlanningResult:

@@ -7,6 +7,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from planner.core.errors import ProfilingError
+from planner.core.records import StorageKind
 from planner.measure.tracking import (
     AllocatorPeakTracker,
     PeakMemoryTracker,
@@ -132,3 +133,42 @@ def test_peak_tracker_ignores_views_of_data_the_caller_holds() -> None:
         peaks.append(tracker.peak_bytes)
         del row
     assert peaks == [4040, 40]
+
+
+def test_a_storage_resized_to_nothing_is_freed_and_resized_back_is_made_again() -> None:
+    """FSDP2 frees a gathered parameter with ``storage.resize_(0)`` and gathers it again by
+    resizing back, with no op the dispatcher sees: the watcher counts both."""
+    tensor = torch.ones(1024)  # 4096 bytes
+    original_resize = torch.UntypedStorage.resize_
+    watcher = StorageWatcher("cpu")
+    watcher.add_existing({StorageKind.ACTIVATION: [tensor]})
+    with watcher:
+        tensor.untyped_storage().resize_(0)
+        assert watcher.current_bytes == 0
+        tensor.untyped_storage().resize_(8192)
+        assert watcher.current_bytes == 8192
+        tensor.untyped_storage().resize_(0)
+    assert watcher.current_bytes == 0
+    assert watcher.peak_bytes == 8192
+    assert torch.UntypedStorage.resize_ is original_resize  # put back on exit
+    del tensor
+    assert watcher.current_bytes == 0  # its death after the resize is not a second free
+
+
+def test_a_dtensor_counts_its_local_shard() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from planner.core.parallel import ParallelLayout
+    from planner.measure.distributed import simulated_ranks
+
+    with simulated_ranks(ParallelLayout(4, "fsdp2")):  # type: ignore[arg-type]
+        mesh = init_device_mesh("cpu", (4,))
+        shard = distribute_tensor(torch.ones(8, 16), mesh, [Shard(0)])  # (2, 16) per rank
+        watcher = StorageWatcher("cpu")
+        watcher.add_existing({StorageKind.PARAMETER: [shard]})
+        assert watcher.current_bytes == 2 * 16 * 4
+        with watcher:
+            doubled = shard * 2  # a DTensor op: its local op makes one (2, 16) storage
+        assert watcher.peak_bytes == 2 * 2 * 16 * 4
+        del doubled

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.check.compare import CheckReference, PlanCheck, check_plan
+from planner.check.ranks import RanksCheck, check_plan_on_ranks
 from planner.core.errors import ModelFileError, PlanMismatchError, PlannerError
 from planner.core.units import format_bytes
 from planner.measure.workload import _user_code, describe_batch, load_model_file
@@ -38,6 +39,7 @@ class Verification:
     device: str
     seed: int
     warnings: tuple[str, ...]
+    ranks: RanksCheck | None = None
 
     @property
     def passed(self) -> bool:
@@ -158,6 +160,7 @@ def verify_plan(
     debug: bool = False,
     reference: CheckReference | None = None,
     on_warning: WarningCallback | None = None,
+    nproc: int | None = None,
 ) -> Verification:
     """Run the plan at ``plan_path`` against the model file at ``model_path``: a path, a
     Hugging Face workload's source (:mod:`planner.measure.hf`), or None for the one the
@@ -172,6 +175,10 @@ def verify_plan(
     :class:`PlanMismatchError` (a plan for another model), :class:`PlanCheckError` (the
     planned step fails where the unplanned one runs). A plan that runs but changes the step
     or overshoots its budget is not an error: see :meth:`Verification.failures`.
+
+    A plan for a ``torchrun`` job (``Plan.parallel``) is run on ``nproc`` real ranks here
+    (default and only value: its world size; :func:`planner.check.ranks.check_plan_on_ranks`),
+    against the unplanned distributed step on every rank (``Verification.ranks``).
     """
     plan = load_plan(plan_path)
     if model_path is None:
@@ -201,10 +208,17 @@ def verify_plan(
                 on_warning(warning)
 
     chosen = reference or choose_reference(plan, target)
+    ranks = None
     try:
-        check = check_plan(
-            model_file.source, plan, device=target, seed=seed, debug=debug, reference=chosen
-        )
+        if plan.parallel is not None or nproc is not None:
+            ranks = check_plan_on_ranks(
+                model_file.source, plan, device=target, seed=seed, nproc=nproc
+            )
+            check = ranks.combined()
+        else:
+            check = check_plan(
+                model_file.source, plan, device=target, seed=seed, debug=debug, reference=chosen
+            )
     except PlanMismatchError:
         raise  # a plan for another model: its batch and device do not matter
     except PlannerError:
@@ -219,4 +233,5 @@ def verify_plan(
         device=target,
         seed=seed,
         warnings=tuple(warnings),
+        ranks=ranks,
     )

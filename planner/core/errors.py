@@ -75,3 +75,8 @@ class PlanCheckError(PlannerError):
 
 class TargetSpecError(PlannerError):
     """A ``--target`` that is neither a built-in device nor a readable spec file."""
+
+
+class ParallelLayoutError(PlannerError):
+    """A parallel layout that cannot be planned (a world size below 1, an unknown strategy,
+    a mesh that does not multiply to the world size), or a plan applied under another."""

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from planner.core.loop import PLAIN_LOOP, LoopShape
+from planner.core.parallel import ParallelLayout
 
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
@@ -329,7 +330,9 @@ class Profile:
     ``memory_source`` and ``cost_source`` say how the timeline and the times were obtained;
     ``target`` names the device spec of a roofline estimate; ``assumptions`` lists how a
     fake step modelled its device (see :mod:`planner.measure.fake`) and how times were taken;
-    ``loop`` is the training loop's shape the step was recorded in (:mod:`planner.core.loop`).
+    ``loop`` is the training loop's shape the step was recorded in (:mod:`planner.core.loop`);
+    ``parallel`` the job layout of which the step is one rank's (:mod:`planner.core.parallel`;
+    None: one process).
     """
 
     schema_version: int
@@ -356,6 +359,8 @@ class Profile:
     workspace_bytes: int = 0
     # The training loop's shape the step was recorded in (planner.core.loop).
     loop: LoopShape = PLAIN_LOOP
+    # The job layout the step is one rank of (planner.core.parallel); None: one process.
+    parallel: ParallelLayout | None = None
 
     @property
     def static_bytes(self) -> int:

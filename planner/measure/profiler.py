@@ -720,6 +720,7 @@ def record_memory(
     charge_as: str | None = None,
     limit_bytes: int | None = None,
     workspace_bytes: int = 0,
+    bucket_bytes: int = 0,
     progress: ProgressCallback | None = None,
 ) -> Profile:
     """The memory half of a profile (see the module docstring): times are left at 0 and
@@ -732,7 +733,9 @@ def record_memory(
     ``limit_bytes`` stops a real step whose live memory passes it
     (:class:`~planner.measure.tracking.MemoryLimitExceeded`). ``workspace_bytes`` is memory the
     device's libraries hold for the whole step (cuBLAS workspaces on CUDA): it is added to
-    the timeline as one storage alive throughout, so every predicted peak includes it."""
+    the timeline as one storage alive throughout, so every predicted peak includes it.
+    ``bucket_bytes``: DDP's gradient buckets (:func:`planner.measure.distributed.ddp_bucket_bytes`),
+    made when DDP was built and alive throughout: one gradient storage the same way."""
     running = session.running if session is not None else contextlib.nullcontext
     device_type = session.device_type if session is not None else workload.device.type
     with running():
@@ -760,8 +763,11 @@ def record_memory(
             limit_bytes=limit_bytes,
         )
     if workspace_bytes:
-        timeline = _with_workspace(timeline, workspace_bytes)
+        timeline = _with_resident(timeline, workspace_bytes, StorageKind.WORKSPACE)
         measured_peak += workspace_bytes
+    if bucket_bytes:
+        timeline = _with_resident(timeline, bucket_bytes, StorageKind.GRADIENT)
+        measured_peak += bucket_bytes
     return _profile_from_timeline(
         workload,
         timeline,
@@ -775,15 +781,16 @@ def record_memory(
     )
 
 
-def _with_workspace(timeline: MemoryTimeline, workspace_bytes: int) -> MemoryTimeline:
-    workspace = StorageLifetime(
-        size_bytes=workspace_bytes,
+def _with_resident(timeline: MemoryTimeline, size_bytes: int, kind: StorageKind) -> MemoryTimeline:
+    """``timeline`` with one more storage of ``size_bytes``, alive throughout the step."""
+    resident = StorageLifetime(
+        size_bytes=size_bytes,
         alloc_event=-1,
         free_event=timeline.event_count,
         alloc_call=-1,
-        kind=StorageKind.WORKSPACE,
+        kind=kind,
     )
-    return dataclasses.replace(timeline, storages=(*timeline.storages, workspace))
+    return dataclasses.replace(timeline, storages=(*timeline.storages, resident))
 
 
 def recomputed_in_backward(timeline: MemoryTimeline) -> tuple[str, ...]:

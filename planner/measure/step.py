@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from planner.core.records import StorageKind
 from planner.measure.tracking import PeakMemoryTracker, workload_tensors
 from planner.measure.workload import Workload, run_training_step
 
@@ -39,6 +41,7 @@ def measure_step(
     timed_steps: int = 0,
     limit_bytes: int | None = None,
     copy_state: bool = True,
+    resident: Sequence[torch.Tensor] = (),
 ) -> StepMeasurement:
     """Warm up (optimizer state exists), then measure one steady-state step.
 
@@ -47,7 +50,10 @@ def measure_step(
     (tracking itself slows a step down); with 0 the tracked step's own time is reported.
     ``limit_bytes`` (CPU) stops any step, warm-up included, whose live memory passes it
     (:class:`~planner.measure.tracking.MemoryLimitExceeded`). Without ``copy_state`` the gradients
-    and buffers are not copied out (the copies cost memory beside the step).
+    and buffers are not copied out (the copies cost memory beside the step). ``resident``:
+    tensors the step's objects hold out of sight of the model, optimizer and batch (DDP's
+    gradient buckets, held by its Reducer), counted from the start like the gradients. It is
+    read after the warm-up steps (they may make them).
     """
     for step in range(warmup_steps):
         warmup_tracker = PeakMemoryTracker(
@@ -57,11 +63,10 @@ def measure_step(
         )
         with warmup_tracker:
             run_training_step(workload, seed=seed + 1000 + step)
-    tracker = PeakMemoryTracker(
-        workload.device,
-        workload_tensors(workload.model, workload.optimizer, workload.batch),
-        limit_bytes=limit_bytes,
-    )
+    existing = workload_tensors(workload.model, workload.optimizer, workload.batch)
+    existing[StorageKind.GRADIENT] = [*existing[StorageKind.GRADIENT], *resident]
+    tracker = PeakMemoryTracker(workload.device, existing, limit_bytes=limit_bytes)
+    del existing
     begin = time.perf_counter()
     with tracker:
         loss_value = run_training_step(workload, seed=seed)

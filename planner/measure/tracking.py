@@ -16,6 +16,7 @@ side, the allocator's own accounting, for what the dispatcher does not see
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = [
     "StorageWatcher",
     "allocated_bytes",
     "iter_tensors",
+    "local_tensors",
     "returns_view",
     "workload_tensors",
     "writes_in_place",
@@ -170,6 +172,27 @@ def workload_tensors(
     }
 
 
+def _has_inner_tensors(kind: type) -> bool:
+    """Whether tensors of this class are wrappers whose memory is in tensors inside them
+    (``DTensor``; fake tensors are not: they stand for their own storage)."""
+    return hasattr(kind, "__tensor_flatten__")
+
+
+def _is_wrapper(tensor: torch.Tensor) -> bool:
+    return type(tensor) is not torch.Tensor and _has_inner_tensors(type(tensor))
+
+
+def local_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding a wrapper subclass's memory (a ``DTensor``'s local shard),
+    or ``[tensor]`` itself."""
+    if not _is_wrapper(tensor):
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+    inner = [getattr(tensor, name) for name in names]
+    tensors = [value for value in inner if isinstance(value, torch.Tensor)]
+    return [local for value in tensors for local in local_tensors(value)]
+
+
 class StorageWatcher(TorchDispatchMode):
     """Counts the bytes of live tensor storages on one device type.
 
@@ -200,6 +223,9 @@ class StorageWatcher(TorchDispatchMode):
         self.peak_bytes = 0
         self._index_by_storage_id: dict[int, int] = {}
         self._size_by_index: dict[int, int] = {}
+        self._kind_by_index: dict[int, StorageKind] = {}
+        self._metadata_depth = 0
+        self._propagator: tuple[Any, Any] = (None, None)
         self._refs: dict[int, weakref.ref[Any]] = {}
         self._next_index = 0
         self._closed = False
@@ -208,6 +234,9 @@ class StorageWatcher(TorchDispatchMode):
     # -- registration ------------------------------------------------------------------
     def storage_index(self, tensor: torch.Tensor) -> int | None:
         """Index of the live storage behind ``tensor``, or None if it is not tracked."""
+        if _is_wrapper(tensor):
+            inner = local_tensors(tensor)
+            return self.storage_index(inner[0]) if inner else None
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):
@@ -219,8 +248,13 @@ class StorageWatcher(TorchDispatchMode):
         self._ignored.update(id(tensor.untyped_storage()) for tensor in tensors)
 
     def track(self, tensor: torch.Tensor, kind: StorageKind) -> int | None:
-        """Start tracking the storage behind ``tensor`` (no-op if already tracked)."""
+        """Start tracking the storage behind ``tensor`` (no-op if already tracked). A
+        wrapper subclass (a ``DTensor``: a rank's shard of a parameter) holds no memory of its
+        own: the storages of the tensors inside it are tracked instead."""
         # Hot path (every op output): the cheapest checks first.
+        if _is_wrapper(tensor):
+            found = [self.track(inner, kind) for inner in local_tensors(tensor)]
+            return found[0] if found else None
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested, wrapper subclasses
@@ -238,6 +272,7 @@ class StorageWatcher(TorchDispatchMode):
         self._next_index += 1
         self._index_by_storage_id[key] = index
         self._size_by_index[index] = size
+        self._kind_by_index[index] = kind
         self._refs[index] = weakref.ref(storage, self._release_callback(index, key))
         self.current_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.current_bytes)
@@ -267,11 +302,13 @@ class StorageWatcher(TorchDispatchMode):
         return release
 
     def _release(self, index: int, key: int) -> None:
-        if self._closed:
-            return
-        self._index_by_storage_id.pop(key, None)
+        if self._closed or index not in self._size_by_index:
+            return  # already released: resized to nothing before the storage died
+        if self._index_by_storage_id.get(key) == index:
+            del self._index_by_storage_id[key]
         self._refs.pop(index, None)
-        size = self._size_by_index.pop(index, 0)
+        self._kind_by_index.pop(index, None)
+        size = self._size_by_index.pop(index)
         self.current_bytes -= size
         self.on_free(index)
 
@@ -291,9 +328,79 @@ class StorageWatcher(TorchDispatchMode):
     ) -> None:
         """Called after each op with its tensor outputs (tracked) and its raw result."""
 
+    # -- resized storages --------------------------------------------------------------
+    def _watch_resizes(self) -> None:
+        """FSDP2 frees and re-gathers a parameter's unsharded memory by resizing its storage
+        (``storage.resize_(0)``, then back to full size), which no op reports to the
+        dispatcher. While watching, a resize of a tracked storage is its free, and a resize
+        to a non-zero size makes a new storage (of the kind the old one had)."""
+        self._resize = torch.UntypedStorage.resize_
+        original = self._resize
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+            key = id(storage)
+            index = self._index_by_storage_id.get(key)
+            kind = None if index is None else self._kind_by_index.get(index)
+            result = original(storage, size)
+            if index is not None:
+                self._release(index, key)
+                self._refs.pop(index, None)
+            if size and (kind is not None or storage.device.type == self.device_type):
+                with torch.utils._python_dispatch._disable_current_modes():
+                    view = torch.empty(0, dtype=torch.uint8, device=storage.device)
+                    view = view.set_(storage)
+                self.track(view, kind or StorageKind.ACTIVATION)
+            return result
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
+
+    def _unwatch_resizes(self) -> None:
+        torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
+
+    def _skip_metadata_propagation(self) -> None:
+        """A ``DTensor`` op first runs on fake tensors of the global shapes, to learn its
+        output's shape (once per op and shapes: the result is cached). Those fakes are not a
+        rank's memory: while that runs, nothing is tracked."""
+        propagation = sys.modules.get("torch.distributed.tensor._sharding_prop")
+        propagator = getattr(propagation, "ShardingPropagator", None)
+        original = getattr(propagator, "_propagate_tensor_meta_non_cached", None)
+        self._propagator = (propagator, original)
+        if propagator is None or original is None:
+            return
+
+        def metadata_only(*args: Any, **kwargs: Any) -> Any:
+            self._metadata_depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._metadata_depth -= 1
+
+        propagator._propagate_tensor_meta_non_cached = metadata_only
+
+    def _restore_metadata_propagation(self) -> None:
+        propagator, original = self._propagator
+        if propagator is not None and original is not None:
+            propagator._propagate_tensor_meta_non_cached = original
+
+    def __enter__(self) -> StorageWatcher:
+        self._watch_resizes()
+        self._skip_metadata_propagation()
+        return super().__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self._restore_metadata_propagation()
+        self._unwatch_resizes()
+
     # -- dispatch ------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if any(_has_inner_tensors(kind) for kind in types):
+            # Let a wrapper subclass (DTensor) run its ops on its local tensors, which
+            # come back through this mode: those are the storages that hold memory.
+            return NotImplemented
         out = func(*args, **(kwargs or {}))
+        if self._metadata_depth:
+            return out
         if isinstance(out, torch.Tensor):
             tensors = [out]
         elif isinstance(out, (tuple, list)):
@@ -407,7 +514,7 @@ class AllocatorPeakTracker:
 
         seen: set[int] = set()
         for tensors in self._existing.values():
-            for tensor in tensors:
+            for tensor in (local for wrapper in tensors for local in local_tensors(wrapper)):
                 storage = tensor.untyped_storage()
                 if tensor.device.type != "cpu" or id(storage) in seen:
                     continue

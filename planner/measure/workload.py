@@ -17,6 +17,7 @@ import functools
 import hashlib
 import importlib.util
 import inspect
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -60,7 +61,10 @@ class ModelFile:
     ``source`` is what :func:`load_model_file` builds it again from, in another process or
     from a saved profile: the file's path (the default), or a Hugging Face workload's source
     string (:mod:`planner.measure.hf`; ``path`` is then its config). ``assumptions``: what
-    the workload itself assumed, one line each, for the profile's assumptions."""
+    the workload itself assumed, one line each, for the profile's assumptions.
+    ``parallelize(model, mesh)`` (optional) lays the model out with ``fully_shard`` for an
+    FSDP2 ``torchrun`` job, as torchtitan's ``parallelize_*`` functions do, after
+    ``apply_plan`` (:mod:`planner.measure.distributed`)."""
 
     path: Path
     name: str
@@ -70,6 +74,7 @@ class ModelFile:
     loss_fn: Callable[[Any, Any], torch.Tensor] | None
     build_optimizer: Callable[[Any], torch.optim.Optimizer] | None
     source: str = ""
+    parallelize: Callable[[torch.nn.Module, Any], Any] | None = None
     assumptions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -275,6 +280,7 @@ def load_model_file(path: str | Path) -> ModelFile:
         training_step=optional("training_step"),
         loss_fn=optional("loss_fn"),
         build_optimizer=optional("build_optimizer"),
+        parallelize=optional("parallelize"),
     )
     if model_file.build_optimizer is not None:
         optimizer_takes_model(model_file)  # a wrong signature fails here, before any work
@@ -353,7 +359,19 @@ def _user_code(what: str, path: Path) -> Iterator[None]:
         raise
     except Exception as error:
         where = _error_location(error, path)
-        raise ProfilingError(f"{what} raised {type(error).__name__} ({where}): {error}") from error
+        hint = ""
+        if what == "build_model()" and _raised_in_torch_distributed(error):
+            hint = f"; {_SHARDED_AT_BUILD.format(path=path)}"
+        raise ProfilingError(
+            f"{what} raised {type(error).__name__} ({where}): {error}{hint}"
+        ) from error
+
+
+def _raised_in_torch_distributed(error: BaseException) -> bool:
+    """Whether ``error`` came from inside ``torch.distributed`` (a model file sharding its
+    model, or starting a process group, where there is none)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return any(f"torch{os.sep}distributed{os.sep}" in frame.filename for frame in frames)
 
 
 def checked_model(model_file: ModelFile, model: object) -> torch.nn.Module:
@@ -363,7 +381,27 @@ def checked_model(model_file: ModelFile, model: object) -> torch.nn.Module:
             f"build_model() in {model_file.path} returned {type(model).__name__}, "
             "not a torch.nn.Module"
         )
+    if _is_laid_out(model):
+        raise ModelFileError(_SHARDED_AT_BUILD.format(path=model_file.path))
     return model
+
+
+_SHARDED_AT_BUILD = (
+    "build_model() in {path} shards or wraps the model itself (fully_shard or "
+    "DistributedDataParallel): return the unsharded model and move that code into "
+    "parallelize(model, mesh), which ckpt-plan calls after applying the plan, as training must"
+)
+
+
+def _is_laid_out(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is sharded by ``fully_shard`` or wrapped in DDP already."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return True
+    if not (torch.distributed.is_available() and "torch.distributed.fsdp" in sys.modules):
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(module, FSDPModule) for module in model.modules())
 
 
 def build_workload(

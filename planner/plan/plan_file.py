@@ -14,9 +14,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from planner.core.errors import LoopShapeError, PlanFileError
+from planner.core.errors import LoopShapeError, ParallelLayoutError, PlanFileError
 from planner.core.fileio import atomic_write_text
 from planner.core.loop import PLAIN_LOOP, LoopShape, loop_from_dict, loop_to_dict
+from planner.core.parallel import ParallelLayout, parallel_from_dict, parallel_to_dict
 from planner.core.records import unit_name
 from planner.plan.policies import NESTED
 
@@ -99,6 +100,9 @@ class Plan:
     (``hf:CONFIG?batch_size=...``), which ``ckpt-plan verify PLAN`` rebuilds; None in plans
     written before it was recorded. ``loop`` is the training loop's shape the step was
     measured in (:mod:`planner.core.loop`; a file without it was made for the plain loop).
+    ``parallel`` is the ``torchrun`` job layout the plan is for, each rank applying it before
+    sharding (:mod:`planner.core.parallel`: world size, strategy, mesh shape; None, or absent
+    from the file: one process).
     """
 
     budget_bytes: int
@@ -125,6 +129,7 @@ class Plan:
     assumptions: tuple[str, ...] = field(default_factory=tuple)
     model_file: str | None = None
     loop: LoopShape = PLAIN_LOOP
+    parallel: ParallelLayout | None = None
 
     @property
     def module_names(self) -> tuple[str, ...]:
@@ -160,6 +165,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     data["notes"] = list(plan.notes)
     data["assumptions"] = list(plan.assumptions)
     data["loop"] = loop_to_dict(plan.loop)
+    data["parallel"] = parallel_to_dict(plan.parallel)
     # Put the version first so a person opening the file sees it.
     return {"schema_version": data.pop("schema_version"), **data}
 
@@ -212,8 +218,9 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         values["notes"] = tuple(values.get("notes", ()))
         values["assumptions"] = tuple(values.get("assumptions", ()))
         values["loop"] = loop_from_dict(data.get("loop"))  # absent: the plain loop
+        values["parallel"] = parallel_from_dict(data.get("parallel"))  # absent: one process
         plan = Plan(**values)
-    except (KeyError, TypeError, ValueError, LoopShapeError) as error:
+    except (KeyError, TypeError, ValueError, LoopShapeError, ParallelLayoutError) as error:
         raise PlanFileError(
             f"{source} has a malformed entry ({error}); re-create the plan"
         ) from error

@@ -10,9 +10,10 @@ from typing import Any
 
 import pandas as pd
 
-from planner.core.errors import LoopShapeError, ProfileFileError
+from planner.core.errors import LoopShapeError, ParallelLayoutError, ProfileFileError
 from planner.core.fileio import atomic_path, atomic_write_text
 from planner.core.loop import loop_from_dict, loop_to_dict
+from planner.core.parallel import parallel_from_dict, parallel_to_dict
 from planner.core.records import (
     PROFILE_SCHEMA_VERSION,
     CostSource,
@@ -63,6 +64,7 @@ def _profile_to_dict(profile: Profile) -> dict[str, Any]:
     data["memory_source"] = profile.memory_source.value
     data["cost_source"] = profile.cost_source.value
     data["loop"] = loop_to_dict(profile.loop)
+    data["parallel"] = parallel_to_dict(profile.parallel)
     return data
 
 
@@ -145,6 +147,7 @@ def load_profile(path: str | Path) -> Profile:
         values["memory_source"] = MemorySource(data.get("memory_source", "real"))
         values["cost_source"] = CostSource(data.get("cost_source", "measured"))
         values["loop"] = loop_from_dict(data.get("loop"))  # absent: the plain loop
+        values["parallel"] = parallel_from_dict(data.get("parallel"))  # absent: one process
         return Profile(**values)
-    except (KeyError, TypeError, ValueError, LoopShapeError) as error:
+    except (KeyError, TypeError, ValueError, LoopShapeError, ParallelLayoutError) as error:
         raise ProfileFileError(f"profile {source} is malformed ({error}); re-profile") from error

@@ -178,6 +178,7 @@ def build_plan(
         assumptions=profile.assumptions,
         model_file=profile.model_file,
         loop=profile.loop,
+        parallel=profile.parallel,
     )
 
 

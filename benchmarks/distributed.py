@@ -1,0 +1,196 @@
+"""Plans for one rank of a torchrun job (issue #12), measured on real ranks.
+
+    python benchmarks/distributed.py                     # every example, DDP and FSDP2
+    python benchmarks/distributed.py --models gpt        # some of them
+
+1. **Simulated vs real ranks.** For each example and each strategy (DDP with default
+   buckets; FSDP2 with ``fully_shard`` on each block and the root), one rank of a 2-rank job
+   is recorded in this process on a fake process group
+   (:func:`planner.measure.distributed.record_rank_memory`); its predicted peak, unplanned
+   and for plans at three budgets (a quarter, half and three quarters of the way from the
+   lowest feasible peak to the unplanned one), is set against each real rank's measured peak:
+   2 processes under ``torchrun`` with gloo on this CPU
+   (:func:`planner.check.ranks.check_plan_on_ranks`: each rank builds the model, applies the
+   plan, lays the model out, warms up two steps, measures the third; the unplanned step's peak
+   is measured by each check too, and shown from the first). Each planned rank's loss,
+   gradient shards and buffers are compared with the unplanned distributed step's, bit for bit.
+   Each rank's planned step is also measured from the other side, by the CPU allocator's own
+   accounting (``AllocatorPeakTracker``, a separate run of the same step): it does not rely on
+   the dispatcher or on the tracker's handling of FSDP2's storage resizes.
+2. **Simulated world sizes.** FSDP2 on the Llama example at 2, 8 and 64 simulated ranks:
+   static memory per rank (parameters, gradients, optimizer state and buffers), the unplanned
+   peak, and the plan for one per-rank budget.
+
+Writes reports/benchmarks/distributed.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import markdown_table  # noqa: E402
+from planner.check.ranks import check_plan_on_ranks  # noqa: E402
+from planner.core.fileio import atomic_write_text  # noqa: E402
+from planner.core.parallel import ParallelLayout, ParallelStrategy  # noqa: E402
+from planner.core.units import format_bytes  # noqa: E402
+from planner.measure.distributed import record_rank_memory  # noqa: E402
+from planner.measure.workload import load_model_file  # noqa: E402
+from planner.pipeline import estimated_costs  # noqa: E402
+from planner.plan.memory_model import MemoryModel  # noqa: E402
+from planner.solve import Solver  # noqa: E402
+from planner.solve.planning import plan_for_budget  # noqa: E402
+
+MODELS = {
+    "gpt": ROOT / "examples" / "gpt.py",
+    "hf_gpt2": ROOT / "examples" / "hf_gpt2.py",
+    "hf_llama": ROOT / "examples" / "hf_llama.py",
+}
+FRACTIONS = (0.75, 0.5, 0.25)
+
+
+def mib(size_bytes: int) -> str:
+    return f"{size_bytes / 2**20:.2f}"
+
+
+def rank_profile(path: Path, layout: ParallelLayout):  # type: ignore[no-untyped-def]
+    return estimated_costs(record_rank_memory(load_model_file(path), layout), "cpu")
+
+
+def compare_on_ranks(name: str, strategy: ParallelStrategy) -> list[dict[str, object]]:
+    layout = ParallelLayout(2, strategy)
+    begin = time.perf_counter()
+    profile = rank_profile(MODELS[name], layout)
+    simulated_s = time.perf_counter() - begin
+    solver = Solver(profile, MemoryModel(profile.timeline))
+    _, lowest = solver.lowest_peak()
+    peak = profile.measured_peak_bytes
+    rows: list[dict[str, object]] = []
+    for fraction in FRACTIONS:
+        budget = lowest + int((peak - lowest) * fraction)
+        plan, _ = plan_for_budget(profile, budget, solver=solver)
+        begin = time.perf_counter()
+        check = check_plan_on_ranks(MODELS[name], plan, cross_check=True)
+        ranks_s = time.perf_counter() - begin
+        if not rows:
+            unplanned = [rank.unplanned_peak_bytes for rank in check.ranks]
+            rows.append(
+                {
+                    "model": name,
+                    "strategy": strategy.value,
+                    "budget (MiB)": "none (unplanned)",
+                    "modules": 0,
+                    "predicted (MiB)": mib(peak),
+                    "rank 0 (MiB)": mib(unplanned[0]),
+                    "rank 1 (MiB)": mib(unplanned[1]),
+                    "worst error": f"{max(abs(u - peak) / u for u in unplanned):.3%}",
+                    "worst error (bytes)": max(abs(u - peak) for u in unplanned),
+                    "allocator, rank 0 / 1 (MiB)": "",
+                    "within budget": "",
+                    "bit-identical": "",
+                    "simulate (s)": f"{simulated_s:.1f}",
+                    "2 real ranks (s)": "",
+                }
+            )
+        measured = [rank.measured_peak_bytes for rank in check.ranks]
+        rows.append(
+            {
+                "model": name,
+                "strategy": strategy.value,
+                "budget (MiB)": mib(budget),
+                "modules": len(plan.modules),
+                "predicted (MiB)": mib(plan.predicted_peak_bytes),
+                "rank 0 (MiB)": mib(measured[0]),
+                "rank 1 (MiB)": mib(measured[1]),
+                "worst error": (
+                    f"{max(abs(m - plan.predicted_peak_bytes) / m for m in measured):.3%}"
+                ),
+                "worst error (bytes)": max(abs(m - plan.predicted_peak_bytes) for m in measured),
+                "allocator, rank 0 / 1 (MiB)": " / ".join(
+                    mib(r.allocator_peak_bytes) if r.allocator_peak_bytes is not None else "-"
+                    for r in check.ranks
+                ),
+                "within budget": "yes" if all(r.within_budget for r in check.ranks) else "NO",
+                "bit-identical": (
+                    "yes" if all(r.training_unchanged for r in check.ranks) else "NO"
+                ),
+                "simulate (s)": "",
+                "2 real ranks (s)": f"{ranks_s:.1f}",
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def world_sizes(sizes: tuple[int, ...]) -> tuple[list[dict[str, object]], int]:
+    """FSDP2 on the Llama example at each simulated world size; plans at one per-rank budget
+    (halfway between the lowest feasible peak and the unplanned peak at the smallest size)."""
+    profiles = {
+        size: rank_profile(MODELS["hf_llama"], ParallelLayout(size, "fsdp2")) for size in sizes
+    }
+    first = profiles[sizes[0]]
+    _, lowest = Solver(first, MemoryModel(first.timeline)).lowest_peak()
+    budget = (lowest + first.measured_peak_bytes) // 2
+    rows = []
+    for size, profile in profiles.items():
+        plan, _ = plan_for_budget(profile, budget)
+        rows.append(
+            {
+                "world size": size,
+                "static per rank (MiB)": mib(profile.static_bytes),
+                "static x world size (MiB)": mib(profile.static_bytes * size),
+                "parameters per rank (KiB)": f"{profile.parameter_bytes / 1024:.1f}",
+                "optimizer state per rank (KiB)": f"{profile.optimizer_state_bytes / 1024:.1f}",
+                "unplanned peak (MiB)": mib(profile.measured_peak_bytes),
+                f"plan at {format_bytes(budget)}: modules": ", ".join(plan.module_names) or "none",
+                "predicted (MiB)": mib(plan.predicted_peak_bytes),
+                "recompute (ms)": f"{plan.recompute_ms:.1f}",
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows, budget
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--sizes", nargs="*", type=int, default=[2, 8, 64])
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
+    arguments = parser.parse_args()
+    rows = [
+        row
+        for name in arguments.models
+        for strategy in ParallelStrategy
+        for row in compare_on_ranks(name, strategy)
+    ]
+    sizes, budget = world_sizes(tuple(arguments.sizes))
+    import torch
+
+    text = "\n\n".join(
+        [
+            "# Plans for one rank of a torchrun job: simulated vs real ranks",
+            f"torch {torch.__version__}, CPU, gloo; generated by benchmarks/distributed.py "
+            "(see its docstring for the method). Peaks are per rank, in MiB (2^20 bytes); "
+            "'worst error' is the largest |measured - predicted| / measured over the two "
+            "ranks.",
+            "## 2 ranks: predicted (simulated rank) vs measured (each real rank)",
+            markdown_table(pd.DataFrame(rows)),
+            f"## FSDP2 on examples/hf_llama.py at simulated world sizes (budget "
+            f"{format_bytes(budget)} per rank)",
+            markdown_table(pd.DataFrame(sizes)),
+        ]
+    )
+    arguments.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(arguments.out / "distributed.md", text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Recipe: one plan for every rank of a ``torchrun`` job, with DDP or FSDP2 (CPU: gloo; GPUs:
+NCCL, one per rank).
+
+    ckpt-plan profile examples/gpt.py --budget 80MiB --world-size 2 --parallel fsdp2 -o plan.json
+    torchrun --nproc-per-node 2 examples/recipes/torchrun_train.py plan.json
+
+1. Plan ONE rank of the job, once, on any machine: ``--world-size N --parallel ddp|fsdp2``
+   (the budget is each rank's peak; the ranks are simulated on a fake process group, and where
+   N is small the plan is checked on N real ranks before it is written).
+2. On every rank, in this order: build the model, ``apply_plan(model, plan)`` (the same JSON
+   on every rank; a plan made for another world size is refused), THEN lay the model out
+   (``fully_shard`` on each block and the root, or DDP), THEN build the optimizer over the
+   sharded parameters. The plan must go on before sharding: a checkpointed block's
+   recomputation then runs inside FSDP's hooks, with its parameters gathered.
+3. Train with the loop the plan was made for (plain: ``zero_grad`` before the forward).
+
+The model file (default ``examples/gpt.py``; ``--model``) is the one the plan was made for;
+with FSDP2 its ``parallelize(model, mesh)``, if it defines one, lays the model out instead of
+the default, as ckpt-plan did when planning. Each rank prints one JSON line: its losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from planner import apply_plan, load_plan
+from planner.measure.profiler import find_blocks
+from planner.measure.workload import compute_loss, load_model_file
+
+EXAMPLES = Path(__file__).resolve().parent.parent
+
+
+def parallelize(model: torch.nn.Module, mesh, strategy: str, model_file) -> torch.nn.Module:  # type: ignore[no-untyped-def]
+    """The layout ckpt-plan planned for: DDP with its default buckets (ddp), or the model
+    file's own parallelize(model, mesh), else fully_shard on each block and the root
+    (fsdp2)."""
+    if strategy == "fsdp2" and model_file.parallelize is not None:
+        return model_file.parallelize(model, mesh) or model
+    if strategy == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    for name in find_blocks(model):
+        fully_shard(model.get_submodule(name), mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def train(plan_path: Path | None, model_path: Path, steps: int, strategy: str) -> list[float]:
+    """``steps`` training steps on this rank; ``plan_path`` None trains without a plan."""
+    model_file = load_model_file(model_path)
+    device = "cpu"
+    if torch.cuda.is_available():
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's)
+    model = model_file.build_model().to(device)
+    if plan_path is not None:
+        plan = load_plan(plan_path)
+        strategy = plan.parallel.strategy.value if plan.parallel is not None else strategy
+        apply_plan(model, plan)  # before sharding
+    mesh = init_device_mesh(device.split(":")[0], (dist.get_world_size(),))
+    model = parallelize(model, mesh, strategy, model_file)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # over the shards
+    losses = []
+    for step in range(steps):
+        torch.manual_seed(1000 + step)
+        batch = {key: value.to(device) for key, value in model_file.sample_batch().items()}
+        optimizer.zero_grad(set_to_none=True)
+        loss = compute_loss(model_file, model, batch)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("plan", type=Path, nargs="?", help="plan.json (none: train unplanned)")
+    parser.add_argument("--model", type=Path, default=EXAMPLES / "gpt.py")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--parallel", default="fsdp2", help="without a plan: ddp or fsdp2")
+    arguments = parser.parse_args()
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        losses = train(arguments.plan, arguments.model, arguments.steps, arguments.parallel)
+        print(json.dumps({"rank": dist.get_rank(), "losses": losses}), flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

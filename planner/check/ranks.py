@@ -1,0 +1,348 @@
+"""Check a plan for a ``torchrun`` job on real ranks: every rank within the budget, every
+rank's step unchanged (DESIGN.md, "On more than one machine").
+
+:func:`check_plan_on_ranks` launches ``python -m torch.distributed.run --standalone
+--nproc-per-node N -m planner.check.ranks ...`` (gloo on CPU, NCCL on GPUs: one GPU per
+rank). Each rank runs :func:`run_rank`: the unplanned step and the planned one, each made
+the way training makes it (a fresh seeded model; ``apply_plan`` for the planned one; then
+the model file's ``parallelize`` or the default layout; then the optimizer; two warm-up
+steps: DDP rebuilds its buckets after its first), measures the peak of the next step as
+:func:`planner.measure.step.measure_step` does, and compares loss, its gradient shards and
+its buffers with the unplanned step's, bit for bit. DDP's gradient buckets are held by its
+Reducer, out of the tracker's sight: the rank's DDP all-reduces through
+:func:`planner.measure.distributed.keep_bucket_buffers` (the default hook's arithmetic, in
+Python), which hands the bucket buffers to the tracker, counted from the step's start. With
+``cross_check`` each rank also measures its planned step by the CPU allocator's accounting.
+Every rank writes one JSON file; the caller reads them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.check.compare import PlanCheck
+from planner.core import errors
+from planner.core.errors import PlannerError, ProfilingError
+from planner.core.fileio import atomic_write_text
+from planner.plan.plan_file import Plan, load_plan, save_plan
+
+__all__ = ["RankCheck", "RanksCheck", "check_plan_on_ranks", "run_rank"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankCheck:
+    """One rank's result: its peaks (planned and unplanned, bytes, DDP's buckets included)
+    and whether its planned step equals its unplanned step bit for bit."""
+
+    rank: int
+    budget_bytes: int
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    unplanned_peak_bytes: int
+    loss_equal: bool
+    gradients_equal: bool
+    buffers_equal: bool
+    differences: tuple[str, ...] = field(default_factory=tuple)
+    allocator_peak_bytes: int | None = None
+
+    @property
+    def within_budget(self) -> bool:
+        return self.measured_peak_bytes <= self.budget_bytes
+
+    @property
+    def training_unchanged(self) -> bool:
+        return self.loss_equal and self.gradients_equal and self.buffers_equal
+
+
+@dataclass(frozen=True)
+class RanksCheck:
+    """Every rank's :class:`RankCheck`, and their verdict as one :class:`PlanCheck` (the
+    highest peaks; equal where every rank's step is)."""
+
+    ranks: tuple[RankCheck, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(rank.within_budget and rank.training_unchanged for rank in self.ranks)
+
+    def combined(self) -> PlanCheck:
+        ranks = self.ranks
+        return PlanCheck(
+            budget_bytes=ranks[0].budget_bytes,
+            measured_peak_bytes=max(rank.measured_peak_bytes for rank in ranks),
+            unplanned_peak_bytes=max(rank.unplanned_peak_bytes for rank in ranks),
+            loss_equal=all(rank.loss_equal for rank in ranks),
+            gradients_equal=all(rank.gradients_equal for rank in ranks),
+            buffers_equal=all(rank.buffers_equal for rank in ranks),
+            max_gradient_difference=0.0,
+            differences=tuple(
+                f"rank {rank.rank}: {difference}"
+                for rank in ranks
+                for difference in rank.differences
+            ),
+            state_dict_keys_equal=True,
+        )
+
+
+def _local(tensor: Any) -> Any:
+    """A rank's own part of a tensor (a ``DTensor``'s local shard), copied to the CPU."""
+    to_local = getattr(tensor, "to_local", None)
+    local = to_local() if callable(to_local) else tensor
+    return local.detach().to("cpu", copy=True)
+
+
+def _laid_out_workload(model_path: str, plan: Plan, *, planned: bool, device: str, seed: int):  # type: ignore[no-untyped-def]
+    """A fresh workload made as training makes it: seeded, the plan applied (if
+    ``planned``), laid out for the plan's job, its optimizer over the shards. Returns it, the
+    module inside DDP (or the model), DDP's bucket buffers as they are kept (see
+    :func:`~planner.measure.distributed.keep_bucket_buffers`) and the bytes of buckets that
+    could not be kept (a hook of the model file's own: counted by size)."""
+    import torch
+
+    from planner.apply import apply_plan
+    from planner.core.parallel import ParallelStrategy
+    from planner.measure.distributed import ddp_bucket_bytes, keep_bucket_buffers, parallelized
+    from planner.measure.workload import build_workload, load_model_file
+
+    assert plan.parallel is not None
+    workload = build_workload(load_model_file(model_path), device=device, seed=seed, loop=plan.loop)
+    if planned:
+        apply_plan(workload.model, plan)
+    parallelized(workload, plan.parallel)
+    model = workload.model
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    kept = keep_bucket_buffers(model)
+    unkept = 0
+    if kept is None and plan.parallel.strategy is ParallelStrategy.DDP:
+        unkept = ddp_bucket_bytes(model)
+    return workload, inner, kept if kept is not None else [], unkept
+
+
+def _rank_step(
+    model_path: str, plan: Plan, *, planned: bool, device: str, seed: int
+) -> tuple[int, Any, dict[str, Any], dict[str, Any]]:
+    """(peak bytes, loss, gradient shards, buffers) of one measured step on this rank."""
+    from planner.measure.step import measure_step
+
+    workload, inner, kept, unkept = _laid_out_workload(
+        model_path, plan, planned=planned, device=device, seed=seed
+    )
+    measured = measure_step(workload, seed=seed, warmup_steps=2, copy_state=False, resident=kept)
+    gradients = {
+        name: _local(parameter.grad)
+        for name, parameter in inner.named_parameters()
+        if parameter.grad is not None
+    }
+    buffers = {name: _local(buffer) for name, buffer in inner.named_buffers()}
+    return measured.peak_bytes + unkept, measured.loss_tensor, gradients, buffers
+
+
+def _allocator_peak(model_path: str, plan: Plan, *, device: str, seed: int) -> int | None:
+    """The planned step's peak by the CPU allocator's own accounting
+    (:class:`~planner.measure.tracking.AllocatorPeakTracker`), beside the tracker's: the same
+    step made again, measured from the other side (it sees what the dispatcher does not, and
+    FSDP2's resizes as the allocator's frees). Only on CPU in a plain loop (the tracker needs
+    the gradients released before the step); None elsewhere."""
+    from planner.core.loop import PLAIN_LOOP
+    from planner.core.records import StorageKind
+    from planner.measure.tracking import AllocatorPeakTracker, workload_tensors
+    from planner.measure.workload import run_training_step
+
+    if not device.startswith("cpu") or plan.loop != PLAIN_LOOP:
+        return None
+    workload, _, kept, unkept = _laid_out_workload(
+        model_path, plan, planned=True, device=device, seed=seed
+    )
+    for step in range(2):
+        run_training_step(workload, seed=seed + 1000 + step)
+    workload.optimizer.zero_grad(set_to_none=True)  # as the step does first
+    existing = workload_tensors(workload.model, workload.optimizer, workload.batch)
+    existing[StorageKind.GRADIENT] = [*existing[StorageKind.GRADIENT], *kept]
+    tracker = AllocatorPeakTracker(existing)
+    del existing
+    with tracker:
+        run_training_step(workload, seed=seed)
+    return tracker.peak_bytes + unkept
+
+
+def run_rank(
+    model_path: str,
+    plan_path: str,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    cross_check: bool = False,
+) -> RankCheck:
+    """This rank's check (see the module docstring), inside a running process group. With
+    ``cross_check`` the planned step is also measured by the CPU allocator
+    (``RankCheck.allocator_peak_bytes``)."""
+    import torch
+    import torch.distributed as dist
+
+    plan = load_plan(plan_path)
+    rank = dist.get_rank()
+    unplanned_peak, unplanned_loss, unplanned_gradients, unplanned_buffers = _rank_step(
+        model_path, plan, planned=False, device=device, seed=seed
+    )
+    peak, loss, gradients, buffers = _rank_step(
+        model_path, plan, planned=True, device=device, seed=seed
+    )
+    differences = []
+    loss_equal = bool(torch.equal(loss, unplanned_loss))
+    if not loss_equal:
+        differences.append(f"loss {float(loss)!r} != unplanned {float(unplanned_loss)!r}")
+    gradients_equal = gradients.keys() == unplanned_gradients.keys()
+    for name, gradient in unplanned_gradients.items():
+        if name not in gradients or not torch.equal(gradient, gradients[name]):
+            gradients_equal = False
+            differences.append(f"gradient of {name}")
+    buffers_equal = buffers.keys() == unplanned_buffers.keys() and all(
+        torch.equal(buffer, buffers[name]) for name, buffer in unplanned_buffers.items()
+    )
+    if not buffers_equal:
+        differences.append("buffers")
+    allocator_peak = (
+        _allocator_peak(model_path, plan, device=device, seed=seed) if cross_check else None
+    )
+    return RankCheck(
+        rank=rank,
+        allocator_peak_bytes=allocator_peak,
+        budget_bytes=plan.budget_bytes,
+        predicted_peak_bytes=plan.predicted_peak_bytes,
+        measured_peak_bytes=peak,
+        unplanned_peak_bytes=unplanned_peak,
+        loss_equal=loss_equal,
+        gradients_equal=gradients_equal,
+        buffers_equal=buffers_equal,
+        differences=tuple(differences[:8]),
+    )
+
+
+def check_plan_on_ranks(
+    model_path: str | Path,
+    plan: Plan,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    nproc: int | None = None,
+    cross_check: bool = False,
+    timeout_s: float = 3600,
+) -> RanksCheck:
+    """Launch ``nproc`` ranks (default: the plan's world size) under ``torchrun`` on this
+    machine and check ``plan`` on each (see the module docstring). ``device``: ``cpu`` (gloo)
+    or ``cuda`` (NCCL, one GPU per rank). ``cross_check``: measure each rank's planned step
+    by the CPU allocator too (:func:`_allocator_peak`). Raises :class:`ProfilingError` if a
+    rank fails."""
+    if plan.parallel is None:
+        raise errors.ParallelLayoutError(
+            "this plan is for a single process; check it with `ckpt-plan verify` without --nproc"
+        )
+    nproc = nproc or plan.parallel.world_size
+    if nproc != plan.parallel.world_size:
+        raise errors.ParallelLayoutError(
+            f"this plan is for {plan.parallel.world_size} ranks, not {nproc}: check it with "
+            f"--nproc {plan.parallel.world_size}, or make a plan for {nproc} ranks"
+        )
+    with tempfile.TemporaryDirectory(prefix="ckpt-plan-ranks-") as folder:
+        plan_path = save_plan(plan, Path(folder) / "plan.json")
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "planner.check.ranks",
+            str(model_path),
+            str(plan_path),
+            "--out",
+            folder,
+            "--device",
+            device.split(":")[0],
+            "--seed",
+            str(seed),
+            *(["--cross-check"] if cross_check else []),
+        ]
+        environment = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent.parent)
+        environment["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [root, environment.get("PYTHONPATH")])
+        )
+        environment.setdefault("OMP_NUM_THREADS", "1")
+        logger.info("checking the plan on %d ranks: %s", nproc, " ".join(command))
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, env=environment, check=False
+        )
+        outputs = [Path(folder) / f"rank{rank}.json" for rank in range(nproc)]
+        found = [json.loads(path.read_text()) for path in outputs if path.is_file()]
+    failed = [data for data in found if "error" in data]
+    if failed:
+        data = failed[0]
+        kind = getattr(errors, str(data.get("error_type")), ProfilingError)
+        raise kind(f"checking the plan on rank {data['rank']} failed: {data['error']}")
+    if result.returncode != 0 or len(found) != nproc:
+        detail = [line for line in result.stderr.strip().splitlines() if "Error" in line]
+        raise ProfilingError(
+            f"checking the plan on {nproc} ranks failed: "
+            f"{(detail or result.stderr.strip().splitlines() or ['no output'])[-1]}"
+        )
+    ranks = tuple(
+        RankCheck(**{**data, "differences": tuple(data["differences"])})
+        for data in sorted(found, key=lambda item: item["rank"])
+    )
+    return RanksCheck(ranks)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """One rank, launched by :func:`check_plan_on_ranks` under ``torch.distributed.run``
+    (which sets the rank, the world size and the rendezvous in the environment)."""
+    parser = argparse.ArgumentParser(description="Check a plan on this rank; write JSON.")
+    parser.add_argument("model_path")
+    parser.add_argument("plan_path")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cross-check", action="store_true")
+    arguments = parser.parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    device = arguments.device
+    if device == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = f"cuda:{local_rank}"
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    rank = dist.get_rank()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            checked = run_rank(
+                arguments.model_path,
+                arguments.plan_path,
+                device=device,
+                seed=arguments.seed,
+                cross_check=arguments.cross_check,
+            )
+        result: dict[str, Any] = asdict(checked)
+    except PlannerError as error:
+        result = {"rank": rank, "error": str(error), "error_type": type(error).__name__}
+    finally:
+        dist.destroy_process_group()
+    atomic_write_text(Path(arguments.out) / f"rank{rank}.json", json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,323 @@
+"""One rank of a ``torchrun`` job, simulated in one process or run for real (DESIGN.md, "On
+more than one machine"; :mod:`planner.core.parallel` for what a rank holds).
+
+Design notes
+------------
+* **Simulated ranks.** :func:`simulated_ranks` starts torch's *fake* process group
+  (``torch.testing._internal.distributed.fake_pg``: every collective returns at once, with
+  its output buffers allocated and left as they are) as rank 0 of the layout's world size, as
+  ``torch.distributed._tools.fsdp2_mem_tracker`` does. Under it ``fully_shard`` shards for
+  real: each rank's 1/N shards of the parameters, the gradients and the optimizer state, the
+  gathered parameters, the all-gather and reduce-scatter buffers are allocated as on a real
+  rank, on fake tensors as well as real ones, so the recorded timeline is one rank's. The
+  values are not a real rank's (nothing is summed across ranks), which the memory of a step
+  does not depend on.
+* **Order.** A plan is applied before sharding: :func:`parallelized` takes the model with the
+  plan already on it, so the step recorded for a plan (and the step checked on real ranks) is
+  made the way training makes it: ``apply_plan``, then ``parallelize``, then the optimizer
+  over the sharded parameters.
+* **FSDP2's gathered parameters** are freed by resizing their storage to nothing and
+  gathered again by resizing it back (no op the dispatcher sees):
+  :class:`~planner.measure.tracking.StorageWatcher` counts those resizes. Its hooks run
+  around each sharded module's forward as the hooks of a user's module do: the gather before
+  the module's forward begins and the free inside it, so the memory model's replay of a
+  checkpointed block holds its parameters gathered during recomputation exactly as the
+  unplanned step held them during its backward (FSDP gathers them before the backward that
+  triggers the recomputation).
+* **DDP** allocates its gradient buckets (one flat buffer per bucket; together as large as
+  the trainable parameters' gradients) when it is built, in C++, and copies each gradient
+  into them in backward, in place. Nothing about the forward or backward changes, so a DDP
+  rank's step is the single-process step plus those buckets, alive throughout:
+  :func:`ddp_bucket_bytes`. DDP cannot be built on fake tensors (its Reducer needs their
+  data), so a simulated DDP rank is the single-process step with the buckets added. A real
+  rank's measurement sees the buckets as tensors through :func:`keep_bucket_buffers`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from planner.core.errors import ModelFileError, ParallelLayoutError, ProfilingError
+from planner.core.loop import PLAIN_LOOP, LoopShape
+from planner.core.parallel import ParallelLayout, ParallelStrategy
+from planner.core.records import Profile
+from planner.measure.workload import ModelFile, Workload, build_optimizer
+
+if TYPE_CHECKING:
+    from planner.measure.profiler import ProgressCallback
+
+__all__ = [
+    "ddp_bucket_bytes",
+    "device_mesh",
+    "is_sharded",
+    "keep_bucket_buffers",
+    "parallelized",
+    "record_rank_memory",
+    "running_layout",
+    "simulated_ranks",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def simulated_ranks(layout: ParallelLayout) -> Iterator[None]:
+    """Run the block as rank 0 of ``layout.world_size`` ranks on a fake process group (see the
+    module's design notes). Refused inside a process group that already exists (a real job:
+    plan before launching it, or in a separate process)."""
+    if dist.is_initialized():
+        raise ParallelLayoutError(
+            "a process group is already running in this process; plan for a parallel layout "
+            "before launching the job (ckpt-plan profile ... --world-size N --parallel ...)"
+        )
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=layout.world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def running_layout() -> tuple[int, int] | None:
+    """(rank, world size) of the process group this process runs in, or None outside one."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def device_mesh(layout: ParallelLayout, device_type: str) -> Any:
+    """The layout's device mesh on the running process group (1-D: ``("dp",)``; 2-D:
+    ``("replicate", "shard")``, HSDP's names)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    names: tuple[str, ...] | None = {1: ("dp",), 2: ("replicate", "shard")}.get(
+        len(layout.mesh_shape)
+    )
+    return init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=names)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is already laid out for a job: sharded by ``fully_shard`` (its
+    parameters are ``DTensor`` shards, or it is an ``FSDPModule``) or wrapped in DDP."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return True
+    return any(isinstance(m, FSDPModule) for m in model.modules()) or any(
+        isinstance(p, DTensor) for p in model.parameters()
+    )
+
+
+def _default_parallelize(
+    model: torch.nn.Module, layout: ParallelLayout, mesh: Any
+) -> torch.nn.Module:
+    """Without the model file's ``parallelize``: ``fully_shard`` on each block
+    (:func:`~planner.measure.profiler.find_blocks`) and then the root, or DDP with its
+    default buckets."""
+    if layout.strategy is ParallelStrategy.DDP:
+        return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    from planner.measure.profiler import find_blocks
+
+    for name in find_blocks(model):
+        fully_shard(model.get_submodule(name), mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _no_communication_hook(state, bucket):  # type: ignore[no-untyped-def]
+    """DDP's all-reduce on a fake process group: the default hook's in-place division of the
+    bucket, with no communication (the fake group's all-reduce returns no tensor). DDP
+    refuses a hook whose ``bucket`` is annotated with anything but ``GradBucket``."""
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(bucket.buffer().div_(dist.get_world_size()))
+    return future
+
+
+def keep_bucket_buffers(model: torch.nn.Module) -> list[torch.Tensor] | None:
+    """Give a DDP ``model`` the all-reduce its default hook does (divide the bucket by the
+    world size, all-reduce it in place: the same values), as a Python hook that also keeps
+    each bucket's buffer in the returned list (by bucket index, the latest), so that a
+    measurement can count the Reducer's buckets as the tensors they are. None where the
+    model is not DDP or already has a hook of its own."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return None
+    buffers: list[torch.Tensor] = []
+
+    def all_reduce(state, bucket):  # type: ignore[no-untyped-def]
+        buffer = bucket.buffer()
+        del buffers[bucket.index() :]
+        buffers.append(buffer)
+        buffer.div_(dist.get_world_size())
+        work = dist.all_reduce(buffer, async_op=True)
+        assert work is not None
+        return work.get_future().then(lambda future: future.value()[0])
+
+    try:
+        model.register_comm_hook(None, all_reduce)
+    except RuntimeError:  # the model file's parallelize registered its own
+        return None
+    return buffers
+
+
+def parallelized(
+    workload: Workload, layout: ParallelLayout, *, simulated: bool = False
+) -> Workload:
+    """``workload`` laid out for ``layout`` on the running process group: with FSDP2 its model
+    given to the model file's ``parallelize(model, mesh)`` where it defines one, else (and
+    always with DDP, whose layout is its wrapper) to :func:`_default_parallelize`; its
+    optimizer built again over the sharded parameters (before any step). Apply a plan to
+    ``workload.model`` before this, as training does. ``simulated``: the process group is
+    fake (DDP then all-reduces nothing; see the module's design notes)."""
+    model_file: ModelFile = workload.model_file
+    mesh = device_mesh(layout, workload.device.type)
+    model = workload.model
+    if model_file.parallelize is not None and layout.strategy is ParallelStrategy.FSDP2:
+        try:
+            result = model_file.parallelize(model, mesh)
+        except Exception as error:
+            raise ModelFileError(
+                f"parallelize() in {model_file.path} raised {type(error).__name__}: {error}"
+            ) from error
+        model = result if isinstance(result, torch.nn.Module) else model
+    else:
+        model = _default_parallelize(model, layout, mesh)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and simulated:
+        model.register_comm_hook(None, _no_communication_hook)
+    workload.model = model
+    workload.optimizer = build_optimizer(model_file, model)
+    return workload
+
+
+def ddp_bucket_bytes(model: torch.nn.Module) -> int:
+    """The bytes of DDP's gradient buckets for ``model`` (a ``DistributedDataParallel`` or the
+    module it wraps): every trainable parameter's gradient, in flat buffers allocated when DDP
+    is built (see the module's design notes). 0 for anything else than DDP's default
+    ``gradient_as_bucket_view=False`` with the gradients as views of the buckets."""
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    ignored = set(getattr(model, "parameters_to_ignore", ()))
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and getattr(
+        model, "gradient_as_bucket_view", False
+    ):
+        return 0
+    return sum(
+        parameter.numel() * parameter.element_size()
+        for name, parameter in inner.named_parameters()
+        if parameter.requires_grad and name not in ignored
+    )
+
+
+def record_rank_memory(
+    model_file: ModelFile,
+    layout: ParallelLayout,
+    *,
+    device_type: str = "cpu",
+    seed: int = 0,
+    loop: LoopShape = PLAIN_LOOP,
+    budget_bytes: int | None = None,
+    workspace_bytes: int = 0,
+    progress: ProgressCallback | None = None,
+) -> Profile:
+    """The memory half of a profile of ONE rank of ``layout`` (times not taken: ``cost_source``
+    ``none``), recorded in this process on simulated ranks (see the module's design notes):
+    on fake tensors, or where fake tensors cannot run the step, on real ones, stopped if a
+    real step passes ``budget_bytes``. The profile records ``layout``."""
+    from planner.measure.fake import FakeExecutionError, build_fake_workload
+    from planner.measure.profiler import record_memory
+    from planner.measure.tracking import MemoryLimitExceeded
+    from planner.measure.workload import build_workload
+
+    if progress:
+        progress(f"simulating {layout.describe()}", 0, 0)
+    with simulated_ranks(layout):
+        try:
+            workload, session = build_fake_workload(model_file, device_type, seed, loop=loop)
+            if layout.strategy is ParallelStrategy.DDP:
+                # DDP cannot be built on fake tensors; its rank is the step plus its buckets.
+                profile = record_memory(
+                    workload,
+                    session=session,
+                    seed=seed,
+                    workspace_bytes=workspace_bytes,
+                    bucket_bytes=ddp_bucket_bytes(workload.model),
+                    progress=progress,
+                )
+                return _with_layout(profile, layout, model_file, _module_types(workload.model))
+            types = _module_types(workload.model)
+            with session.running():
+                parallelized(workload, layout, simulated=True)
+            profile = record_memory(
+                workload,
+                session=session,
+                seed=seed,
+                warmup_steps=2,
+                workspace_bytes=workspace_bytes,
+                progress=progress,
+            )
+            return _with_layout(profile, layout, model_file, types)
+        except FakeExecutionError as error:
+            logger.warning("%s; recording a real step of the rank instead", error)
+        workload = build_workload(model_file, device=device_type, seed=seed, loop=loop)
+        bucket_bytes = 0
+        types = _module_types(workload.model)
+        if layout.strategy is ParallelStrategy.DDP:
+            bucket_bytes = ddp_bucket_bytes(workload.model)
+        else:
+            parallelized(workload, layout, simulated=True)
+        try:
+            profile = record_memory(
+                workload,
+                seed=seed,
+                warmup_steps=2,
+                limit_bytes=budget_bytes,
+                workspace_bytes=workspace_bytes,
+                bucket_bytes=bucket_bytes,
+                progress=progress,
+            )
+        except MemoryLimitExceeded as over:
+            raise ProfilingError(
+                f"fake tensors cannot run this step, and a real unplanned step of one rank "
+                f"needs more than the budget ({over}): avoid that op in the training step"
+            ) from over
+        return _with_layout(profile, layout, model_file, types)
+
+
+def _module_types(model: torch.nn.Module) -> dict[str, str]:
+    """Each module's class name before ``fully_shard`` gives it a class of its own
+    (``FSDPBlock``)."""
+    return {name: type(module).__name__ for name, module in model.named_modules()}
+
+
+def _with_layout(
+    profile: Profile,
+    layout: ParallelLayout,
+    model_file: ModelFile,
+    types: dict[str, str],
+) -> Profile:
+    how = (
+        "the model file's parallelize(model, mesh)"
+        if model_file.parallelize is not None and layout.strategy is ParallelStrategy.FSDP2
+        else (
+            "fully_shard on each block and the root"
+            if layout.strategy is ParallelStrategy.FSDP2
+            else "DistributedDataParallel with its default buckets"
+        )
+    )
+    line = f"{layout.describe()}: laid out by {how}, simulated on a fake process group"
+    modules = tuple(
+        dataclasses.replace(record, module_type=types.get(record.module_name, record.module_type))
+        for record in profile.modules
+    )
+    return dataclasses.replace(
+        profile, modules=modules, parallel=layout, assumptions=(*profile.assumptions, line)
+    )

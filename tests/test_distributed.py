@@ -1,0 +1,320 @@
+"""Plans for one rank of a torchrun job (issue #12): the layout record, simulated ranks, the
+world-size rule of apply_plan, bad options, and (slow) the check on 2 real gloo ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from typer.testing import CliRunner
+
+from cli.main import app
+from planner.apply import apply_plan
+from planner.core.errors import ParallelLayoutError, PlanMismatchError
+from planner.core.parallel import (
+    ParallelLayout,
+    ParallelStrategy,
+    parallel_from_dict,
+    parallel_to_dict,
+)
+from planner.measure.distributed import (
+    ddp_bucket_bytes,
+    record_rank_memory,
+    simulated_ranks,
+)
+from planner.measure.fake import build_fake_workload
+from planner.measure.profiler import record_memory
+from planner.measure.workload import load_model_file
+from planner.plan.memory_model import MemoryModel
+from planner.plan.plan_file import load_plan, plan_from_dict, save_plan
+from planner.solve.planning import plan_for_budget
+from planner.solve.solver import lowest_peak
+
+DATA = Path(__file__).parent / "data"
+SMALL_GPT = DATA / "small_gpt.py"
+
+
+@pytest.fixture(scope="module")
+def single_profile():  # type: ignore[no-untyped-def]
+    workload, session = build_fake_workload(load_model_file(SMALL_GPT))
+    return record_memory(workload, session=session)
+
+
+@pytest.fixture(scope="module")
+def fsdp2_profiles():  # type: ignore[no-untyped-def]
+    model_file = load_model_file(SMALL_GPT)
+    return {size: record_rank_memory(model_file, ParallelLayout(size, "fsdp2")) for size in (2, 4)}
+
+
+# -- the layout record ---------------------------------------------------------------------
+def test_layout_defaults_to_a_one_dimensional_mesh_and_round_trips() -> None:
+    layout = ParallelLayout(8, "fsdp2")  # type: ignore[arg-type]
+    assert layout.strategy is ParallelStrategy.FSDP2
+    assert layout.mesh_shape == (8,)
+    assert parallel_from_dict(json.loads(json.dumps(parallel_to_dict(layout)))) == layout
+    assert parallel_from_dict(None) is None
+
+
+@pytest.mark.parametrize(
+    ("world_size", "strategy", "mesh", "fragment"),
+    [
+        (0, "ddp", (), "whole number of ranks >= 1"),
+        (2, "foo", (), "one of ddp, fsdp2"),
+        (8, "fsdp2", (2, 2), "does not multiply"),
+    ],
+)
+def test_bad_layouts_are_one_line_errors(
+    world_size: int, strategy: str, mesh: tuple[int, ...], fragment: str
+) -> None:
+    with pytest.raises(ParallelLayoutError, match=fragment):
+        ParallelLayout(world_size, strategy, mesh)  # type: ignore[arg-type]
+
+
+def test_plans_record_the_layout_and_old_plans_load_as_one_process(
+    fsdp2_profiles, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    profile = fsdp2_profiles[2]
+    plan, _ = plan_for_budget(profile, profile.measured_peak_bytes)
+    assert plan.parallel == ParallelLayout(2, "fsdp2")  # type: ignore[arg-type]
+    path = save_plan(plan, tmp_path / "plan.json")
+    data = json.loads(path.read_text())
+    assert data["parallel"] == {"world_size": 2, "strategy": "fsdp2", "mesh_shape": [2]}
+    assert load_plan(path) == plan
+    del data["parallel"]  # a plan written before the field existed
+    assert plan_from_dict(data).parallel is None
+
+
+# -- simulated ranks -----------------------------------------------------------------------
+def test_fsdp2_shards_static_memory_over_the_ranks(single_profile, fsdp2_profiles) -> None:  # type: ignore[no-untyped-def]
+    single = single_profile.parameter_bytes
+    for size, profile in fsdp2_profiles.items():
+        # 1/N of every parameter, up to the padding of each shard to a whole row
+        assert single / size <= profile.parameter_bytes <= single / size * 1.05
+        assert profile.optimizer_state_bytes == pytest.approx(
+            single_profile.optimizer_state_bytes / size, rel=0.05
+        )
+        assert profile.parallel == ParallelLayout(size, "fsdp2")  # type: ignore[arg-type]
+        # fully_shard's classes (FSDPBlock) are shown as the model's own
+        assert all(not m.module_type.startswith("FSDP") for m in profile.modules)
+    assert fsdp2_profiles[4].static_bytes < fsdp2_profiles[2].static_bytes
+
+
+def test_fsdp2_gathers_each_block_around_its_forward(single_profile, fsdp2_profiles) -> None:  # type: ignore[no-untyped-def]
+    """The unsharded parameters of a block are allocated (gathered) and freed (resized to
+    nothing) inside the step: the step's peak holds more than the static shards, and the
+    replayed unplanned timeline is the recorded peak (checked when the profile is built)."""
+    profile = fsdp2_profiles[2]
+    activation = [s for s in profile.timeline.storages if str(s.kind) == "activation"]
+    block_bytes = next(m for m in single_profile.modules if m.module_name == "blocks.0")
+    gathered = [s for s in activation if s.size_bytes == block_bytes.parameter_bytes]
+    assert gathered, "no storage the size of a whole block's parameters was gathered"
+    assert MemoryModel(profile.timeline).peak_bytes() == profile.measured_peak_bytes
+
+
+def test_ddp_rank_is_the_step_plus_its_gradient_buckets(single_profile) -> None:  # type: ignore[no-untyped-def]
+    profile = record_rank_memory(load_model_file(SMALL_GPT), ParallelLayout(2, "ddp"))  # type: ignore[arg-type]
+    buckets = single_profile.parameter_bytes  # every parameter of small_gpt is trained
+    assert profile.measured_peak_bytes == single_profile.measured_peak_bytes + buckets
+    assert profile.gradient_bytes == single_profile.gradient_bytes + buckets
+
+
+def test_ddp_bucket_bytes_leaves_out_frozen_parameters() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model[0].weight.requires_grad_(False)
+    assert ddp_bucket_bytes(model) == (4 + 4 * 2 + 2) * 4
+
+
+def test_simulated_ranks_refuse_a_running_process_group() -> None:
+    layout = ParallelLayout(2, "ddp")  # type: ignore[arg-type]
+    with (
+        simulated_ranks(layout),
+        pytest.raises(ParallelLayoutError, match="already running"),
+        simulated_ranks(layout),
+    ):
+        pass
+    assert not dist.is_initialized()
+
+
+# -- apply_plan under torch.distributed ----------------------------------------------------
+def test_apply_plan_refuses_a_plan_for_another_world_size(fsdp2_profiles) -> None:  # type: ignore[no-untyped-def]
+    plan, _ = plan_for_budget(fsdp2_profiles[2], fsdp2_profiles[2].measured_peak_bytes)
+    model = load_model_file(SMALL_GPT).build_model()
+    with simulated_ranks(ParallelLayout(4, "fsdp2")):  # type: ignore[arg-type]
+        with pytest.raises(PlanMismatchError, match=r"one rank of 2 .* one rank of 4"):
+            apply_plan(model, plan)
+        single = dataclasses.replace(plan, parallel=None)
+        with pytest.raises(PlanMismatchError, match="--world-size 4"):
+            apply_plan(model, single)
+    with simulated_ranks(ParallelLayout(2, "fsdp2")):  # type: ignore[arg-type]
+        assert apply_plan(model, plan) is model
+
+
+def test_apply_plan_refuses_a_sharded_model_and_says_to_apply_first(fsdp2_profiles) -> None:  # type: ignore[no-untyped-def]
+    from torch.distributed.fsdp import fully_shard
+
+    plan, _ = plan_for_budget(fsdp2_profiles[2], fsdp2_profiles[2].measured_peak_bytes)
+    model = load_model_file(SMALL_GPT).build_model()
+    with simulated_ranks(ParallelLayout(2, "fsdp2")):  # type: ignore[arg-type]
+        fully_shard(model)
+        with pytest.raises(PlanMismatchError, match="before sharding"):
+            apply_plan(model, plan)
+
+
+# -- the command line ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        (["--world-size", "0", "--parallel", "ddp"], "whole number of ranks"),
+        (["--world-size", "2", "--parallel", "foo"], "one of ddp, fsdp2"),
+        (["--world-size", "2"], "--world-size needs --parallel"),
+        (["--parallel", "fsdp2"], "needs --world-size"),
+    ],
+)
+def test_bad_parallel_options_are_one_line_errors(
+    options: list[str], fragment: str, tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(
+        app,
+        ["profile", str(SMALL_GPT), "--budget", "8MiB", "-o", str(tmp_path / "p.json"), *options],
+    )
+    assert result.exit_code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("options", [[], ["--world-size", "2", "--parallel", "fsdp2"]])
+def test_a_model_file_that_shards_itself_is_a_one_line_error(
+    options: list[str], tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            str(DATA / "self_sharding.py"),
+            "--budget",
+            "8MiB",
+            "-o",
+            str(tmp_path / "p.json"),
+            *options,
+        ],
+    )
+    assert result.exit_code == 4
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "parallelize(model, mesh)" in lines[0], result.stderr
+
+
+# -- real ranks (gloo, 2 processes under torchrun) -----------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "strategy", "budget"),
+    [("parallelized_gpt.py", "fsdp2", "0.9MiB"), ("small_gpt.py", "ddp", "1.2MiB")],
+)
+def test_profile_and_verify_on_two_real_ranks(
+    model: str, strategy: str, budget: str, tmp_path: Path
+) -> None:
+    """The plan is made for one simulated rank, checked on 2 real ranks by profile, then by
+    verify --nproc 2: every rank within the budget, bit-identical to the unplanned step."""
+    plan_path = tmp_path / "plan.json"
+    runner = CliRunner()
+    profiled = runner.invoke(
+        app,
+        [
+            "profile",
+            str(DATA / model),
+            "--budget",
+            budget,
+            "--world-size",
+            "2",
+            "--parallel",
+            strategy,
+            "-o",
+            str(plan_path),
+            "--report-dir",
+            str(tmp_path / "r"),
+        ],
+    )
+    assert profiled.exit_code == 0, profiled.output
+    plan = load_plan(plan_path)
+    assert plan.checked and plan.modules
+    assert plan.measured_peak_bytes is not None
+    assert plan.measured_peak_bytes <= plan.budget_bytes
+    # the simulated rank predicts each real rank's peak within 2%
+    assert plan.measured_peak_bytes == pytest.approx(plan.predicted_peak_bytes, rel=0.02)
+    verified = runner.invoke(app, ["verify", str(DATA / model), str(plan_path), "--nproc", "2"])
+    assert verified.exit_code == 0, verified.output
+    assert verified.stdout.count("bit-identical") == 2
+
+
+# -- the torchrun recipe (examples/recipes/torchrun_train.py) -------------------------------
+RECIPE = Path(__file__).resolve().parent.parent / "examples" / "recipes" / "torchrun_train.py"
+
+
+def _torchrun(nproc: int, *arguments: str) -> subprocess.CompletedProcess[str]:
+    environment = dict(os.environ, OMP_NUM_THREADS="1")
+    root = str(Path(__file__).resolve().parent.parent)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += [f"--nproc-per-node={nproc}", str(RECIPE), *arguments]
+    return subprocess.run(
+        command, capture_output=True, text=True, env=environment, timeout=600, check=False
+    )
+
+
+def _losses(result: subprocess.CompletedProcess[str]) -> dict[int, list[float]]:
+    assert result.returncode == 0, result.stderr[-2000:]
+    # torchrun merges the ranks' stdout: two lines printed at once can share a line.
+    found = re.findall(r'\{"rank": \d+, "losses": \[[^\]]*\]\}', result.stdout)
+    lines = [json.loads(text) for text in found]
+    return {line["rank"]: line["losses"] for line in lines}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fsdp2"])  # DDP: its plan runs in verify's test above
+def test_the_torchrun_recipe_trains_each_rank_as_without_the_plan(
+    strategy: str, tmp_path: Path
+) -> None:
+    from planner.pipeline import profile_and_plan
+
+    layout = ParallelLayout(2, strategy)  # type: ignore[arg-type]
+    probe = record_rank_memory(load_model_file(SMALL_GPT), layout)
+    budget = (lowest_peak(probe) + probe.measured_peak_bytes) // 2
+    plan = profile_and_plan(SMALL_GPT, budget, parallel=layout, check=False).plan
+    assert plan.modules
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    model = ("--model", str(SMALL_GPT))
+    planned = _losses(_torchrun(2, str(plan_path), *model))
+    unplanned = _losses(_torchrun(2, *model, "--parallel", strategy))
+    assert set(planned) == {0, 1}
+    assert planned == unplanned  # loss by loss, on every rank
+
+
+@pytest.mark.slow
+def test_the_torchrun_recipe_refuses_a_plan_for_another_world_size(
+    fsdp2_profiles, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    plan, _ = plan_for_budget(fsdp2_profiles[2], fsdp2_profiles[2].measured_peak_bytes)
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    result = _torchrun(1, str(plan_path), "--model", str(SMALL_GPT))
+    assert result.returncode != 0
+    assert "made for one rank of 2 (fsdp2), but this process is one rank of 1" in result.stderr
+
+
+def test_a_plan_for_more_ranks_than_run_here_is_marked_unchecked() -> None:
+    from planner.pipeline import MAX_CHECKED_RANKS, profile_and_plan
+
+    layout = ParallelLayout(MAX_CHECKED_RANKS * 2, "fsdp2")  # type: ignore[arg-type]
+    probe = record_rank_memory(load_model_file(SMALL_GPT), layout)
+    budget = (lowest_peak(probe) + probe.measured_peak_bytes) // 2
+    plan = profile_and_plan(SMALL_GPT, budget, parallel=layout).plan
+    assert not plan.checked and plan.measured_peak_bytes is None
+    assert plan.parallel == layout
+    assert any("--nproc 8" in note and note.startswith("unchecked") for note in plan.notes)
