@@ -499,17 +499,16 @@ class MemoryModel:
 
     def module_options(self, module_name: str, forward_ms: float) -> tuple[OptionCost, ...]:
         """A candidate's selective options that free something, each with the FLOPs its
-        recomputation runs and a first time estimate (``forward_ms`` scaled by the share of
-        the forward's FLOPs it recomputes; measured or roofline times replace it)."""
-        forward_flops = sum(op.flops for op in self.recomputed_ops(module_name))
+        recomputation runs and a first time estimate, ``forward_ms`` (no cheaper than the
+        whole module until measured or roofline times replace it: the ops a policy skips
+        are not all of the time, and its dispatch costs some)."""
         options = []
         for option in self.policy_rules(module_name):
             unit = unit_name(module_name, option=option)
             if sum(effect.retained_bytes for effect in self.unit_effects(unit)) <= 0:
                 continue
             flops = sum(op.flops for op in self.recomputed_ops(unit))
-            share = flops / forward_flops if forward_flops else 1.0
-            options.append(OptionCost(option, forward_ms * share, flops))
+            options.append(OptionCost(option, forward_ms, flops))
         return tuple(options)
 
     def unit_effects(self, unit: str) -> tuple[CheckpointEffect, ...]:

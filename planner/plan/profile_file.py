@@ -93,7 +93,10 @@ def _tuple_if_list(value: Any) -> Any:
 
 def _module(values: dict[str, Any]) -> ModuleProfile:
     fields_ = {k: _tuple_if_list(v) for k, v in values.items()}
-    fields_["options"] = tuple(OptionCost(**option) for option in values.get("options", ()))
+    fields_["options"] = tuple(
+        OptionCost(**{k: _tuple_if_list(v) for k, v in option.items()})
+        for option in values.get("options", ())
+    )
     return ModuleProfile(**fields_)
 
 

@@ -9,9 +9,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from planner.core.errors import InfeasibleBudgetError
-from planner.core.records import Phase, Profile
+from planner.core.records import Phase, Profile, unit_option
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.plan.memory_model import MemoryModel
+from planner.plan.policies import NESTED
 from planner.solve.exhaustive import branch_and_bound
 from planner.solve.integer_program import IntegerProgram
 from planner.solve.rows import MemoryRows, PlanPeaks
@@ -52,12 +53,26 @@ class Solver:
         *,
         sequential: bool = True,
         options: bool = True,
+        nesting: bool = True,
         exhaustive_evaluations: int = 2_000,
     ) -> None:
         self.profile = profile
         self.memory = memory or MemoryModel.for_profile(profile)
         self.exhaustive_evaluations = exhaustive_evaluations
-        self.tree = UnitTree(profile, self.memory, sequential=sequential, options=options)
+        self.tree = UnitTree(
+            profile, self.memory, sequential=sequential, options=options, nesting=nesting
+        )
+        # Nesting is the last resort (see solve): the same search without it, first.
+        self._without_nesting: Solver | None = None
+        if nesting and any(unit_option(unit) == NESTED for unit in self.tree.names):
+            self._without_nesting = Solver(
+                profile,
+                self.memory,
+                sequential=sequential,
+                options=options,
+                nesting=False,
+                exhaustive_evaluations=exhaustive_evaluations,
+            )
         self.names = self.tree.names
         self.plan_count = self.tree.plan_count
         self.peak = PlanPeaks(self.memory)
@@ -137,7 +152,17 @@ class Solver:
         return best, self.peak(best)
 
     def solve(self, budget_bytes: int, max_evaluations: int | None = None) -> Solution:
-        """The cheapest plan whose predicted peak is within ``budget_bytes``."""
+        """The cheapest plan whose predicted peak is within ``budget_bytes``.
+
+        Nesting is the last resort: it only lowers the smallest feasible budget (its inner
+        modules run a third time, and its memory is not of the tree program's prefix
+        form), so the plan is the cheapest without nesting wherever one fits, and the
+        cheapest of all plans (by the integer program) only below that."""
+        if self._without_nesting is not None:
+            try:
+                return self._without_nesting.solve(budget_bytes, max_evaluations)
+            except InfeasibleBudgetError:
+                logger.debug("no plan without nesting fits %d bytes; nesting allowed", budget_bytes)
         start = self.evaluations
         limit = self.exhaustive_evaluations if max_evaluations is None else max_evaluations
         best, proven = None, False

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from planner.core.records import Profile, unit_name
 from planner.plan.memory_model import MemoryModel, sequential_segments
+from planner.plan.policies import NESTED
 
 __all__ = ["UnitTree", "is_ancestor", "tree_key"]
 
@@ -45,6 +46,7 @@ class UnitTree:
         *,
         sequential: bool = True,
         options: bool = True,
+        nesting: bool = True,
     ) -> None:
         memory.include_nesting(profile)
         candidates = sorted(profile.candidates, key=lambda m: tree_key(m.module_name))
@@ -55,6 +57,8 @@ class UnitTree:
             self.node_of[record.module_name] = record.module_name
             if options:
                 for option in record.options:
+                    if option.option == NESTED and not nesting:
+                        continue
                     unit = unit_name(record.module_name, option=option.option)
                     self.cost_ms[unit] = option.recompute_ms
                     self.node_of[unit] = record.module_name
