@@ -337,6 +337,18 @@ CASES = [
     Case(VERIFY, "plan over its budget", ("{data}/small_cnn.py", "{plans}/over_budget.json"), 5),
     Case(
         VERIFY,
+        "plan with a selective policy naming no ops",
+        ("{data}/small_cnn.py", "{plans}/policy_without_ops.json"),
+        6,
+    ),
+    Case(
+        VERIFY,
+        "plan nesting a module in one that does not hold it",
+        ("{data}/small_cnn.py", "{plans}/misnested.json"),
+        6,
+    ),
+    Case(
+        VERIFY,
         "--nproc 2 on a plan for one process",
         ("{data}/small_cnn.py", "{plans}/over_budget.json", "--nproc", "2"),
         2,
@@ -367,6 +379,10 @@ def write_plans(folder: Path) -> None:
     no_restore = tuple(dataclasses.replace(d, restore_buffers=()) for d in good.modules)
     save_plan(dataclasses.replace(good, modules=no_restore), folder / "no_restore.json")
     save_plan(dataclasses.replace(good, budget_bytes=100_000), folder / "over_budget.json")
+    no_ops = (dataclasses.replace(good.modules[0], policy="save-matmuls"), *good.modules[1:])
+    save_plan(dataclasses.replace(good, modules=no_ops), folder / "policy_without_ops.json")
+    misnested = (good.modules[0], dataclasses.replace(good.modules[1], nested_in="0"))
+    save_plan(dataclasses.replace(good, modules=misnested), folder / "misnested.json")
     broken = load_model_file(DATA / "raising_forward.py")
     matching_broken = dataclasses.replace(
         good,

@@ -557,7 +557,8 @@ def step_differences(
     """How a forward call of ``model`` with ``args``/``kwargs`` differs from the step the
     plan was made for, one sentence each (empty: as planned). Compared: the batch's tensors
     (by keyword, or by position for a tuple or single-tensor batch), the parameters' dtypes,
-    and the model's own gradient checkpointing."""
+    whether they are sharded (FSDP2) as the plan's parallel strategy says, and the model's
+    own gradient checkpointing."""
     found = []
     # Compared only where the call has the batch's own structure: model(**batch) for a dict
     # batch; model(*batch), or model(batch[0]) as a training_step does, for a tuple or one
@@ -597,6 +598,20 @@ def step_differences(
             f"the parameters were cast after the plan was made ({pairs}): the plan was made "
             "for the other dtype; re-run `ckpt-plan profile` with build_model() returning the "
             "model as you train it"
+        )
+    sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
+    strategy = plan.parallel.strategy.value if plan.parallel is not None else None
+    if strategy == "fsdp2" and not sharded:
+        found.append(
+            "the plan was made for one rank of an FSDP2 job, but the model's parameters are "
+            "not sharded: apply fully_shard after apply_plan, or re-run `ckpt-plan profile` "
+            "with the --parallel you train with"
+        )
+    elif sharded and strategy != "fsdp2":
+        made_for = f"{strategy.upper()} job" if strategy else "single process"
+        found.append(
+            f"the model is sharded (FSDP2) but the plan was made for a {made_for}: its "
+            "memory prediction does not hold; re-run `ckpt-plan profile` with --parallel fsdp2"
         )
     own = own_checkpointing_flags(model)
     if own:

@@ -168,6 +168,26 @@ def test_apply_plan_refuses_a_sharded_model_and_says_to_apply_first(fsdp2_profil
             apply_plan(model, plan)
 
 
+def test_the_first_forward_says_when_the_sharding_is_not_the_plans(fsdp2_profiles) -> None:  # type: ignore[no-untyped-def]
+    """apply_plan runs before sharding, so it cannot see the strategy; the first training
+    forward can: an FSDP2 plan on an unsharded model, or a sharded model under a plan for
+    DDP, each gets one line saying what to do."""
+    from torch.distributed.fsdp import fully_shard
+
+    from planner.apply import step_differences
+
+    plan, _ = plan_for_budget(fsdp2_profiles[2], fsdp2_profiles[2].measured_peak_bytes)
+    model = load_model_file(SMALL_GPT).build_model()
+    with simulated_ranks(ParallelLayout(2, "fsdp2")):  # type: ignore[arg-type]
+        (unsharded,) = [d for d in step_differences(model, plan) if "FSDP2" in d]
+        assert "not sharded" in unsharded
+        fully_shard(model)
+        assert not [d for d in step_differences(model, plan) if "FSDP2" in d]
+        ddp_plan = dataclasses.replace(plan, parallel=ParallelLayout(2, "ddp"))  # type: ignore[arg-type]
+        (sharded,) = [d for d in step_differences(model, ddp_plan) if "FSDP2" in d]
+        assert "made for a DDP job" in sharded and "--parallel fsdp2" in sharded
+
+
 # -- the command line ----------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("options", "fragment"),
