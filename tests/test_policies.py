@@ -100,6 +100,10 @@ def test_blocks_get_every_option_with_concrete_ops(sdpa_profile) -> None:  # typ
     # Nesting recomputes the inner modules once more; a policy recomputes fewer FLOPs.
     assert nested.recompute_flops > block.forward_flops
     assert block.option_cost("save-matmuls").recompute_flops < block.forward_flops
+    # A policy frees less than the whole module (it keeps what it saves); nesting the same.
+    for option in block.options:
+        assert 0 < option.freed_bytes <= block.checkpoint_saving_bytes
+    assert nested.freed_bytes == block.checkpoint_saving_bytes
 
 
 @pytest.mark.slow

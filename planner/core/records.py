@@ -276,6 +276,9 @@ class OptionCost:
     recompute_flops: int
     # For nesting: the child modules checkpointed inside it (they run three times).
     inner_modules: tuple[str, ...] = ()
+    # What it frees between the forward and the recomputation, all calls: the activations
+    # it drops, less the outputs a policy keeps that would otherwise have been freed.
+    freed_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -697,6 +697,7 @@ def _with_nesting(
                 record.forward_ms + sum(by_name[name].forward_ms for name in inner),
                 record.forward_flops + sum(by_name[name].forward_flops for name in inner),
                 inner_modules=tuple(inner),
+                freed_bytes=record.checkpoint_saving_bytes,
             )
             record = dataclasses.replace(record, options=(*record.options, option))
         result.append(record)

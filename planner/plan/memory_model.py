@@ -508,8 +508,22 @@ class MemoryModel:
             if sum(effect.retained_bytes for effect in self.unit_effects(unit)) <= 0:
                 continue
             flops = sum(op.flops for op in self.recomputed_ops(unit))
-            options.append(OptionCost(option, forward_ms, flops))
+            options.append(
+                OptionCost(option, forward_ms, flops, freed_bytes=self.freed_bytes(unit))
+            )
         return tuple(options)
+
+    def freed_bytes(self, unit: str) -> int:
+        """What a unit frees between its forward and its recomputation, all calls: the
+        storages it drops, less those a selective policy keeps past their own end."""
+        storages = self.timeline.storages
+        freed = 0
+        for effect in self.unit_effects(unit):
+            freed += effect.retained_bytes
+            freed -= sum(
+                size for index, size, until in effect.kept if storages[index].free_event < until
+            )
+        return freed
 
     def unit_effects(self, unit: str) -> tuple[CheckpointEffect, ...]:
         """The effects of one plan unit: a module name (all its calls), ``"name#k"``,

@@ -117,7 +117,7 @@ def _decision(profile: Profile, unit: str, memory: MemoryModel) -> ModuleDecisio
             saved_ops=rule.saved_ops,
             alternating_ops=rule.alternating_ops,
             restore_buffers=record.mutated_buffers,
-            saving_bytes=sum(effect.retained_bytes for effect in memory.unit_effects(unit)),
+            saving_bytes=memory.freed_bytes(unit),
             recompute_ms=record.option_cost(option).recompute_ms,
         )
     if segments is None:
