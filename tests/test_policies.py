@@ -72,15 +72,15 @@ def test_torchtitan_saves_every_other_matmul_counted_together() -> None:
 # -- on a real model (fake-tensor profile, real measured steps) -------------------------
 
 
-@pytest.fixture(scope="module")
-def sdpa_profile():  # type: ignore[no-untyped-def]
+def memory_profile(path: Path):  # type: ignore[no-untyped-def]
+    """The memory half of a profile (fake tensors), as `ckpt-plan profile` records it."""
     from planner.core.loop import PLAIN_LOOP
     from planner.core.records import MemorySource
     from planner.measure.workload import load_model_file
     from planner.pipeline import record_step_memory
 
     return record_step_memory(
-        load_model_file(DATA / "sdpa_blocks.py"),
+        load_model_file(path),
         device="cpu",
         seed=0,
         memory=MemorySource.FAKE,
@@ -89,6 +89,11 @@ def sdpa_profile():  # type: ignore[no-untyped-def]
         loop=PLAIN_LOOP,
         progress=None,
     )
+
+
+@pytest.fixture(scope="module")
+def sdpa_profile():  # type: ignore[no-untyped-def]
+    return memory_profile(DATA / "sdpa_blocks.py")
 
 
 def test_blocks_get_every_option_with_concrete_ops(sdpa_profile) -> None:  # type: ignore[no-untyped-def]
@@ -134,22 +139,9 @@ def test_every_option_is_predicted_to_the_byte_and_trains_identically(
 
 
 def test_nesting_lowers_the_floor_below_every_block() -> None:
-    from planner.core.loop import PLAIN_LOOP
-    from planner.core.records import MemorySource
-    from planner.measure.workload import load_model_file
-    from planner.pipeline import record_step_memory
     from planner.solve import Solver
 
-    profile = record_step_memory(
-        load_model_file(DATA.parent.parent / "examples" / "gpt.py"),
-        device="cpu",
-        seed=0,
-        memory=MemorySource.FAKE,
-        budget_bytes=None,
-        target=None,
-        loop=PLAIN_LOOP,
-        progress=None,
-    )
+    profile = memory_profile(DATA.parent.parent / "examples" / "gpt.py")
     _, module_only = Solver(profile, options=False).lowest_peak()
     units, with_options = Solver(profile).lowest_peak()
     assert with_options < module_only
