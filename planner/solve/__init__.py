@@ -27,15 +27,15 @@ the plan), so every answer is checked with the exact replay (``MemoryModel.peak_
   then skipped) or not; a branch whose cost reaches the best known is cut; a plan that fits
   ends its branch. The answer is the cheapest under the memory model.
 * **Large trees: a dynamic program over the unit tree with lazy rows**
-  (:mod:`planner.solve.tree_dp`). Its state, after visiting the nodes in the order they
-  ran, is per recompute cost (in quanta of 10 microseconds) the least change in live bytes
-  any antichain of the visited units makes. Memory rows (the live bytes at one event, or at
-  one unit's recompute spike) are added lazily, as below, and act as filters at the place
-  in the visiting order where the row's event falls. That is exact when every row has the
-  prefix form a chain of blocks gives (the units that ran before the event and are not yet
-  recomputed count in full, the ones after not at all, the running module's ancestors
-  freely; see the class). O(units x cost range) per round; a sweep reuses the rows found at
-  earlier budgets.
+  (:mod:`planner.solve.tree_dp`). Its state, after visiting the nodes in the order they ran,
+  is per recompute cost (in quanta of 10 microseconds, finer for costs of microseconds) the
+  least change in live bytes any antichain of the visited units makes. Memory rows (the live
+  bytes at one event, or at one unit's recompute spike) are added lazily, as below, and act
+  as filters at the place in the visiting order where the row's event falls. That is exact
+  when every row has the prefix form a chain of blocks gives (the units that ran before the
+  event and are not yet recomputed count in full, the ones after not at all, the running
+  module's ancestors freely; see the class). O(units x cost range) per round; a sweep reuses
+  the rows found at earlier budgets.
 * **Otherwise an integer program with lazy constraints**
   (:mod:`planner.solve.integer_program`, scipy's HiGHS ``milp``), for the budgets whose
   rows the dynamic program cannot represent (one input storage shared by several blocks
@@ -54,7 +54,7 @@ the plan), so every answer is checked with the exact replay (``MemoryModel.peak_
   (see :mod:`planner.solve.rows`). Memory rows are added lazily: solve, replay the answer
   exactly, add the row of the event (or spike) where the replay exceeds the budget, repeat;
   the loop ends with a plan whose exact replay fits, the cheapest under the memory model
-  (``proven_optimal``) at the program's cost resolution of 10 microseconds, unless HiGHS
+  (``proven_optimal``) at the program's cost resolution (10 microseconds, or finer), unless HiGHS
   hit its time limit. Tests check the rows against the replay and the answers against
   brute force.
 

@@ -5,7 +5,8 @@ could each be checkpointed, say), and for the lowest peak there.
 Rows are added lazily: solve, replay the answer exactly, add the row of the event (or spike)
 where the replay exceeds the budget, repeat; the loop ends with a plan whose exact replay
 fits, the cheapest under the memory model (``proven_optimal``) at the program's cost
-resolution of 10 microseconds, unless HiGHS hit its time limit.
+resolution (10 microseconds, finer for costs of microseconds), unless HiGHS hit its time
+limit.
 """
 
 from __future__ import annotations
@@ -68,10 +69,14 @@ class IntegerProgram:
                 row.update((i, 1.0) for i in tree.node_units[node])
                 node = tree.node_parent[node]
             self.path_rows.append(row)
-        # Costs in whole 10-microsecond units: an integral objective lets HiGHS round its
-        # bounds, which closes the tiny gaps between near-identical blocks quickly. The
-        # answer is exact at that resolution, far below the timing noise of a profile.
-        self.cost = np.round(np.array([tree.cost_ms[u] for u in self.units]) * 100.0)
+        # Costs in whole 10-microsecond units (finer where all units together cost less
+        # than 100 ms: roofline costs of a GPU are microseconds): an integral objective
+        # lets HiGHS round its bounds, which closes the tiny gaps between near-identical
+        # blocks quickly. The answer is exact at that resolution, far below the timing
+        # noise of a profile.
+        cost_ms = np.array([tree.cost_ms[u] for u in self.units])
+        self.quantum_ms = min(0.01, max(1e-9, float(cost_ms.sum())) / 10_000)
+        self.cost = np.round(cost_ms / self.quantum_ms)
         self.scale = float(memory_rows.base.max()) or 1.0
         self.rounds = 0
         self.time_limit_s = 20.0

@@ -147,13 +147,16 @@ class TreeDP:
         for column, value in rows.delta_at(point).items():
             if column < count:
                 self.w[column] = value
-        # Costs in whole quanta: 10 microseconds, coarser if the costliest plan would need
-        # more than resolution_steps of them, or the backtracking tables (a byte or two per
-        # node, flag state and step) more than choice_table_bytes.
+        # Costs in whole quanta: 10 microseconds, finer where the costliest plan would
+        # need fewer than 1,000 of them (roofline costs of a GPU are microseconds),
+        # coarser where it would need more than resolution_steps, or the backtracking
+        # tables (a byte or two per node, flag state and step) more than
+        # choice_table_bytes.
         cost_ms = np.array([tree.cost_ms[u] for u in tree.names])
         bytes_per_step = len(tree.nodes) * self.states * (1 if self.states == 1 else 2)
         steps = max(1_000, min(self.resolution_steps, self.choice_table_bytes // bytes_per_step))
-        self.quantum_ms = max(0.01, self._costliest(cost_ms) / steps)
+        costliest = max(1e-9, self._costliest(cost_ms))
+        self.quantum_ms = max(costliest / steps, min(0.01, costliest / 1_000))
         self.cost = np.round(cost_ms / self.quantum_ms).astype(np.int64)
         self.length = int(self._costliest(self.cost.astype(float))) + 1
         self.rows: dict[tuple[str, int, int], Row | None] = {}
