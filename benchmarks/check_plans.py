@@ -74,8 +74,8 @@ def check_model(
     profile = profile_model_file(model_file)  # fake memory, measured times
     profile_s = time.perf_counter() - started
     real = profile_workload(build_workload(model_file, seed=0))
-    real_memory = MemoryModel(real.timeline)
-    memory = MemoryModel(profile.timeline)
+    real_memory = MemoryModel(real.timeline).include_nesting(profile)
+    memory = MemoryModel.for_profile(profile)
     solver = Solver(profile, memory)
     every_block = baseline_every_block(profile)
     # The way starts at every block checkpointed, as predicted, even where some blocks

@@ -28,7 +28,7 @@ def halfway_budget(profile: Profile) -> int:
     from planner.plan.memory_model import MemoryModel
     from planner.solve import Solver
 
-    model = MemoryModel(profile.timeline)
+    model = MemoryModel.for_profile(profile)
     _, lowest = Solver(profile, model).lowest_peak()
     low = max(model.peak_bytes(profile.block_names), lowest)
     return (low + profile.measured_peak_bytes) // 2

@@ -220,7 +220,16 @@ class _EffectBuilder:
                     recompute_event=effect.recompute_event,
                     release_event=effect.release_event,
                     input_storages=tuple(i for i in effect.input_storages if i in keyword),
-                    recompute_peak_bytes=effect.recompute_peak_bytes,
+                    # An inner recomputation at the outer one's event runs right after it
+                    # (the outer one stops early, at the inner checkpoint's saved inputs):
+                    # on top of what the outer recomputation brought back, which the curve
+                    # at that event does not hold yet. Counted in full (an upper bound).
+                    recompute_peak_bytes=effect.recompute_peak_bytes
+                    + (
+                        sum(size for _, size, _ in retained)
+                        if effect.recompute_event <= whole.recompute_event
+                        else 0
+                    ),
                     saved_bytes=effect.saved_bytes,
                     revived=revived,
                 )
@@ -596,11 +605,19 @@ class MemoryModel:
             record = storages[index]
             held_until = kept_until.get(index, -1)
             if index in gaps:
-                for drop_event, recompute_event in gaps[index]:
-                    drop_event = max(drop_event, held_until)  # another checkpoint holds it
+                # Another checkpoint that holds it delays each drop; under nesting the outer
+                # and an inner effect may name the same gap: dead is dead once.
+                intervals = sorted(
+                    (max(drop_event, held_until), recompute_event)
+                    for drop_event, recompute_event in gaps[index]
+                )
+                dead_until = -1
+                for drop_event, recompute_event in intervals:
+                    drop_event = max(drop_event, dead_until)
                     if drop_event < recompute_event:
                         delta[drop_event + 1] -= record.size_bytes
                         delta[recompute_event + 1] += record.size_bytes
+                        dead_until = recompute_event
             elif held_until > record.free_event:
                 delta[record.free_event + 1] += record.size_bytes
                 delta[held_until + 1] -= record.size_bytes

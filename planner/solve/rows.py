@@ -83,9 +83,9 @@ class MemoryRows:
                 if effect.recompute_event < 0:
                     continue
                 for storage, _size, drop in effect.retained + effect.released_outputs:
-                    gaps.setdefault(storage, []).append(
-                        (unit_index, drop + 1, effect.recompute_event + 1)
-                    )
+                    gap = (unit_index, drop + 1, effect.recompute_event + 1)
+                    if gap not in gaps.setdefault(storage, []):  # nesting: named twice
+                        gaps[storage].append(gap)
                 for storage in effect.input_storages:
                     holders.setdefault(storage, []).append((unit_index, effect.release_event + 1))
                 # A selective policy holds the outputs it saves until its recomputation.
