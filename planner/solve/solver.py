@@ -133,7 +133,18 @@ class Solver:
         )
 
     def lowest_peak(self) -> tuple[tuple[str, ...], int]:
-        """The plan with the lowest predicted peak (ties: the cheapest)."""
+        """The plan with the lowest predicted peak (ties: the cheapest; and a plan without
+        nesting where one reaches it: nesting is the last resort, see :meth:`solve`)."""
+        if self._without_nesting is not None:
+            plain, plain_peak = self._without_nesting.lowest_peak()
+            nested, nested_peak = self._lowest_peak()
+            if nested_peak < plain_peak:
+                return nested, nested_peak
+            self._remember(plain)
+            return plain, plain_peak
+        return self._lowest_peak()
+
+    def _lowest_peak(self) -> tuple[tuple[str, ...], int]:
         best, finished = None, False
         if self.plan_count <= self.exhaustive_evaluations:
             best, finished = branch_and_bound(
