@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "apply_plan",
+    "is_cached_op",
     "is_wrapped",
     "model_fingerprint",
     "observing_recomputation",
@@ -175,29 +176,29 @@ _OP_NAMES: dict[Any, str] = {}
 
 def _cached_ops(decision: ModuleDecision) -> frozenset[str]:
     """The op names (``"aten.mm.default"``) whose outputs a decision's policy may keep and
-    hand back to its recomputation: its saved and alternating ops, and with attention among
-    them any attention kernel (see :func:`selective_contexts`)."""
+    hand back to its recomputation: its saved and alternating ops (see
+    :func:`is_cached_op` for attention)."""
     if decision.policy is None:
         return frozenset()
-    ops = frozenset(decision.saved_ops) | frozenset(decision.alternating_ops)
-    if any(is_attention_op(op) for op in ops):
-        ops |= _ATTENTION_WILDCARD
-    return ops
+    return frozenset(decision.saved_ops) | frozenset(decision.alternating_ops)
 
 
-# Stands for "any fused attention kernel" in a set of cached op names.
-_ATTENTION_WILDCARD = frozenset({"<attention>"})
+def is_cached_op(op: str, cached_ops: frozenset[str]) -> bool:
+    """Whether a policy saving ``cached_ops`` saves calls of ``op``. Fused attention is
+    matched by kind, not by name: the device picks its kernel (a plan made on CPU names
+    the CPU one)."""
+    return op in cached_ops or (
+        is_attention_op(op) and any(is_attention_op(saved) for saved in cached_ops)
+    )
 
 
 def selective_contexts(decision: ModuleDecision) -> tuple[Any, Any]:
     """The two contexts of one checkpointed call under the decision's selective policy
     (:mod:`planner.plan.policies`): outputs of ``saved_ops`` are kept, and of
     ``alternating_ops`` every other call's (the 1st, 3rd, ... of this call's forward); all
-    else is recomputed. Fused attention is matched by kind, not by name: the device picks
-    its kernel (a plan made on CPU names the CPU one)."""
+    else is recomputed (attention matched by kind, :func:`is_cached_op`)."""
     saved = frozenset(decision.saved_ops)
     alternating = frozenset(decision.alternating_ops)
-    any_attention = any(is_attention_op(op) for op in saved)
     alternation = 0
 
     def policy(context: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
@@ -205,7 +206,7 @@ def selective_contexts(decision: ModuleDecision) -> tuple[Any, Any]:
         name = _OP_NAMES.get(func)
         if name is None:
             name = _OP_NAMES[func] = str(func)
-        if name in saved or (any_attention and is_attention_op(name)):
+        if is_cached_op(name, saved):
             return CheckpointPolicy.MUST_SAVE
         if name in alternating and not context.is_recompute:
             alternation += 1

@@ -225,6 +225,8 @@ class _RecomputeComparison:
     # -- the verdict ------------------------------------------------------------------
     def compare(self) -> tuple[bool, bool, int, tuple[str, ...], list[str]]:
         """(recomputations equal, state equal, ops compared, modules that differ, why)."""
+        from planner.apply import is_cached_op
+
         compared = 0
         mismatched: list[str] = []
         why: list[str] = []
@@ -236,12 +238,12 @@ class _RecomputeComparison:
                 # A selective policy's cached outputs are handed back, not computed again:
                 # the recomputation skips those ops of the forward.
                 forward_ops = (
-                    [entry for entry in forward if not _is_cached(entry[0], cached_ops)]
+                    [entry for entry in forward if not is_cached_op(entry[0], cached_ops)]
                     if cached_ops
                     else forward
                 )
                 recomputed = (
-                    [entry for entry in recomputed if not _is_cached(entry[0], cached_ops)]
+                    [entry for entry in recomputed if not is_cached_op(entry[0], cached_ops)]
                     if cached_ops
                     else recomputed
                 )
@@ -270,12 +272,6 @@ class _RecomputeComparison:
                 state_equal = False
                 why.append("backward changed the RNG state (a recomputation drew random numbers)")
         return not mismatched, state_equal, compared, tuple(mismatched), why
-
-
-def _is_cached(op: str, cached_ops: frozenset[str]) -> bool:
-    from planner.plan.policies import is_attention_op
-
-    return op in cached_ops or ("<attention>" in cached_ops and is_attention_op(op))
 
 
 # Ops whose outputs are uninitialized memory (their values mean nothing until written).

@@ -495,15 +495,12 @@ class MemoryModel:
             call = self.timeline.calls[call_index]
             low = bisect.bisect_right(self._op_events, call.forward_start_event)
             high = bisect.bisect_left(self._op_events, call.forward_end_event)
-            alternation = 0
-            for op in ops[low:high]:
-                if rule is not None and op.op in rule.alternating_ops:
-                    saved = rule.saves(op.op, alternation)
-                    alternation += 1
-                else:
-                    saved = rule is not None and rule.saves(op.op)
-                if not saved:
-                    recomputed.append(op)
+            forward = ops[low:high]
+            if rule is None:
+                recomputed.extend(forward)
+                continue
+            saved = rule.saved_flags(op.op for op in forward)
+            recomputed.extend(op for op, kept in zip(forward, saved, strict=True) if not kept)
         return recomputed
 
     def module_options(self, module_name: str, forward_ms: float) -> tuple[OptionCost, ...]:

@@ -100,10 +100,19 @@ class PolicyRule:
     saved_ops: tuple[str, ...]
     alternating_ops: tuple[str, ...] = ()
 
-    def saves(self, op: str, alternation_index: int | None = None) -> bool:
-        if op in self.saved_ops:
-            return True
-        return op in self.alternating_ops and (alternation_index or 0) % 2 == 0
+    def saved_flags(self, ops: Iterable[str]) -> list[bool]:
+        """For each op call of one forward, in order, whether the policy saves its output:
+        every call of ``saved_ops``, and the 1st, 3rd, ... call of ``alternating_ops``
+        (counted together)."""
+        flags = []
+        alternation = 0
+        for op in ops:
+            if op in self.alternating_ops:
+                flags.append(alternation % 2 == 0)
+                alternation += 1
+            else:
+                flags.append(op in self.saved_ops)
+        return flags
 
 
 def _family(policy: SelectivePolicy, ops: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -147,17 +156,8 @@ def kept_storages(made_inside: Sequence[StorageLifetime], rule: PolicyRule) -> l
     """Positions in ``made_inside`` (one call's storages, in allocation order) that
     ``rule`` keeps: the outputs of the ops it saves. Each op call makes its own output
     storage, so counting the outputs of the alternating ops counts their calls."""
-    kept: list[int] = []
-    alternation = 0
-    for position, storage in enumerate(made_inside):
-        op = storage.alloc_op
-        if op in rule.alternating_ops:
-            if rule.saves(op, alternation):
-                kept.append(position)
-            alternation += 1
-        elif op in rule.saved_ops:
-            kept.append(position)
-    return kept
+    flags = rule.saved_flags(storage.alloc_op for storage in made_inside)
+    return [position for position, saved in enumerate(flags) if saved]
 
 
 def unit_how(unit: str) -> str:
@@ -173,5 +173,6 @@ def option_summary(units: Iterable[str]) -> str:
     whole"``, or ``"none"``."""
     counts: dict[str, int] = {}
     for unit in units:
-        counts[unit_how(unit)] = counts.get(unit_how(unit), 0) + 1
+        how = unit_how(unit)
+        counts[how] = counts.get(how, 0) + 1
     return ", ".join(f"{count} {how}" for how, count in sorted(counts.items())) or "none"

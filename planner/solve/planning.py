@@ -87,7 +87,7 @@ def _decisions(profile: Profile, unit: str, memory: MemoryModel) -> list[ModuleD
         method=CheckpointMethod.CHECKPOINT,
         preserve_rng_state=record.uses_rng,
         restore_buffers=record.mutated_buffers,
-        saving_bytes=sum(effect.retained_bytes for effect in memory.unit_effects(unit)),
+        saving_bytes=memory.freed_bytes(unit),
         recompute_ms=option.recompute_ms,
     )
     inner = [
