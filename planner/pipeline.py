@@ -123,9 +123,16 @@ def record_step_memory(
             if progress:
                 progress("building the model on fake tensors", 0, 0)
             workload, session = build_fake_workload(model_file, device_type, seed, loop=loop)
-            return record_memory(
-                workload, session=session, seed=seed, workspace_bytes=workspace, progress=progress
-            )
+            try:
+                return record_memory(
+                    workload,
+                    session=session,
+                    seed=seed,
+                    workspace_bytes=workspace,
+                    progress=progress,
+                )
+            finally:
+                session.release()
         except FakeExecutionError as error:
             if target is not None:
                 raise ProfilingError(

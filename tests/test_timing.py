@@ -92,3 +92,20 @@ def test_a_plan_for_a_target_device_is_estimated_and_left_unchecked() -> None:
     assert profile.memory_source is MemorySource.FAKE and profile.workspace_bytes == 65 * 2**20
     assert any(note.startswith("unchecked: made for h100-80gb") for note in plan.notes)
     assert profile.step_ms > 0
+
+
+@pytest.mark.parametrize("model", ["small_gpt.py", "sdpa_blocks.py"])
+def test_timing_never_holds_more_than_the_budget_in_this_process(model: str) -> None:
+    """Every real pass of the job in this process (warm-up, timed steps, the inputs the
+    selective options are timed on) stays within the budget, counted over all live
+    storages, at a budget just above every block's peak (the timing plan then recomputes
+    every block, and a block's inner modules' inputs live only briefly in its forward)."""
+    from planner.measure.tracking import StorageWatcher
+
+    profile = _memory_profile(DATA / model)
+    assert any(record.options for record in profile.modules)
+    budget = baseline_every_block(profile).predicted_peak_bytes + 4096
+    watcher = StorageWatcher("cpu", real_only=True)
+    with watcher:
+        profile_model_file(load_model_file(DATA / model), budget_bytes=budget)
+    assert 0 < watcher.peak_bytes <= budget

@@ -142,6 +142,10 @@ class _ValueShadows(TorchDispatchMode):
         self._shadows[key] = (weakref.ref(fake, forget), value)
         self._stale_storages.discard(id(fake.untyped_storage()))
 
+    def release(self) -> None:
+        self._shadows.clear()
+        self._stale_storages.clear()
+
     def shadow(self, tensor: torch.Tensor) -> torch.Tensor | None:
         entry = self._shadows.get(id(tensor))
         if entry is None or entry[0]() is not tensor:
@@ -356,6 +360,12 @@ class FakeSession:
         if found:
             self.note("optimizer step counters on the host, as torch.optim keeps them")
         return tuple(found)
+
+    def release(self) -> None:
+        """Drop the real values kept for small fake tensors (the batch's labels, ...): once
+        the memory is recorded, nothing of the fake pass should hold real memory while
+        real passes run under the budget (a fake workload can outlive its use in cycles)."""
+        self.shadows.release()
 
     def note(self, line: str) -> None:
         if line not in self._notes:

@@ -44,12 +44,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_flatten, tree_map_only
 
 from planner.apply import apply_plan, selective_contexts
-from planner.core.records import CostSource, ModuleProfile, OptionCost, Profile
-from planner.measure.tracking import PeakMemoryTracker, workload_tensors
-from planner.measure.workload import ModelFile, Workload, build_workload, run_training_step
+from planner.core.records import CostSource, ModuleProfile, OptionCost, Profile, StorageKind
+from planner.measure.tracking import MemoryLimitExceeded, PeakMemoryTracker, workload_tensors
+from planner.measure.workload import (
+    ModelFile,
+    Workload,
+    build_workload,
+    compute_loss,
+    run_training_step,
+    user_code_errors,
+)
 from planner.plan.memory_model import NESTED, MemoryModel
 from planner.plan.plan_file import ModuleDecision, Plan
 
@@ -202,6 +209,57 @@ def _capturing_inputs(
             handle.remove()
 
 
+def _captured_inputs(
+    workload: Workload, names: list[str], seed: int, limit_bytes: int | None
+) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The first-call inputs of the ``names`` modules, from a forward without grad of its
+    own: captured in a training step they would stay alive past where the step frees them
+    and add to its peak, which the budget has no room for. Without grad the forward keeps
+    only these inputs; on CPU it runs under ``limit_bytes`` too, and where holding them
+    would pass it, nothing is captured (the options are then costed as a forward)."""
+    if not names or workload.loop.gradients_in_forward:
+        # A training_step that calls backward itself cannot run without grad.
+        return {}
+    tracker = PeakMemoryTracker(
+        workload.device,
+        workload_tensors(workload.model, workload.optimizer, workload.batch),
+        limit_bytes=limit_bytes,
+    )
+    with _capturing_inputs(workload, names) as captured:
+        try:
+            with tracker, torch.no_grad(), user_code_errors(workload):
+                torch.manual_seed(seed)
+                compute_loss(
+                    workload.model_file, workload.model, workload.batch, require_grad=False
+                )
+        except MemoryLimitExceeded:
+            logger.info("inputs for timing selective options not captured: over the budget")
+            captured.clear()
+    return dict(captured)
+
+
+def _held_within(
+    workload: Workload,
+    inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]],
+    limit_bytes: int | None,
+) -> contextlib.AbstractContextManager[object]:
+    """A region stopped if live memory (the step's tensors and the held ``inputs``) would
+    pass ``limit_bytes``; no tracking at all without a limit or off CPU."""
+    if limit_bytes is None or workload.device.type != "cpu":
+        return contextlib.nullcontext()
+    existing = workload_tensors(workload.model, workload.optimizer, workload.batch)
+    existing[StorageKind.OTHER] = [
+        *existing[StorageKind.OTHER],
+        *(
+            t
+            for held in inputs.values()
+            for t in tree_flatten(held)[0]
+            if isinstance(t, torch.Tensor)
+        ),
+    ]
+    return PeakMemoryTracker(workload.device, existing, limit_bytes=limit_bytes)
+
+
 def _option_groups(profile: Profile) -> list[list[ModuleProfile]]:
     """Modules with selective options, in groups of identical ones (see _group_key)."""
     groups: dict[tuple[object, ...], list[ModuleProfile]] = defaultdict(list)
@@ -216,6 +274,8 @@ def _option_ratios(
     profile: Profile,
     inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]],
     repeats: int = 7,
+    *,
+    limit_bytes: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """Each selective option's recomputation cost over its module's forward time, measured on
     one module per group of identical ones (the rest share it). Three runs of the module
@@ -225,7 +285,11 @@ def _option_ratios(
     takes those back and computes the rest). The option costs the recomputation plus
     what the caching context adds to the forward: ``(max(0, caching - plain) + cached) /
     plain``, per round of the three (so drift cancels), the median of ``repeats`` rounds
-    after one to warm up."""
+    after one to warm up. That first round runs under ``limit_bytes`` (CPU), counting the
+    step's tensors and every held input, less the module's largest single allocation (a
+    watcher sees an op's outputs once they exist): an option whose round would pass it
+    (the caching context keeps what the option saves) is left unmeasured, and costed as a
+    forward."""
     memory = MemoryModel.for_profile(profile)
     modules = dict(workload.model.named_modules())
     clock = Clock(workload.device)
@@ -238,6 +302,8 @@ def _option_ratios(
         module = modules[name]
         forward = type(module).forward.__get__(module)  # not the plan's wrapper
         per_option: dict[str, float] = {}
+        # One op's outputs are counted once they exist: stop that much short of the limit.
+        limit = None if limit_bytes is None else limit_bytes - memory.largest_allocation(name)
         for option, rule in memory.policy_rules(name).items():
             decision = ModuleDecision(
                 name, policy=option, saved_ops=rule.saved_ops, alternating_ops=rule.alternating_ops
@@ -245,17 +311,12 @@ def _option_ratios(
             rounds: list[float] = []
             with torch.no_grad():
                 for round_ in range(repeats + 1):  # the first round warms caches up
-                    caching, cached = selective_contexts(decision)
-                    times = {}
-                    for label, context in (
-                        ("plain", contextlib.nullcontext()),
-                        ("caching", caching),
-                        ("cached", cached),
-                    ):
-                        begin = clock.mark()
-                        with context:
-                            forward(*args, **kwargs)
-                        times[label] = clock.elapsed_ms(begin, clock.mark())
+                    try:
+                        with _held_within(workload, inputs, limit if not round_ else None):
+                            times = _policy_round(clock, decision, forward, args, kwargs)
+                    except MemoryLimitExceeded:
+                        logger.info("option %s of %s not timed: over the budget", option, name)
+                        break
                     if round_ and times["plain"] > 0:
                         # Per round, so that drift on a shared machine cancels out; the
                         # caching context cannot make the forward faster.
@@ -266,6 +327,30 @@ def _option_ratios(
         for record in members:
             ratios[record.module_name] = per_option
     return ratios
+
+
+def _policy_round(
+    clock: Clock,
+    decision: ModuleDecision,
+    forward: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> dict[str, float]:
+    """One round of :func:`_option_ratios`: ms of the forward plain, under the policy's
+    caching context and under its cached one. Its own function so that the contexts (and
+    the outputs the caching one saved) are gone when it returns, before the next round."""
+    caching, cached = selective_contexts(decision)
+    times = {}
+    for label, context in (
+        ("plain", contextlib.nullcontext()),
+        ("caching", caching),
+        ("cached", cached),
+    ):
+        begin = clock.mark()
+        with context:
+            forward(*args, **kwargs)
+        times[label] = clock.elapsed_ms(begin, clock.mark())
+    return times
 
 
 def _group_key(record: ModuleProfile) -> tuple[object, ...]:
@@ -325,13 +410,10 @@ def measure_costs(
     step_samples: list[float] = []
     ratios: list[float] = []
     representatives = [members[0].module_name for members in _option_groups(profile)]
-    inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
     for step in range(timing_steps):
         if progress:
             progress("timing module forwards", step + 1, total)
-        with _capturing_inputs(workload, representatives if step == 0 else []) as captured:
-            forward_ms, backward_ms, step_ms = _timed_step(workload, seed=seed + 1 + step)
-        inputs.update(captured)
+        forward_ms, backward_ms, step_ms = _timed_step(workload, seed=seed + 1 + step)
         samples.append(forward_ms)
         step_samples.append(step_ms)
         ratio = _recompute_ratio(timing_plan, forward_ms, backward_ms)
@@ -339,7 +421,8 @@ def measure_costs(
             ratios.append(ratio)
     if progress:
         progress("timing selective checkpointing options", total, total)
-    option_ratios = _option_ratios(workload, profile, inputs)
+    inputs = _captured_inputs(workload, representatives, seed, limit_bytes)
+    option_ratios = _option_ratios(workload, profile, inputs, limit_bytes=limit_bytes)
     inputs.clear()
     names = [record.module_name for record in profile.modules]
     medians = {name: statistics.median(s.get(name, 0.0) for s in samples) for name in names}

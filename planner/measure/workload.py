@@ -444,8 +444,11 @@ def build_optimizer(model_file: ModelFile, model: torch.nn.Module) -> torch.opti
     return optimizer
 
 
-def compute_loss(model_file: ModelFile, model: torch.nn.Module, batch: Any) -> torch.Tensor:
-    """The loss of one batch, following the contract's precedence."""
+def compute_loss(
+    model_file: ModelFile, model: torch.nn.Module, batch: Any, *, require_grad: bool = True
+) -> torch.Tensor:
+    """The loss of one batch, following the contract's precedence. ``require_grad=False``
+    for a forward run without grad on purpose (the loss is then not checked)."""
     if model_file.training_step is not None:
         loss = model_file.training_step(model, batch)
         source = "training_step()"
@@ -465,6 +468,8 @@ def compute_loss(model_file: ModelFile, model: torch.nn.Module, batch: Any) -> t
         else:
             loss = output
             source = "the model output"
+    if not require_grad:
+        return loss  # type: ignore[no-any-return]
     if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.requires_grad):
         got = (
             f"a tensor of shape {tuple(loss.shape)}"

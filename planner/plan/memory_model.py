@@ -49,6 +49,7 @@ the measured peak exactly (a test checks this).
 from __future__ import annotations
 
 import bisect
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -479,6 +480,16 @@ class MemoryModel:
             rules = {str(rule.policy): rule for rule in policy_rules(made)}
             self._policy_rules[module_name] = rules
         return rules
+
+    def largest_allocation(self, module_name: str) -> int:
+        """The most bytes one op allocates in the module's forward (any call): how far past
+        a limit one op can take live memory before a watcher sees it."""
+        storages = self.timeline.storages
+        by_op: dict[int, int] = defaultdict(int)
+        for call_index in self.calls_of(module_name):
+            for index in self._builder.made_inside(call_index):
+                by_op[storages[index].alloc_event] += storages[index].size_bytes
+        return max(by_op.values(), default=0)
 
     def recomputed_ops(self, unit: str) -> list[OpCost]:
         """The ops a module unit's recomputation runs, all its calls: every op of its
