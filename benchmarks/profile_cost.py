@@ -6,7 +6,9 @@
 
 **time** (the 48-block GPT, as issue 3 measured it): the median plain training step against
 the profiling stages after warm-up, all in one process, interleaved ``--repeats`` times:
-the fake-tensor instrumented step (with the module table and the memory model) and the
+the fake-tensor instrumented step (with the module table and the memory model), the same
+step on fake tensors with nothing recorded (the floor of fake-tensor recording: fake
+tensors' own dispatch, in Python, per op), and the
 timing step (a real step with module hooks), against the all-real profile the tool used
 before (a real instrumented step and a timed forward).
 
@@ -57,6 +59,7 @@ def time_part(model: Path, repeats: int) -> str:
     model_file = load_model_file(model)
     plain_s: list[float] = []
     fake_s: list[float] = []
+    bare_s: list[float] = []
     timing_s: list[float] = []
     real_s: list[float] = []
     for repeat in range(repeats):
@@ -71,6 +74,11 @@ def time_part(model: Path, repeats: int) -> str:
         fake_workload, session = build_fake_workload(model_file)
         with session.running():
             run_training_step(fake_workload, seed=0)
+        # The floor of any fake-tensor recording: the same step on fake tensors, unrecorded.
+        started = time.perf_counter()
+        with session.running():
+            run_training_step(fake_workload, seed=0)
+        bare_s.append(time.perf_counter() - started)
         started = time.perf_counter()
         with session.running():
             timeline, _ = profiler._record_step(fake_workload, seed=0)
@@ -93,7 +101,8 @@ def time_part(model: Path, repeats: int) -> str:
         profiler._module_profiles(workload.model, real_timeline, forward_ms)
         real_s.append(time.perf_counter() - started)
         print(
-            f"repeat {repeat}: plain {statistics.median(plain_s[-3:]):.3f} s, fake step "
+            f"repeat {repeat}: plain {statistics.median(plain_s[-3:]):.3f} s, "
+            f"fake unrecorded {bare_s[-1]:.3f} s, fake step "
             f"{fake_s[-1]:.3f} s, timing (build, warm-up, 3 timed steps) {timing_s[-1]:.3f} s, "
             f"all-real {real_s[-1]:.3f} s",
             flush=True,
@@ -102,6 +111,7 @@ def time_part(model: Path, repeats: int) -> str:
     rows = [
         ("plain training step (median)", plain, 1.0),
         ("fake instrumented step + module table", statistics.median(fake_s), None),
+        ("the same step on fake tensors, nothing recorded", statistics.median(bare_s), None),
         ("timing: build + warm-up + three timed steps", statistics.median(timing_s), None),
         (
             "all-real profile before (timed forward + real instrumented step)",

@@ -69,6 +69,7 @@ from planner.measure.workload import (
     user_code_errors,
 )
 from planner.plan.memory_model import NESTED, MemoryModel
+from planner.plan.policies import nested_recompute_ms
 
 if TYPE_CHECKING:
     from planner.measure.fake import FakeSession
@@ -694,7 +695,9 @@ def _with_nesting(
             memory.nested_inner[record.module_name] = tuple(inner)
             option = OptionCost(
                 NESTED,
-                record.forward_ms + sum(by_name[name].forward_ms for name in inner),
+                nested_recompute_ms(
+                    record.module_name, inner, lambda name: by_name[name].forward_ms
+                ),
                 record.forward_flops + sum(by_name[name].forward_flops for name in inner),
                 inner_modules=tuple(inner),
                 freed_bytes=record.checkpoint_saving_bytes,

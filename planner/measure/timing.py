@@ -59,6 +59,7 @@ from planner.measure.workload import (
 )
 from planner.plan.memory_model import NESTED, MemoryModel
 from planner.plan.plan_file import ModuleDecision, Plan
+from planner.plan.policies import nested_recompute_ms
 
 __all__ = [
     "Clock",
@@ -454,8 +455,12 @@ def with_measured_costs(
         ratios = costs.option_ratios.get(record.module_name, {})
 
         def recompute_ms(option: OptionCost) -> float:
-            if option.option == NESTED:  # the forward, and the inner modules' once more
-                return forward_ms + sum(costs.forward_ms.get(n, 0.0) for n in option.inner_modules)
+            if option.option == NESTED:
+                return nested_recompute_ms(
+                    record.module_name,
+                    option.inner_modules,
+                    lambda name: costs.forward_ms.get(name, 0.0),
+                )
             return forward_ms * ratios.get(option.option, 1.0)
 
         return tuple(

@@ -30,7 +30,7 @@ Design notes
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from planner.core.records import Name, StorageLifetime, parse_unit, unit_option
@@ -158,6 +158,15 @@ def kept_storages(made_inside: Sequence[StorageLifetime], rule: PolicyRule) -> l
     storage, so counting the outputs of the alternating ops counts their calls."""
     flags = rule.saved_flags(storage.alloc_op for storage in made_inside)
     return [position for position, saved in enumerate(flags) if saved]
+
+
+def nested_recompute_ms(
+    outer: str, inner_modules: Iterable[str], forward_ms: Callable[[str], float]
+) -> float:
+    """What nesting costs: the outer module's forward once more, and its inner modules'
+    forwards once more again (they run three times: forward, the outer recomputation, and
+    their own), by ``forward_ms`` of a module name (measured or estimated)."""
+    return forward_ms(outer) + sum(forward_ms(name) for name in inner_modules)
 
 
 def unit_how(unit: str) -> str:

@@ -41,6 +41,7 @@ from planner.core.records import (
     unit_name,
 )
 from planner.plan.memory_model import NESTED, MemoryModel
+from planner.plan.policies import nested_recompute_ms
 
 __all__ = [
     "BUILT_IN_SPECS",
@@ -206,9 +207,9 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
     memory = MemoryModel(profile.timeline) if any(r.options for r in profile.modules) else None
 
     def option_ms(record: ModuleProfile, cost: OptionCost) -> float:
-        if cost.option == NESTED:  # the forward, and the inner modules' once more
-            return by_module.get(record.module_name, 0.0) + sum(
-                by_module.get(name, 0.0) for name in cost.inner_modules
+        if cost.option == NESTED:
+            return nested_recompute_ms(
+                record.module_name, cost.inner_modules, lambda name: by_module.get(name, 0.0)
             )
         # A selective option recomputes every op of the forward but the ones it saves.
         assert memory is not None
