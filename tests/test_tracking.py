@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -172,3 +174,49 @@ def test_a_dtensor_counts_its_local_shard() -> None:
             doubled = shard * 2  # a DTensor op: its local op makes one (2, 16) storage
         assert watcher.peak_bytes == 2 * 2 * 16 * 4
         del doubled
+
+
+def _held_by_a_thread(tensor: torch.Tensor) -> tuple[threading.Thread, threading.Event]:
+    """A thread that holds ``tensor`` until the returned event is set, then drops it (as a
+    ``gloo`` worker drops a collective's tensors once it runs again)."""
+    held = [tensor]
+    release = threading.Event()
+
+    def hold() -> None:
+        release.wait()
+        held.clear()  # the storage dies here, on this thread
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    return thread, release
+
+
+@pytest.mark.parametrize("released_before_the_peak", [False, True])
+def test_a_peak_that_counts_a_storage_another_thread_held_is_flagged(
+    released_before_the_peak: bool,
+) -> None:
+    """The region lets go of a buffer; another thread drops it later. Counted at the peak,
+    it makes the peak the scheduler's (PeakMemoryTracker.peak_held_by_other_threads); freed
+    by that thread before the peak, it does not."""
+    with PeakMemoryTracker("cpu") as tracker:
+        buffer = torch.ones(1000)  # 4000 bytes
+        thread, release = _held_by_a_thread(buffer)
+        del buffer  # the region's last reference: the thread still holds it
+        if released_before_the_peak:
+            release.set()
+            thread.join()
+        later = torch.ones(2000)  # 8000 bytes: the peak, with the buffer if still held
+        release.set()
+        thread.join()
+        del later
+    assert tracker.peak_bytes == (8000 if released_before_the_peak else 12000)
+    assert tracker.peak_held_by_other_threads is not released_before_the_peak
+
+
+def test_a_storage_the_region_itself_frees_after_the_peak_is_not_flagged() -> None:
+    with PeakMemoryTracker("cpu") as tracker:
+        buffer = torch.ones(1000)
+        later = torch.ones(500)
+        del buffer, later
+    assert tracker.peak_bytes == 6000
+    assert not tracker.peak_held_by_other_threads

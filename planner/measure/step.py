@@ -22,7 +22,10 @@ __all__ = ["StepMeasurement", "measure_step"]
 
 @dataclass(frozen=True)
 class StepMeasurement:
-    """One measured step. ``gradients``/``buffers`` are CPU copies keyed by qualified name."""
+    """One measured step. ``gradients``/``buffers`` are CPU copies keyed by qualified name.
+    ``peak_held_by_other_threads`` (CPU): the peak counted a storage that another thread
+    freed later (:attr:`~planner.measure.tracking.StorageWatcher.peak_held_by_other_threads`:
+    a ``gloo`` worker finishing a collective), so it may be above the step's own peak."""
 
     peak_bytes: int
     start_bytes: int
@@ -31,6 +34,7 @@ class StepMeasurement:
     loss_tensor: torch.Tensor
     gradients: dict[str, torch.Tensor]
     buffers: dict[str, torch.Tensor]
+    peak_held_by_other_threads: bool = False
 
 
 def measure_step(
@@ -100,4 +104,5 @@ def measure_step(
         loss_tensor=loss_value.to("cpu"),
         gradients=gradients,
         buffers=buffers,
+        peak_held_by_other_threads=tracker.peak_held_by_other_threads,
     )

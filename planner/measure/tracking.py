@@ -17,6 +17,7 @@ side, the allocator's own accounting, for what the dispatcher does not see
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -204,6 +205,13 @@ class StorageWatcher(TorchDispatchMode):
     tensors is charged as CUDA. With ``limit_bytes``, an op that takes live memory past
     the limit raises :class:`MemoryLimitExceeded`. With ``real_only`` fake tensors (whose
     storage is on the meta device) are not counted: only memory actually allocated is.
+
+    A storage can die on another thread than the one running the region: a ``gloo`` worker
+    thread keeps each collective's tensors until it has finished its own bookkeeping after
+    waking the caller, and when the ranks share cores that can take milliseconds, long
+    after the step let go of them. :attr:`peak_held_by_other_threads` says whether the peak
+    counted such a storage: then the peak depends on thread scheduling, and may be above
+    the step's own.
     """
 
     def __init__(
@@ -230,6 +238,12 @@ class StorageWatcher(TorchDispatchMode):
         self._next_index = 0
         self._closed = False
         self._ignored: set[int] = set()
+        # Events (each alloc and free) are numbered, to say which storages the peak counted.
+        self._event = 0
+        self._peak_event = 0
+        self._made_at_event: dict[int, int] = {}
+        self._region_thread: int | None = None
+        self._freed_elsewhere: list[tuple[int, int]] = []  # (made at, freed at) events
 
     # -- registration ------------------------------------------------------------------
     def storage_index(self, tensor: torch.Tensor) -> int | None:
@@ -275,7 +289,11 @@ class StorageWatcher(TorchDispatchMode):
         self._kind_by_index[index] = kind
         self._refs[index] = weakref.ref(storage, self._release_callback(index, key))
         self.current_bytes += size
-        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        self._event += 1
+        self._made_at_event[index] = self._event
+        if self.current_bytes > self.peak_bytes:
+            self.peak_bytes = self.current_bytes
+            self._peak_event = self._event
         self.on_alloc(index, size, kind)
         if self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
             self._over_limit()
@@ -310,11 +328,26 @@ class StorageWatcher(TorchDispatchMode):
         self._kind_by_index.pop(index, None)
         size = self._size_by_index.pop(index)
         self.current_bytes -= size
+        self._event += 1
+        made_at = self._made_at_event.pop(index, None)
+        thread = self._region_thread
+        if made_at is not None and thread is not None and threading.get_ident() != thread:
+            self._freed_elsewhere.append((made_at, self._event))
         self.on_free(index)
 
     def close(self) -> None:
         """Stop reacting to frees (storages still live keep their callbacks)."""
         self._closed = True
+
+    @property
+    def peak_held_by_other_threads(self) -> bool:
+        """Whether a storage counted at the peak died later on another thread than the one
+        that entered the watcher (see the class docstring): the region had let go of it at
+        some point before, possibly before the peak, and the peak may be above the region's
+        own. Measuring the region again gives its own peak when this is False."""
+        return any(
+            made_at <= self._peak_event < freed_at for made_at, freed_at in self._freed_elsewhere
+        )
 
     # -- hooks for subclasses ---------------------------------------------------------
     def on_alloc(self, index: int, size_bytes: int, kind: StorageKind) -> None:
@@ -383,6 +416,7 @@ class StorageWatcher(TorchDispatchMode):
             propagator._propagate_tensor_meta_non_cached = original
 
     def __enter__(self) -> StorageWatcher:
+        self._region_thread = threading.get_ident()
         self._watch_resizes()
         self._skip_metadata_propagation()
         return super().__enter__()  # type: ignore[no-any-return]
@@ -443,6 +477,7 @@ class PeakMemoryTracker:
         self._watcher: StorageWatcher | None = None
         self.peak_bytes = 0
         self.start_bytes = 0
+        self.peak_held_by_other_threads = False
 
     def __enter__(self) -> PeakMemoryTracker:
         if self.device.type == "cuda":
@@ -475,6 +510,7 @@ class PeakMemoryTracker:
             self._watcher.__exit__(*exc)
             self._watcher.close()
             self.peak_bytes = self._watcher.peak_bytes
+            self.peak_held_by_other_threads = self._watcher.peak_held_by_other_threads
 
 
 class AllocatorPeakTracker:
