@@ -232,6 +232,20 @@ def profile_model_file(
         raise
 
 
+def _timing_plan(provisional: Profile, budget_bytes: int) -> Plan:
+    """The plan the times are measured with: whole modules only where that fits the
+    budget. Its recomputations are timed against their forwards (the ratio every module's
+    time is scaled by); under a selective policy they would be the policy's, cheaper by
+    what it saves, and every whole module's cost would be scaled down by that too."""
+    try:
+        plan, _ = plan_for_budget(
+            provisional, budget_bytes, solver=Solver(provisional, options=False, nesting=False)
+        )
+    except InfeasibleBudgetError:
+        plan, _ = plan_for_budget(provisional, budget_bytes)
+    return plan
+
+
 def estimated_costs(profile: Profile, device: str) -> Profile:
     """``profile`` with its recomputation times estimated for this ``device`` from its
     recorded ops (FLOPs and bytes), not timed; ``cost_source`` ``roofline``."""
@@ -260,7 +274,7 @@ def measure_profile_costs(
     if budget_bytes is None:
         timing_plan = build_plan(provisional, [], 0, strategy="timing")
     else:
-        timing_plan, _ = plan_for_budget(provisional, budget_bytes)
+        timing_plan = _timing_plan(provisional, budget_bytes)
     costs = measure_costs(
         model_file,
         profile,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,30 @@ def test_timing_never_holds_more_than_the_budget_in_this_process(model: str) -> 
     with watcher:
         profile_model_file(load_model_file(DATA / model), budget_bytes=budget)
     assert 0 < watcher.peak_bytes <= budget
+
+
+def test_the_recompute_ratio_comes_from_whole_module_checkpoints_only() -> None:
+    """Each checkpointed function's recomputation against its own forward run; segments of
+    a checkpoint_sequential count as their module's; a policy's (cheaper by what it saves)
+    and a nested module's do not count."""
+    from types import SimpleNamespace
+
+    from planner.measure.timing import _recompute_ratio, _TimedStep
+    from planner.plan.plan_file import ModuleDecision
+
+    plan = SimpleNamespace(
+        modules=[
+            ModuleDecision("a"),
+            ModuleDecision("seq"),
+            ModuleDecision("p", policy="save-matmuls", saved_ops=("aten.mm.default",)),
+            ModuleDecision("a.inner", nested_in="a"),
+        ]
+    )
+    step = _TimedStep(
+        forward_ms={},
+        region_forward_ms={"a": 10.0, "seq[0:2]": 4.0, "p": 10.0, "a.inner": 3.0},
+        region_recompute_ms={"a": 8.0, "seq[0:2]": 4.0, "p": 1.0, "a.inner": 9.0},
+        step_ms=100.0,
+    )
+    assert _recompute_ratio(plan, step) == pytest.approx(12.0 / 14.0)  # type: ignore[arg-type]
+    assert _recompute_ratio(plan, dataclasses.replace(step, region_recompute_ms={})) is None  # type: ignore[arg-type]

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
-from planner.apply import apply_plan, selective_contexts
+from planner.apply import apply_plan, observing_recomputation, selective_contexts
 from planner.core.records import CostSource, ModuleProfile, OptionCost, Profile, StorageKind
 from planner.measure.tracking import MemoryLimitExceeded, PeakMemoryTracker, workload_tensors
 from planner.measure.workload import (
@@ -153,32 +153,67 @@ def summed_ms(
     return dict(forward_ms), dict(backward_ms)
 
 
-def _timed_step(workload: Workload, seed: int) -> tuple[dict[str, float], dict[str, float], float]:
-    """One step with every module's calls timed: per-module forward ms, per-module ms of
-    the calls made during backward (recomputations of the timing plan's modules' children),
-    and the step's ms."""
+class _RegionSpans:
+    """A recomputation observer (:func:`planner.apply.observing_recomputation`) that times
+    each run of every checkpointed function: its forward, and its recomputation during
+    backward (cut short where ``torch.utils.checkpoint`` stops early: that is its cost)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.spans: list[tuple[str, bool, Any, Any]] = []
+
+    def region(self, name: str, function: Any, cached_ops: frozenset[str]) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            in_backward = torch._C._current_graph_task_id() != -1
+            begin = self.clock.mark()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.spans.append((name, in_backward, begin, self.clock.mark()))
+
+        return run
+
+
+@dataclass(frozen=True)
+class _TimedStep:
+    forward_ms: dict[str, float]  # per module, its forward calls
+    region_forward_ms: dict[str, float]  # per checkpointed function, its forward run
+    region_recompute_ms: dict[str, float]  # ... and its recomputation
+    step_ms: float
+
+
+def _timed_step(workload: Workload, seed: int) -> _TimedStep:
+    """One step with every module's calls and every checkpointed function's runs timed."""
     clock = Clock(workload.device)
-    with timed_module_calls(workload.model, clock) as spans:
+    regions = _RegionSpans(clock)
+    with timed_module_calls(workload.model, clock) as spans, observing_recomputation(regions):
         begin = clock.mark()
         run_training_step(workload, seed=seed)
         end = clock.mark()
-    forward_ms, backward_ms = summed_ms(spans, clock)
-    return forward_ms, backward_ms, clock.elapsed_ms(begin, end)
+    forward_ms, _ = summed_ms(spans, clock)
+    region_forward_ms, region_recompute_ms = summed_ms(regions.spans, clock)
+    return _TimedStep(
+        forward_ms, region_forward_ms, region_recompute_ms, clock.elapsed_ms(begin, end)
+    )
 
 
-def _recompute_ratio(
-    plan: Plan, forward_ms: dict[str, float], backward_ms: dict[str, float]
-) -> float | None:
-    """Recomputation time over forward time, measured on the timing plan's modules: the
-    children of each checkpointed module run once in forward and once more, recomputed, in
-    backward; both are timed. None when the plan recomputes nothing."""
+def _recompute_ratio(plan: Plan, step: _TimedStep) -> float | None:
+    """Recomputation time over forward time, measured on the timing plan's whole-module
+    checkpoints: each checkpointed function's recomputation during backward against its
+    own forward run in the same step, at the granularity the solver costs (a module's
+    checkpoint, with the early stop and the checkpoint's own hooks in both). Modules under a
+    selective policy or nested are left out: their recomputation is cheaper by what the
+    policy saves (their options are timed on their own). None when nothing was recomputed."""
+    whole = {
+        decision.module_name
+        for decision in plan.modules
+        if decision.policy is None and decision.nested_in is None
+    }
     recomputed = forward = 0.0
-    for decision in plan.modules:
-        prefix = decision.module_name + "."
-        for name, ms in backward_ms.items():
-            if name.startswith(prefix) and "." not in name[len(prefix) :]:
-                recomputed += ms
-                forward += forward_ms.get(name, 0.0)
+    for name, ms in step.region_recompute_ms.items():
+        if name.split("[", 1)[0] in whole:  # a module, or one checkpoint_sequential segment
+            recomputed += ms
+            forward += step.region_forward_ms.get(name, 0.0)
     return recomputed / forward if forward > 0 and recomputed > 0 else None
 
 
@@ -414,10 +449,10 @@ def measure_costs(
     for step in range(timing_steps):
         if progress:
             progress("timing module forwards", step + 1, total)
-        forward_ms, backward_ms, step_ms = _timed_step(workload, seed=seed + 1 + step)
-        samples.append(forward_ms)
-        step_samples.append(step_ms)
-        ratio = _recompute_ratio(timing_plan, forward_ms, backward_ms)
+        timed = _timed_step(workload, seed=seed + 1 + step)
+        samples.append(timed.forward_ms)
+        step_samples.append(timed.step_ms)
+        ratio = _recompute_ratio(timing_plan, timed)
         if ratio is not None:
             ratios.append(ratio)
     if progress:
