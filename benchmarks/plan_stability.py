@@ -9,8 +9,9 @@ smallest feasible peak, where some blocks cannot be checkpointed) and the unplan
 (from a fake-tensor profile). ``profile_and_plan`` (what `ckpt-plan profile`
 runs: fake memory, times measured within the budget, the plan checked) runs ``--runs``
 times; then each distinct plan and the unplanned step are timed on one model instance,
-interleaved, ``--repeats`` steps each, and the measured overhead (median planned step over
-median unplanned step, minus one) is set against the printed one (``predicted_overhead``).
+interleaved, ``--repeats`` rounds of one step each, and the measured overhead (per round,
+the planned step over the unplanned one, minus one; the median over rounds, with its
+interquartile range) is set against the printed one (``predicted_overhead``).
 Writes reports/benchmarks/plan_stability.csv and .md.
 """
 
@@ -38,8 +39,9 @@ from planner.pipeline import profile_and_plan  # noqa: E402
 DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 
 
-def measured_step_ms(path: Path, plans: dict[str, object], repeats: int) -> dict[str, float]:
-    """Median step time of each plan (None: unplanned), interleaved, after two warm-ups each.
+def measured_step_ms(path: Path, plans: dict[str, object], repeats: int) -> dict[str, list[float]]:
+    """Step times of each plan (None: unplanned), one per round of ``repeats`` rounds that
+    run every plan once, in rotating order, after two warm-ups each.
 
     One model instance takes every plan in turn (applied before its step, removed after):
     two instances of one model can differ in step time by a few percent (where their
@@ -65,7 +67,17 @@ def measured_step_ms(path: Path, plans: dict[str, object], repeats: int) -> dict
         order = list(plans)
         for name in order[repeat % len(order) :] + order[: repeat % len(order)]:
             times[name].append(step(plans[name], seed=10 + repeat))
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
+
+
+def paired_overhead(planned: list[float], unplanned: list[float]) -> tuple[float, float]:
+    """The overhead of a plan from rounds of interleaved steps: per round, its step over the
+    unplanned step of the same round, less one (steps seconds apart: the machine's drift,
+    which moves a median of either by several percent over a minute, cancels); the median
+    over rounds, and the interquartile range (how much one round's figure varies)."""
+    ratios = [p / u - 1 for p, u in zip(planned, unplanned, strict=True)]
+    quartiles = statistics.quantiles(ratios, n=4)
+    return statistics.median(ratios), quartiles[2] - quartiles[0]
 
 
 def run_model(name: str, runs: int, repeats: int) -> dict[str, object]:
@@ -78,11 +90,11 @@ def run_model(name: str, runs: int, repeats: int) -> dict[str, object]:
     distinct = {modules: result.plan for modules, result in zip(choices, results, strict=True)}
     plans: dict[str, object] = {"none": None}
     plans.update({" ".join(modules): plan for modules, plan in distinct.items()})
-    medians = measured_step_ms(path, plans, repeats)
+    times = measured_step_ms(path, plans, repeats)
     printed = [round(100 * result.plan.predicted_overhead, 1) for result in results]
-    measured = [
-        round(100 * (medians[" ".join(modules)] / medians["none"] - 1), 1) for modules in choices
-    ]
+    paired = {name: paired_overhead(times[name], times["none"]) for name in plans if name != "none"}
+    measured = [round(100 * paired[" ".join(modules)][0], 1) for modules in choices]
+    spread = [round(100 * paired[" ".join(modules)][1], 1) for modules in choices]
     ratios = [p / m if m else float("inf") for p, m in zip(printed, measured, strict=True)]
     row: dict[str, object] = {
         "model": name,
@@ -93,9 +105,10 @@ def run_model(name: str, runs: int, repeats: int) -> dict[str, object]:
         else " | ".join(map(" ".join, distinct)),
         "printed_overhead_pct": " / ".join(map(str, printed)),
         "measured_overhead_pct": " / ".join(map(str, measured)),
+        "measured_iqr_pct": " / ".join(map(str, spread)),
         "printed_over_measured": " / ".join(f"{r:.2f}" for r in ratios),
         "within_25pct": all(0.75 <= r <= 1.25 for r in ratios),
-        "unplanned_step_ms": round(medians["none"], 1),
+        "unplanned_step_ms": round(statistics.median(times["none"]), 1),
         "checked": all(result.plan.checked for result in results),
     }
     print(row, flush=True)
@@ -106,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=DEFAULT_MODELS)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--repeats", type=int, default=31)
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
     arguments = parser.parse_args(argv)
     frame = pd.DataFrame(

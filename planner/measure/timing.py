@@ -33,6 +33,7 @@ Design notes
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import logging
@@ -45,6 +46,7 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils.checkpoint import checkpoint
 
 from planner.apply import apply_plan, observing_recomputation, selective_contexts
 from planner.core.records import CostSource, ModuleProfile, OptionCost, Profile, StorageKind
@@ -90,6 +92,10 @@ class MeasuredCosts:
     # Per module, per selective option: its recomputation's cost over the module's forward
     # time (see _option_ratios); a module's option costs its forward_ms times that.
     option_ratios: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    # What checkpointing itself costs beyond the recomputation (see _checkpoint_overhead):
+    # ms per checkpointed call, and ms per tensor the region saves.
+    call_ms: float = 0.0
+    saved_tensor_ms: float = 0.0
 
 
 class Clock:
@@ -465,6 +471,7 @@ def measure_costs(
     recompute_ratio = statistics.median(ratios) if ratios else None
     scale = recompute_ratio or 1.0
     smoothed = {name: ms * scale for name, ms in _smoothed(profile, medians).items()}
+    call_ms, saved_tensor_ms = _checkpoint_overhead(workload.device)
     return MeasuredCosts(
         forward_ms=smoothed,
         planned_step_ms=statistics.median(step_samples),
@@ -473,7 +480,81 @@ def measure_costs(
         timing_modules=timing_plan.module_names,
         timing_steps=timing_steps,
         option_ratios=option_ratios,
+        call_ms=call_ms,
+        saved_tensor_ms=saved_tensor_ms,
     )
+
+
+def _checkpoint_overhead(device: torch.device, rounds: int = 30) -> tuple[float, float]:
+    """What ``torch.utils.checkpoint`` costs on this device beyond the recomputation it
+    runs: entering and leaving the checkpoint, saving and restoring the RNG state, and a
+    pack hook in the forward and an unpack in backward per saved tensor (Python, each).
+    Measured on two chains of tiny ops (1 and 32 matmul+tanh pairs: their compute is
+    negligible, the hooks are not), see :func:`_outside_recomputation_ms`; fitted to
+    ``per_call + per_saved_tensor * saved`` (ms each, not negative)."""
+    generator = torch.Generator().manual_seed(0)
+    weights = [
+        torch.randn(8, 8, generator=generator).to(device).requires_grad_() for _ in range(32)
+    ]
+    value = torch.randn(4, 8, generator=generator).to(device).requires_grad_()
+    clock = Clock(device)
+    (few, few_ms), (many, many_ms) = (
+        _outside_recomputation_ms(clock, weights[:length], value, rounds) for length in (1, 32)
+    )
+    per_saved = max(0.0, (many_ms - few_ms) / (many - few))
+    return max(0.0, few_ms - per_saved * few), per_saved
+
+
+def _outside_recomputation_ms(
+    clock: Clock, weights: list[torch.Tensor], value: torch.Tensor, rounds: int
+) -> tuple[int, float]:
+    """The tensors a chain of ``tanh(x @ weight)`` saves, and the median over ``rounds``
+    (after three to warm up) of a forward and backward through it checkpointed, less the
+    same plain, less the recomputation run inside the checkpointed one."""
+    recomputed: list[float] = []
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        in_backward = torch._C._current_graph_task_id() != -1
+        begin = clock.mark()
+        try:
+            for weight in weights:
+                x = torch.tanh(x @ weight)
+            return x
+        finally:  # the recomputation stops early, by an exception, at its last saved tensor
+            if in_backward:
+                recomputed.append(clock.elapsed_ms(begin, clock.mark()))
+
+    saved: list[torch.Tensor] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        chain(value)
+    outside: list[float] = []
+    for round_ in range(rounds + 3):
+        begin = clock.mark()
+        chain(value).sum().backward()
+        middle = clock.mark()
+        checkpoint(chain, value, use_reentrant=False).sum().backward()
+        end = clock.mark()
+        if round_ >= 3:
+            plain, checkpointed = clock.elapsed_ms(begin, middle), clock.elapsed_ms(middle, end)
+            outside.append(checkpointed - plain - recomputed[-1])
+    return len(saved), statistics.median(outside)
+
+
+def saved_tensor_counts(profile: Profile) -> dict[str, int]:
+    """Per module, the tensors saved for backward during its forward calls (its
+    children's included): the pack hooks a checkpoint of it runs."""
+    packs = sorted(saved.pack_event for saved in profile.timeline.saved_tensors)
+    counts: dict[str, int] = defaultdict(int)
+    for call in profile.timeline.calls:
+        low = bisect.bisect_right(packs, call.forward_start_event)
+        high = bisect.bisect_left(packs, call.forward_end_event)
+        counts[call.module_name] += high - low
+    return counts
 
 
 def with_measured_costs(
@@ -486,17 +567,25 @@ def with_measured_costs(
     the measured step's less the recomputation of ``timing_units`` (the timing plan's),
     each costed by ``unit_cost_ms`` on the measured forward times."""
 
+    saved = saved_tensor_counts(profile)
+
+    def own_cost_ms(record: ModuleProfile) -> float:
+        """Checkpointing's own cost for this module, beyond its recomputation."""
+        return costs.call_ms * record.call_count + costs.saved_tensor_ms * saved[record.module_name]
+
+    def cost_ms(name: str) -> float:
+        """A module's recomputation and its checkpoint's own cost."""
+        return costs.forward_ms.get(name, 0.0) + own_cost_ms(timed_records[name])
+
+    timed_records = {record.module_name: record for record in profile.modules}
+
     def options(record: ModuleProfile, forward_ms: float) -> tuple[OptionCost, ...]:
         ratios = costs.option_ratios.get(record.module_name, {})
 
         def recompute_ms(option: OptionCost) -> float:
             if option.option == NESTED:
-                return nested_recompute_ms(
-                    record.module_name,
-                    option.inner_modules,
-                    lambda name: costs.forward_ms.get(name, 0.0),
-                )
-            return forward_ms * ratios.get(option.option, 1.0)
+                return nested_recompute_ms(record.module_name, option.inner_modules, cost_ms)
+            return forward_ms * ratios.get(option.option, 1.0) + own_cost_ms(record)
 
         return tuple(
             dataclasses.replace(option, recompute_ms=recompute_ms(option))
@@ -506,8 +595,8 @@ def with_measured_costs(
     modules = tuple(
         dataclasses.replace(
             record,
-            forward_ms=(ms := costs.forward_ms.get(record.module_name, 0.0)),
-            options=options(record, ms),
+            forward_ms=cost_ms(record.module_name),
+            options=options(record, costs.forward_ms.get(record.module_name, 0.0)),
         )
         for record in profile.modules
     )
@@ -524,6 +613,10 @@ def with_measured_costs(
             "every module's time scaled by that"
             if costs.recompute_ratio is not None
             else ""
+        )
+        + (
+            f"; checkpointing's own cost measured at {costs.call_ms:.3f} ms per checkpointed "
+            f"call and {1000 * costs.saved_tensor_ms:.1f} us per saved tensor, added to each"
         )
     )
     return dataclasses.replace(
