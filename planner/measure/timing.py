@@ -13,12 +13,18 @@ memory than the budget. With the plan applied, it runs
    forward call (``perf_counter`` on CPU, CUDA events on CUDA). Hooks that fire during
    backward are the timing plan's recomputations and are not counted as forwards.
 
-The timing plan's recomputations are timed too (its modules' children run again in
-backward, hooks and all): their time over the same children's forward time is how much a
-recomputation costs against a forward on this device and model (caches are warm or cold,
-allocations cheaper or dearer), and every module's forward time is scaled by that ratio
-to give its recomputation cost. The unplanned step's time is then the planned step's time
-less the recomputation the timing plan added.
+The timing plan is whole modules where that fits the budget, and its recomputations are
+timed too: each checkpointed function's recomputation during backward against its own
+forward run in the same step (through :func:`planner.apply.observing_recomputation`, at
+the granularity the solver costs: the early stop and the checkpoint's hooks are in both).
+That ratio is how much a recomputation costs against a forward on this device and model
+(caches are warm or cold, allocations cheaper or dearer), and every module's forward time
+is scaled by it. Checkpointing also costs something of its own beyond the recomputation
+(entering the checkpoint, the RNG state, a pack and an unpack hook per saved tensor):
+:func:`_checkpoint_overhead` measures it per call and per saved tensor on two chains of
+tiny ops, and every module's and option's cost gets it for its calls and the tensors its
+forward saves. The unplanned step's time is then the planned step's time less what the
+timing plan's checkpoints cost.
 
 Design notes
 ------------
