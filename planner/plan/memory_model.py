@@ -148,9 +148,11 @@ class _EffectBuilder:
 
     def made_inside(self, call_index: int) -> list[int]:
         """Storages made during a call's forward, in allocation order."""
-        calls = self.timeline.calls
-        start = calls[call_index].forward_start_event
-        end = calls[call_index].forward_end_event
+        call = self.timeline.calls[call_index]
+        return self.made_between(call.forward_start_event, call.forward_end_event)
+
+    def made_between(self, start: int, end: int) -> list[int]:
+        """Storages made strictly between two events, in allocation order."""
         low = bisect.bisect_right(self.alloc_events, start)
         high = bisect.bisect_left(self.alloc_events, end)
         return self.by_alloc[low:high]
@@ -266,10 +268,7 @@ class _EffectBuilder:
         inside = range(first, _subtree_end(timeline, last))
         outputs = output_sets[last]
 
-        # Storages made during the span's forward, in allocation order.
-        low = bisect.bisect_right(self.alloc_events, start)
-        high = bisect.bisect_left(self.alloc_events, end)
-        made_inside = self.by_alloc[low:high]
+        made_inside = self.made_between(start, end)  # during the span's forward
         keep: set[int] = set()
         if rule is not None:
             positions = kept_storages([storages[index] for index in made_inside], rule)
