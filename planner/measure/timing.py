@@ -268,14 +268,13 @@ def _captured_inputs(
     if not names or workload.loop.gradients_in_forward:
         # A training_step that calls backward itself cannot run without grad.
         return {}
-    tracker = PeakMemoryTracker(
-        workload.device,
-        workload_tensors(workload.model, workload.optimizer, workload.batch),
-        limit_bytes=limit_bytes,
-    )
     with _capturing_inputs(workload, names) as captured:
         try:
-            with tracker, torch.no_grad(), user_code_errors(workload):
+            with (
+                _held_within(workload, {}, limit_bytes),
+                torch.no_grad(),
+                user_code_errors(workload),
+            ):
                 torch.manual_seed(seed)
                 compute_loss(
                     workload.model_file, workload.model, workload.batch, require_grad=False
@@ -579,11 +578,11 @@ def with_measured_costs(
         """Checkpointing's own cost for this module, beyond its recomputation."""
         return costs.call_ms * record.call_count + costs.saved_tensor_ms * saved[record.module_name]
 
+    records = {record.module_name: record for record in profile.modules}
+
     def cost_ms(name: str) -> float:
         """A module's recomputation and its checkpoint's own cost."""
-        return costs.forward_ms.get(name, 0.0) + own_cost_ms(timed_records[name])
-
-    timed_records = {record.module_name: record for record in profile.modules}
+        return costs.forward_ms.get(name, 0.0) + own_cost_ms(records[name])
 
     def options(record: ModuleProfile, forward_ms: float) -> tuple[OptionCost, ...]:
         ratios = costs.option_ratios.get(record.module_name, {})
