@@ -25,7 +25,10 @@ Design notes
   ``apply_plan`` compares what it sees with what the plan was made for (the batch's shapes
   and dtypes, the parameters' dtypes) and looks for the model's own gradient checkpointing
   (Hugging Face's ``gradient_checkpointing``), and logs one warning line for each
-  difference, with the fix. Then it removes itself: no cost on later steps.
+  difference, with the fix. A parallel layout other than the plan's (sharded by FSDP2 or
+  not, inside DDP's forward or not) is an error instead: ``apply_plan`` runs before
+  sharding and wrapping, so this is the first point that can see them. Then it removes
+  itself: no cost on later steps.
 """
 
 from __future__ import annotations
@@ -344,6 +347,9 @@ def apply_plan(
     With ``guard`` (the default) the first training forward logs a warning for each way its
     step differs from the plan's (another batch shape or dtype, parameters cast since, the
     model's own gradient checkpointing on; see :func:`step_differences`), then costs nothing.
+    It raises :class:`PlanMismatchError` where the model does not run in the plan's parallel
+    layout (sharded by FSDP2 or not, inside DDP or not; :func:`layout_mismatch`): a rank's
+    memory is not what the plan was made for.
     """
     plan = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
     _check_world_size(plan)
@@ -523,7 +529,8 @@ def _unwrapped(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
 
 class _FirstForwardGuard:
     """A forward pre-hook on the root module that runs once, on the first forward with grad
-    enabled, warns where the step differs from the plan's, and removes itself. A class (not
+    enabled, raises where the parallel layout is not the plan's, warns where the step
+    differs from the plan's, and removes itself. A class (not
     a closure) so that models stay picklable."""
 
     def __init__(self, plan: Plan) -> None:
@@ -547,9 +554,59 @@ class _FirstForwardGuard:
         if not torch.is_grad_enabled():
             return None  # evaluation: nothing is saved, so nothing the plan decided matters
         self.handle.remove()
+        mismatch = layout_mismatch(model, self.plan)
+        if mismatch is not None:
+            raise PlanMismatchError(mismatch)
         for warning in step_differences(model, self.plan, args, kwargs):
             logger.warning("ckpt-plan: %s", warning)
         return None
+
+
+def layout_mismatch(model: torch.nn.Module, plan: Plan) -> str | None:
+    """Why a forward call of ``model`` (the module the plan is on) does not run in the layout
+    the plan was made for, one sentence with the fix, or None. Read during the forward:
+    whether its parameters are sharded (FSDP2) and whether it runs inside
+    ``DistributedDataParallel``'s forward; a single-process plan is for neither."""
+    sharded = _is_fully_sharded(model)
+    ddp = torch.nn.parallel.DistributedDataParallel
+    in_ddp = getattr(ddp, "_active_ddp_module", None) is not None
+    strategy = plan.parallel.strategy.value if plan.parallel is not None else None
+    parallel = "fsdp2" if sharded else "ddp" if in_ddp else None
+    if strategy == parallel:
+        return None
+    layouts = {
+        None: "a single process",
+        "ddp": "one rank of a DDP job",
+        "fsdp2": "one rank of an FSDP2 job",
+    }
+    made_for, runs_as = layouts[strategy], layouts[parallel]
+    how = {
+        None: "train it as a single process",
+        "ddp": "wrap it in DistributedDataParallel after apply_plan",
+        "fsdp2": "apply fully_shard after apply_plan",
+    }[strategy]
+    profile = (
+        f"`ckpt-plan profile MODEL.py --budget B --world-size N --parallel {parallel}`"
+        if parallel is not None
+        else "`ckpt-plan profile MODEL.py --budget B` (no --world-size)"
+    )
+    return (
+        f"the plan was made for {made_for}, but the model runs as {runs_as} (a rank's memory "
+        f"differs): {how}, or make the plan for how it trains with {profile}"
+    )
+
+
+def _is_fully_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``fully_shard`` laid ``model`` out: a module of it is an ``FSDPModule`` (during
+    its forward FSDP2 has swapped the shards for the gathered parameters), or a parameter is
+    a ``DTensor`` shard."""
+    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
+        return True
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(module, FSDPModule) for module in model.modules())
 
 
 def step_differences(
@@ -557,9 +614,9 @@ def step_differences(
 ) -> list[str]:
     """How a forward call of ``model`` with ``args``/``kwargs`` differs from the step the
     plan was made for, one sentence each (empty: as planned). Compared: the batch's tensors
-    (by keyword, or by position for a tuple or single-tensor batch), the parameters' dtypes,
-    whether they are sharded (FSDP2) as the plan's parallel strategy says, and the model's
-    own gradient checkpointing."""
+    (by keyword, or by position for a tuple or single-tensor batch), the parameters' dtypes
+    and the model's own gradient checkpointing. (The parallel layout is not a difference
+    to warn of but an error: :func:`layout_mismatch`.)"""
     found = []
     # Compared only where the call has the batch's own structure: model(**batch) for a dict
     # batch; model(*batch), or model(batch[0]) as a training_step does, for a tuple or one
@@ -599,20 +656,6 @@ def step_differences(
             f"the parameters were cast after the plan was made ({pairs}): the plan was made "
             "for the other dtype; re-run `ckpt-plan profile` with build_model() returning the "
             "model as you train it"
-        )
-    sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
-    strategy = plan.parallel.strategy.value if plan.parallel is not None else None
-    if strategy == "fsdp2" and not sharded:
-        found.append(
-            "the plan was made for one rank of an FSDP2 job, but the model's parameters are "
-            "not sharded: apply fully_shard after apply_plan, or re-run `ckpt-plan profile` "
-            "with the --parallel you train with"
-        )
-    elif sharded and strategy != "fsdp2":
-        made_for = f"{strategy.upper()} job" if strategy else "single process"
-        found.append(
-            f"the model is sharded (FSDP2) but the plan was made for a {made_for}: its "
-            "memory prediction does not hold; re-run `ckpt-plan profile` with --parallel fsdp2"
         )
     own = own_checkpointing_flags(model)
     if own:

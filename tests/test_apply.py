@@ -600,11 +600,20 @@ def one_rank_process_group(tmp_path: Path) -> Iterator[None]:
 def test_a_plan_applies_to_the_model_inside_ddp() -> None:
     from torch.nn.parallel import DistributedDataParallel
 
+    from planner.core.parallel import ParallelLayout
+
+    model = build_model()
+    ddp = DistributedDataParallel(model)
+    plan = dataclasses.replace(_blocks_0_and_2(model), parallel=ParallelLayout(1, "ddp"))  # type: ignore[arg-type]
+    apply_plan(ddp, plan)
+    assert sorted(wrapped_modules(model)) == ["blocks.0", "blocks.2"]
+    _assert_trains_like_the_unplanned_model(ddp, model)
+    # a plan made for a single process is refused at DDP's first forward (no buckets in it)
     model = build_model()
     ddp = DistributedDataParallel(model)
     apply_plan(ddp, _blocks_0_and_2(model))
-    assert sorted(wrapped_modules(model)) == ["blocks.0", "blocks.2"]
-    _assert_trains_like_the_unplanned_model(ddp, model)
+    with pytest.raises(PlanMismatchError, match="runs as one rank of a DDP job"):
+        train_step(ddp)
 
 
 @pytest.mark.usefixtures("one_rank_process_group")

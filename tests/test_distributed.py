@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from planner.apply import apply_plan
-from planner.core.errors import ParallelLayoutError, PlanMismatchError
+from planner.core.errors import ModelFileError, ParallelLayoutError, PlanMismatchError
 from planner.core.parallel import (
     ParallelLayout,
     ParallelStrategy,
@@ -26,7 +26,10 @@ from planner.core.parallel import (
     parallel_to_dict,
 )
 from planner.measure.distributed import (
+    DdpOptions,
     ddp_bucket_bytes,
+    ddp_options,
+    device_mesh,
     record_rank_memory,
     simulated_ranks,
 )
@@ -127,6 +130,49 @@ def test_ddp_rank_is_the_step_plus_its_gradient_buckets(single_profile) -> None:
     assert profile.gradient_bytes == single_profile.gradient_bytes + buckets
 
 
+def test_a_model_files_ddp_options_are_read_without_building_it() -> None:
+    """parallelize() is stopped at DistributedDataParallel's constructor (it cannot be built
+    on fake tensors); what it would have built it with is read, and a layout ckpt-plan does
+    not plan for DDP is a one-line error that says what to do."""
+    layout = ParallelLayout(2, "ddp")  # type: ignore[arg-type]
+    with simulated_ranks(layout):
+        mesh = device_mesh(layout, "cpu")
+
+        def options(name: str) -> DdpOptions:
+            model_file = load_model_file(DATA / name)
+            return ddp_options(model_file, model_file.build_model(), mesh)
+
+        assert options("small_gpt.py") == DdpOptions()
+        assert options("ddp_gpt.py") == DdpOptions(
+            gradient_as_bucket_view=True, from_model_file=True
+        )
+        with pytest.raises(ModelFileError, match="wraps a part of the model"):
+            options("ddp_part.py")
+        with pytest.raises(ModelFileError, match="builds no DistributedDataParallel"):
+            options("parallelized_gpt.py")  # fully_shard: a parallelize for --parallel fsdp2
+    assert torch.nn.parallel.DistributedDataParallel.__init__.__name__ == "__init__"
+
+
+def test_gradients_as_bucket_views_leave_only_the_buckets(single_profile) -> None:  # type: ignore[no-untyped-def]
+    """With gradient_as_bucket_view the gradients live in DDP's buckets: the rank ends its
+    step holding one copy of them (the buckets), not two as with DDP's defaults."""
+    layout = ParallelLayout(2, "ddp")  # type: ignore[arg-type]
+    default = record_rank_memory(load_model_file(SMALL_GPT), layout)
+    views = record_rank_memory(load_model_file(DATA / "ddp_gpt.py"), layout)
+    buckets = single_profile.parameter_bytes
+    assert default.gradient_bytes == single_profile.gradient_bytes + buckets
+    assert views.gradient_bytes == buckets
+    assert "gradients as views of the buckets" in views.assumptions[-1]
+
+    # each gradient the backward makes is copied into its bucket and dropped: none stays
+    def made_in_step(profile):  # type: ignore[no-untyped-def]
+        return [
+            s for s in profile.timeline.storages if str(s.kind) == "gradient" and s.alloc_event >= 0
+        ]
+
+    assert made_in_step(default) and not made_in_step(views)
+
+
 def test_ddp_bucket_bytes_leaves_out_frozen_parameters() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     model[0].weight.requires_grad_(False)
@@ -169,24 +215,49 @@ def test_apply_plan_refuses_a_sharded_model_and_says_to_apply_first(fsdp2_profil
             apply_plan(model, plan)
 
 
-def test_the_first_forward_says_when_the_sharding_is_not_the_plans(fsdp2_profiles) -> None:  # type: ignore[no-untyped-def]
-    """apply_plan runs before sharding, so it cannot see the strategy; the first training
-    forward can: an FSDP2 plan on an unsharded model, or a sharded model under a plan for
-    DDP, each gets one line saying what to do."""
+def test_the_first_forward_refuses_a_layout_that_is_not_the_plans(fsdp2_profiles) -> None:  # type: ignore[no-untyped-def]
+    """apply_plan runs before sharding and wrapping, so it cannot see the strategy; the first
+    training forward can, and a plan for another strategy is a one-line error there: an
+    FSDP2 plan on an unsharded model, a sharded model under a plan for DDP, a DDP plan
+    outside DDP, a single-process plan inside DDP."""
     from torch.distributed.fsdp import fully_shard
 
-    from planner.apply import step_differences
+    from planner.apply import layout_mismatch
 
-    plan, _ = plan_for_budget(fsdp2_profiles[2], fsdp2_profiles[2].measured_peak_bytes)
-    model = load_model_file(SMALL_GPT).build_model()
+    fsdp2_plan, _ = plan_for_budget(fsdp2_profiles[2], fsdp2_profiles[2].measured_peak_bytes)
+    ddp_plan = dataclasses.replace(fsdp2_plan, parallel=ParallelLayout(2, "ddp"))  # type: ignore[arg-type]
+    model_file = load_model_file(SMALL_GPT)
+    batch = model_file.sample_batch()
     with simulated_ranks(ParallelLayout(2, "fsdp2")):  # type: ignore[arg-type]
-        (unsharded,) = [d for d in step_differences(model, plan) if "FSDP2" in d]
-        assert "not sharded" in unsharded
+        model = apply_plan(model_file.build_model(), fsdp2_plan)
+        with pytest.raises(
+            PlanMismatchError,
+            match="one rank of an FSDP2 job, but the model runs as a single process",
+        ):
+            model(**batch)
+        model = apply_plan(model_file.build_model(), fsdp2_plan)
         fully_shard(model)
-        assert not [d for d in step_differences(model, plan) if "FSDP2" in d]
-        ddp_plan = dataclasses.replace(plan, parallel=ParallelLayout(2, "ddp"))  # type: ignore[arg-type]
-        (sharded,) = [d for d in step_differences(model, ddp_plan) if "FSDP2" in d]
-        assert "made for a DDP job" in sharded and "--parallel fsdp2" in sharded
+        assert layout_mismatch(model, fsdp2_plan) is None
+        model(**batch).backward()  # the guard passes: FSDP2, as planned
+        message = layout_mismatch(model, ddp_plan)
+        assert message is not None and "--parallel fsdp2" in message
+        model = apply_plan(model_file.build_model(), ddp_plan)
+        with pytest.raises(PlanMismatchError, match="wrap it in DistributedDataParallel"):
+            model(**batch)
+        wrapped = torch.nn.parallel.DistributedDataParallel(
+            apply_plan(model_file.build_model(), ddp_plan)
+        )
+        wrapped(**batch)  # the guard passes: DDP, as planned (no backward: the group is fake)
+    single_plan = dataclasses.replace(fsdp2_plan, parallel=None)
+    with simulated_ranks(ParallelLayout(1, "ddp")):  # type: ignore[arg-type]
+        wrapped = torch.nn.parallel.DistributedDataParallel(
+            apply_plan(model_file.build_model(), single_plan)
+        )
+        with pytest.raises(
+            PlanMismatchError,
+            match=r"single process, but the model runs as one rank of a DDP job.*--parallel ddp",
+        ):
+            wrapped(**batch)
 
 
 # -- the command line ----------------------------------------------------------------------
@@ -297,6 +368,7 @@ def test_ranks_measure_again_while_a_peak_counted_what_another_thread_held(
     [
         ("parallelized_gpt.py", "fsdp2", "0.9MiB"),
         ("small_gpt.py", "ddp", "1.2MiB"),
+        ("ddp_gpt.py", "ddp", "1.2MiB"),  # the model file's DDP, gradients in the buckets
     ],
 )
 def test_profile_and_verify_on_two_real_ranks(

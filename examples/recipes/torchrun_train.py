@@ -15,8 +15,9 @@ NCCL, one per rank).
 3. Train with the loop the plan was made for (plain: ``zero_grad`` before the forward).
 
 The model file (default ``examples/gpt.py``; ``--model``) is the one the plan was made for;
-with FSDP2 its ``parallelize(model, mesh)``, if it defines one, lays the model out instead of
-the default, as ckpt-plan did when planning. Each rank prints one JSON line: its losses.
+its ``parallelize(model, mesh)``, if it defines one (``fully_shard`` for FSDP2, or
+``DistributedDataParallel(model, ...)`` with its own options for DDP), lays the model out
+instead of the default, as ckpt-plan did when planning. Each rank prints one JSON line: its losses.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent
 
 
 def parallelize(model: torch.nn.Module, mesh, strategy: str, model_file) -> torch.nn.Module:  # type: ignore[no-untyped-def]
-    """The layout ckpt-plan planned for: DDP with its default buckets (ddp), or the model
-    file's own parallelize(model, mesh), else fully_shard on each block and the root
-    (fsdp2)."""
-    if strategy == "fsdp2" and model_file.parallelize is not None:
+    """The layout ckpt-plan planned for: the model file's own parallelize(model, mesh) where
+    it defines one, else DDP with its default buckets (ddp) or fully_shard on each block and
+    the root (fsdp2)."""
+    if model_file.parallelize is not None:
         return model_file.parallelize(model, mesh) or model
     if strategy == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)

@@ -31,6 +31,19 @@ Design notes
   :func:`ddp_bucket_bytes`. DDP cannot be built on fake tensors (its Reducer needs their
   data), so a simulated DDP rank is the single-process step with the buckets added. A real
   rank's measurement sees the buckets as tensors through :func:`keep_bucket_buffers`.
+* **The model file's DDP.** Where the model file's ``parallelize(model, mesh)`` builds the
+  ``DistributedDataParallel`` itself, the simulation reads the options it passes
+  (:func:`ddp_options`: its constructor is intercepted, so nothing is built) and real ranks
+  run it as written. ``gradient_as_bucket_view=True`` changes the timeline, not just its
+  total: the gradients *are* views of the buckets, so each gradient the backward makes is
+  copied into its bucket and dropped at once (DDP's Reducer: "let grad point to
+  bucket_view"). :func:`gradients_into_buckets` does the same on the simulated step, with a
+  post-accumulate-grad hook per parameter and buckets of the step's own (fake) tensors.
+  Options that do not change what a rank holds (``bucket_cap_mb``, ``static_graph``,
+  ``find_unused_parameters``, ``broadcast_buffers``) are read and need nothing more; a
+  communication hook the model file registers after building DDP is not simulated (its
+  buffers, e.g. a compressed copy of a bucket, are not in the plan; the real-rank check
+  measures them).
 """
 
 from __future__ import annotations
@@ -54,8 +67,11 @@ if TYPE_CHECKING:
     from planner.measure.profiler import ProgressCallback
 
 __all__ = [
+    "DdpOptions",
     "ddp_bucket_bytes",
+    "ddp_options",
     "device_mesh",
+    "gradients_into_buckets",
     "is_sharded",
     "keep_bucket_buffers",
     "parallelized",
@@ -182,14 +198,11 @@ def parallelized(
     model_file: ModelFile = workload.model_file
     mesh = device_mesh(layout, workload.device.type)
     model = workload.model
-    if model_file.parallelize is not None and layout.strategy is ParallelStrategy.FSDP2:
-        try:
-            result = model_file.parallelize(model, mesh)
-        except Exception as error:
-            raise ModelFileError(
-                f"parallelize() in {model_file.path} raised {type(error).__name__}: {error}"
-            ) from error
+    if model_file.parallelize is not None:
+        result = _call_parallelize(model_file, model, mesh)
         model = result if isinstance(result, torch.nn.Module) else model
+        if layout.strategy is ParallelStrategy.DDP:
+            _check_ddp_of_the_model(model_file, model, workload.model)
     else:
         model = _default_parallelize(model, layout, mesh)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) and simulated:
@@ -199,22 +212,172 @@ def parallelized(
     return workload
 
 
+def _call_parallelize(model_file: ModelFile, model: torch.nn.Module, mesh: Any) -> Any:
+    assert model_file.parallelize is not None
+    try:
+        return model_file.parallelize(model, mesh)
+    except Exception as error:
+        raise ModelFileError(
+            f"parallelize() in {model_file.path} raised {type(error).__name__}: {error}"
+        ) from error
+
+
+def _check_ddp_of_the_model(
+    model_file: ModelFile, result: torch.nn.Module, model: torch.nn.Module
+) -> None:
+    """With --parallel ddp, the model file's ``parallelize`` must wrap the whole model in
+    ``DistributedDataParallel`` (what a DDP rank holds is planned for that)."""
+    if isinstance(result, torch.nn.parallel.DistributedDataParallel) and result.module is model:
+        return
+    raise ModelFileError(
+        f"parallelize() in {model_file.path} does not return the model wrapped in "
+        "DistributedDataParallel, but the plan is for --parallel ddp: return "
+        "DistributedDataParallel(model, ...) from it, or plan with --parallel fsdp2 if it "
+        "shards the model"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class DdpOptions:
+    """What a rank's ``DistributedDataParallel`` is built with, as far as its memory goes
+    (see the module's design notes)."""
+
+    gradient_as_bucket_view: bool = False
+    from_model_file: bool = False
+    """Read from the model file's ``parallelize`` (else DDP's defaults)."""
+
+    def describe(self) -> str:
+        how = "the model file's parallelize(model, mesh)" if self.from_model_file else None
+        view = ", gradients as views of the buckets" if self.gradient_as_bucket_view else ""
+        if how is None:
+            return f"DistributedDataParallel with its default buckets{view}"
+        return f"{how}: DistributedDataParallel{view}"
+
+
+class _DdpCaptured(BaseException):
+    """Raised by the intercepted ``DistributedDataParallel`` constructor (see
+    :func:`ddp_options`) to stop the model file's ``parallelize`` there (not an
+    ``Exception``: a model file's ``except Exception`` must not swallow it)."""
+
+    def __init__(self, module: Any, arguments: dict[str, Any]) -> None:
+        super().__init__("DistributedDataParallel intercepted")
+        self.module = module
+        self.arguments = arguments
+
+
+_UNMODELLED_DDP_OPTIONS = ("mixed_precision", "delay_all_reduce_named_params")
+
+
+def ddp_options(model_file: ModelFile, model: torch.nn.Module, mesh: Any) -> DdpOptions:
+    """The options the model file's ``parallelize(model, mesh)`` builds DDP with (DDP's
+    defaults where it defines none), read without building it: its constructor is
+    intercepted and stops ``parallelize`` there (DDP cannot be built on fake tensors; see
+    the module's design notes). A ``parallelize`` that builds no DDP, or wraps less than the
+    whole model, or passes an option whose memory is not modelled, is a
+    :class:`ModelFileError` that says what to do."""
+    if model_file.parallelize is None:
+        return DdpOptions()
+    import inspect
+
+    ddp = torch.nn.parallel.DistributedDataParallel
+    original = ddp.__init__
+    signature = inspect.signature(original)
+
+    def intercepted(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        raise _DdpCaptured(bound.arguments.get("module"), dict(bound.arguments))
+
+    ddp.__init__ = intercepted  # type: ignore[method-assign]
+    try:
+        result = _call_parallelize(model_file, model, mesh)
+    except _DdpCaptured as captured:
+        if captured.module is not model:
+            raise ModelFileError(
+                f"parallelize() in {model_file.path} wraps a part of the model in "
+                "DistributedDataParallel, but --parallel ddp plans DDP of the whole model: "
+                "wrap the model itself"
+            ) from None
+        unmodelled = [
+            name for name in _UNMODELLED_DDP_OPTIONS if captured.arguments.get(name) is not None
+        ]
+        if unmodelled:
+            raise ModelFileError(
+                f"parallelize() in {model_file.path} builds DistributedDataParallel with "
+                f"{', '.join(unmodelled)}, whose memory ckpt-plan does not model: plan "
+                "without it"
+            ) from None
+        return DdpOptions(
+            gradient_as_bucket_view=bool(captured.arguments.get("gradient_as_bucket_view")),
+            from_model_file=True,
+        )
+    finally:
+        ddp.__init__ = original  # type: ignore[method-assign]
+    del result
+    raise ModelFileError(
+        f"parallelize() in {model_file.path} builds no DistributedDataParallel, but the plan "
+        "is for --parallel ddp: return DistributedDataParallel(model, ...) from it, or plan "
+        "with --parallel fsdp2 if it shards the model"
+    )
+
+
+def _ddp_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters DDP puts in its buckets: trainable, not ignored
+    (``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model``)."""
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    ignored = set(getattr(model, "parameters_to_ignore", ())) | set(
+        getattr(inner, "_ddp_params_and_buffers_to_ignore", ())
+    )
+    return [
+        parameter
+        for name, parameter in inner.named_parameters()
+        if parameter.requires_grad and name not in ignored
+    ]
+
+
 def ddp_bucket_bytes(model: torch.nn.Module) -> int:
     """The bytes of DDP's gradient buckets for ``model`` (a ``DistributedDataParallel`` or the
     module it wraps): every trainable parameter's gradient, in flat buffers allocated when DDP
-    is built (see the module's design notes). 0 for anything else than DDP's default
-    ``gradient_as_bucket_view=False`` with the gradients as views of the buckets."""
-    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    ignored = set(getattr(model, "parameters_to_ignore", ()))
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and getattr(
-        model, "gradient_as_bucket_view", False
-    ):
-        return 0
-    return sum(
-        parameter.numel() * parameter.element_size()
-        for name, parameter in inner.named_parameters()
-        if parameter.requires_grad and name not in ignored
-    )
+    is built (see the module's design notes). With ``gradient_as_bucket_view`` the gradients
+    live in them (:func:`gradients_into_buckets`)."""
+    return sum(p.numel() * p.element_size() for p in _ddp_parameters(model))
+
+
+@contextlib.contextmanager
+def gradients_into_buckets(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Within the block, each gradient ``model``'s backward makes for a parameter DDP
+    buckets is copied into a bucket of its own and replaced by its view there, as DDP's
+    Reducer does with ``gradient_as_bucket_view=True`` (see the module's design notes).
+    Yields the buckets (one flat tensor per dtype, made here on the parameters' device, fake
+    under a fake session): a recording must count them from the start and not again."""
+    parameters = _ddp_parameters(model)
+    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for parameter in parameters:
+        by_dtype.setdefault(parameter.dtype, []).append(parameter)
+    buckets: list[torch.Tensor] = []
+    views: dict[int, torch.Tensor] = {}
+    for dtype, group in by_dtype.items():
+        bucket = torch.zeros(sum(p.numel() for p in group), dtype=dtype, device=group[0].device)
+        buckets.append(bucket)
+        offset = 0
+        for parameter in group:
+            views[id(parameter)] = bucket[offset : offset + parameter.numel()].view_as(parameter)
+            offset += parameter.numel()
+
+    def into_bucket(parameter: torch.Tensor) -> None:
+        view = views[id(parameter)]
+        grad = parameter.grad
+        if grad is not None and grad is not view:  # else accumulated in place, in the bucket
+            with torch.no_grad():
+                view.copy_(grad)
+            parameter.grad = view
+
+    handles = [p.register_post_accumulate_grad_hook(into_bucket) for p in parameters]
+    try:
+        yield buckets
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def record_rank_memory(
@@ -244,15 +407,20 @@ def record_rank_memory(
             workload, session = build_fake_workload(model_file, device_type, seed, loop=loop)
             if layout.strategy is ParallelStrategy.DDP:
                 # DDP cannot be built on fake tensors; its rank is the step plus its buckets.
+                with session.running():
+                    mesh = device_mesh(layout, workload.device.type)
+                    options = ddp_options(model_file, workload.model, mesh)
                 profile = record_memory(
                     workload,
                     session=session,
                     seed=seed,
                     workspace_bytes=workspace_bytes,
                     bucket_bytes=ddp_bucket_bytes(workload.model),
+                    around_steps=_ddp_steps(workload.model, options),
                     progress=progress,
                 )
-                return _with_layout(profile, layout, model_file, _module_types(workload.model))
+                types = _module_types(workload.model)
+                return _with_layout(profile, layout, options.describe(), types)
             types = _module_types(workload.model)
             with session.running():
                 parallelized(workload, layout, simulated=True)
@@ -264,16 +432,21 @@ def record_rank_memory(
                 workspace_bytes=workspace_bytes,
                 progress=progress,
             )
-            return _with_layout(profile, layout, model_file, types)
+            return _with_layout(profile, layout, _fsdp2_layout(model_file), types)
         except FakeExecutionError as error:
             logger.warning("%s; recording a real step of the rank instead", error)
         workload = build_workload(model_file, device=device_type, seed=seed, loop=loop)
         bucket_bytes = 0
         types = _module_types(workload.model)
+        around_steps = None
         if layout.strategy is ParallelStrategy.DDP:
+            options = ddp_options(model_file, workload.model, device_mesh(layout, device_type))
             bucket_bytes = ddp_bucket_bytes(workload.model)
+            around_steps = _ddp_steps(workload.model, options)
+            how = options.describe()
         else:
             parallelized(workload, layout, simulated=True)
+            how = _fsdp2_layout(model_file)
         try:
             profile = record_memory(
                 workload,
@@ -282,6 +455,7 @@ def record_rank_memory(
                 limit_bytes=budget_bytes,
                 workspace_bytes=workspace_bytes,
                 bucket_bytes=bucket_bytes,
+                around_steps=around_steps,
                 progress=progress,
             )
         except MemoryLimitExceeded as over:
@@ -289,7 +463,7 @@ def record_rank_memory(
                 f"fake tensors cannot run this step, and a real unplanned step of one rank "
                 f"needs more than the budget ({over}): avoid that op in the training step"
             ) from over
-        return _with_layout(profile, layout, model_file, types)
+        return _with_layout(profile, layout, how, types)
 
 
 def _module_types(model: torch.nn.Module) -> dict[str, str]:
@@ -298,21 +472,26 @@ def _module_types(model: torch.nn.Module) -> dict[str, str]:
     return {name: type(module).__name__ for name, module in model.named_modules()}
 
 
+def _ddp_steps(model: torch.nn.Module, options: DdpOptions) -> Any:
+    """The ``around_steps`` of a simulated DDP rank's recording: gradients into the buckets
+    with ``gradient_as_bucket_view`` (the buckets counted by ``bucket_bytes`` either way)."""
+    if not options.gradient_as_bucket_view:
+        return None
+    return lambda: gradients_into_buckets(model)
+
+
+def _fsdp2_layout(model_file: ModelFile) -> str:
+    if model_file.parallelize is not None:
+        return "the model file's parallelize(model, mesh)"
+    return "fully_shard on each block and the root"
+
+
 def _with_layout(
     profile: Profile,
     layout: ParallelLayout,
-    model_file: ModelFile,
+    how: str,
     types: dict[str, str],
 ) -> Profile:
-    how = (
-        "the model file's parallelize(model, mesh)"
-        if model_file.parallelize is not None and layout.strategy is ParallelStrategy.FSDP2
-        else (
-            "fully_shard on each block and the root"
-            if layout.strategy is ParallelStrategy.FSDP2
-            else "DistributedDataParallel with its default buckets"
-        )
-    )
     line = f"{layout.describe()}: laid out by {how}, simulated on a fake process group"
     modules = tuple(
         dataclasses.replace(record, module_type=types.get(record.module_name, record.module_type))

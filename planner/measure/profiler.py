@@ -26,7 +26,8 @@ import dataclasses
 import inspect
 import logging
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -725,6 +726,7 @@ def record_memory(
     limit_bytes: int | None = None,
     workspace_bytes: int = 0,
     bucket_bytes: int = 0,
+    around_steps: Callable[[], AbstractContextManager[Sequence[torch.Tensor]]] | None = None,
     progress: ProgressCallback | None = None,
 ) -> Profile:
     """The memory half of a profile (see the module docstring): times are left at 0 and
@@ -739,10 +741,15 @@ def record_memory(
     device's libraries hold for the whole step (cuBLAS workspaces on CUDA): it is added to
     the timeline as one storage alive throughout, so every predicted peak includes it.
     ``bucket_bytes``: DDP's gradient buckets (:func:`planner.measure.distributed.ddp_bucket_bytes`),
-    made when DDP was built and alive throughout: one gradient storage the same way."""
+    made when DDP was built and alive throughout: one gradient storage the same way.
+    ``around_steps``: a context entered (on the session's tensors) around the steps, yielding
+    tensors the step's objects hold out of sight (with DDP's ``gradient_as_bucket_view``,
+    its buckets: :func:`planner.measure.distributed.gradients_into_buckets`), which the
+    recording does not count when an op returns a view of them: ``bucket_bytes`` counts them."""
     running = session.running if session is not None else contextlib.nullcontext
     device_type = session.device_type if session is not None else workload.device.type
-    with running():
+    around = around_steps if around_steps is not None else (lambda: contextlib.nullcontext(()))
+    with running(), around() as held:
         for step in range(warmup_steps):
             if progress:
                 progress("warm-up step (creates optimizer state)", step, warmup_steps + 1)
@@ -751,6 +758,7 @@ def record_memory(
                     workload.device,
                     workload_tensors(workload.model, workload.optimizer, workload.batch),
                     limit_bytes=limit_bytes,
+                    ignore=held,
                 )
                 if limit_bytes is not None and session is None
                 else contextlib.nullcontext()
@@ -763,7 +771,10 @@ def record_memory(
             workload,
             seed=seed,
             charge_as=charge_as or device_type,
-            ignore=session.host_tensors(workload.optimizer) if session is not None else (),
+            ignore=(
+                *(session.host_tensors(workload.optimizer) if session is not None else ()),
+                *held,
+            ),
             limit_bytes=limit_bytes,
         )
     if workspace_bytes:
