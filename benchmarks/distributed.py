@@ -17,9 +17,10 @@
    Each rank's planned step is also measured from the other side, by the CPU allocator's own
    accounting (``AllocatorPeakTracker``, a separate run of the same step): it does not rely on
    the dispatcher or on the tracker's handling of FSDP2's storage resizes.
-2. **Simulated world sizes.** FSDP2 on the Llama example at 2, 8 and 64 simulated ranks:
-   static memory per rank (parameters, gradients, optimizer state and buffers), the unplanned
-   peak, and the plan for one per-rank budget.
+2. **Simulated world sizes.** FSDP2 on the Llama example at 2, 8 and 64 simulated ranks, and
+   HSDP on 64 as an 8x8 mesh (replicate x shard): static memory per rank (parameters,
+   gradients, optimizer state and buffers), the unplanned peak, and the plan for one
+   per-rank budget.
 
 Writes reports/benchmarks/distributed.md.
 """
@@ -130,20 +131,26 @@ def compare_on_ranks(name: str, strategy: ParallelStrategy) -> list[dict[str, ob
 
 
 def world_sizes(sizes: tuple[int, ...]) -> tuple[list[dict[str, object]], int]:
-    """FSDP2 on the Llama example at each simulated world size; plans at one per-rank budget
-    (halfway between the lowest feasible peak and the unplanned peak at the smallest size)."""
-    profiles = {
-        size: rank_profile(MODELS["hf_llama"], ParallelLayout(size, "fsdp2")) for size in sizes
-    }
-    first = profiles[sizes[0]]
+    """FSDP2 on the Llama example at each simulated world size, and HSDP on the largest as an
+    N/8 x 8 mesh (replicated over N/8 groups, sharded over 8 ranks); plans at one per-rank
+    budget (halfway between the lowest feasible peak and the unplanned peak at the smallest
+    size)."""
+    layouts = [ParallelLayout(size, "fsdp2") for size in sizes]  # type: ignore[arg-type]
+    largest = max(sizes)
+    if largest > 8 and largest % 8 == 0:
+        layouts.append(ParallelLayout(largest, "fsdp2", (largest // 8, 8)))  # type: ignore[arg-type]
+    profiles = {layout: rank_profile(MODELS["hf_llama"], layout) for layout in layouts}
+    first = profiles[layouts[0]]
     _, lowest = Solver(first, MemoryModel(first.timeline)).lowest_peak()
     budget = (lowest + first.measured_peak_bytes) // 2
     rows = []
-    for size, profile in profiles.items():
+    for layout, profile in profiles.items():
+        size = layout.world_size
         plan, _ = plan_for_budget(profile, budget)
         rows.append(
             {
                 "world size": size,
+                "mesh": "x".join(str(dim) for dim in layout.mesh_shape),
                 "static per rank (MiB)": mib(profile.static_bytes),
                 "static x world size (MiB)": mib(profile.static_bytes * size),
                 "parameters per rank (KiB)": f"{profile.parameter_bytes / 1024:.1f}",

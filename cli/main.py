@@ -31,6 +31,7 @@ from cli.options import (
     DtypeOption,
     GradAccumOption,
     HfOption,
+    MeshOption,
     ParallelOption,
     ProfileArgument,
     ReferenceChoice,
@@ -108,6 +109,7 @@ def profile(
     grad_accum: GradAccumOption = 1,
     world_size: WorldSizeOption = None,
     parallel: ParallelOption = None,
+    mesh: MeshOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Profile one training step, choose the cheapest checkpointing plan that fits BUDGET,
@@ -120,7 +122,7 @@ def profile(
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
-        layout = parallel_layout(world_size, parallel)
+        layout = parallel_layout(world_size, parallel, mesh)
         source = workload_source(model, hf, batch_size, seq_len, dtype)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)

@@ -27,6 +27,7 @@ __all__ = [
     "DtypeOption",
     "GradAccumOption",
     "HfOption",
+    "MeshOption",
     "ParallelOption",
     "ProfileArgument",
     "ReferenceChoice",
@@ -109,6 +110,16 @@ ParallelOption = Annotated[
         "file's parallelize(model, mesh) where it defines one).",
         metavar="ddp|fsdp2",
         show_default=False,
+    ),
+]
+MeshOption = Annotated[
+    str | None,
+    typer.Option(
+        "--mesh",
+        help="The device mesh of an fsdp2 job as REPLICATExSHARD (e.g. 2x4 for 8 ranks): "
+        "HSDP, parameters sharded over SHARD ranks and replicated over REPLICATE groups.",
+        metavar="RxS",
+        show_default="one dimension of --world-size",
     ),
 ]
 VerboseOption = Annotated[
@@ -239,13 +250,26 @@ def parse_budget(text: str) -> int:
         fail(f"--budget: {error}", EXIT_CODES[errors.BudgetError])
 
 
-def parallel_layout(world_size: int | None, parallel: str | None) -> ParallelLayout | None:
-    """The layout --world-size and --parallel name (both or neither), or None: one process.
-    Raises :class:`ParallelLayoutError` (one line, exit 2) for anything else."""
+def parallel_layout(
+    world_size: int | None, parallel: str | None, mesh: str | None = None
+) -> ParallelLayout | None:
+    """The layout --world-size, --parallel and --mesh name (the first two both or neither),
+    or None: one process. Raises :class:`ParallelLayoutError` (one line, exit 2) for anything
+    else."""
     if world_size is None and parallel is None:
+        if mesh is not None:
+            raise ParallelLayoutError("--mesh needs --world-size N --parallel fsdp2")
         return None
     if parallel is None:
         raise ParallelLayoutError("--world-size needs --parallel ddp or --parallel fsdp2")
     if world_size is None:
         raise ParallelLayoutError(f"--parallel {parallel} needs --world-size N (the job's ranks)")
-    return ParallelLayout(world_size, parallel)  # type: ignore[arg-type]
+    shape: tuple[int, ...] = ()
+    if mesh is not None:
+        parts = mesh.lower().split("x")
+        if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+            raise ParallelLayoutError(
+                f"--mesh takes REPLICATExSHARD, two whole numbers such as 2x4, not {mesh!r}"
+            )
+        shape = (int(parts[0]), int(parts[1]))
+    return ParallelLayout(world_size, parallel, shape)  # type: ignore[arg-type]

@@ -111,6 +111,18 @@ def test_fsdp2_shards_static_memory_over_the_ranks(single_profile, fsdp2_profile
     assert fsdp2_profiles[4].static_bytes < fsdp2_profiles[2].static_bytes
 
 
+def test_hsdp_shards_over_the_mesh_s_shard_dimension(fsdp2_profiles) -> None:  # type: ignore[no-untyped-def]
+    """A 2-D mesh (replicate, shard) is HSDP: a rank holds 1/shard of each parameter,
+    whatever the number of replicas; the tensor of ranks that finds a rank's row stays real
+    on fake tensors (it failed there before)."""
+    model_file = load_model_file(SMALL_GPT)
+    hsdp = record_rank_memory(model_file, ParallelLayout(8, "fsdp2", (2, 4)))  # type: ignore[arg-type]
+    assert hsdp.parallel == ParallelLayout(8, "fsdp2", (2, 4))  # type: ignore[arg-type]
+    assert hsdp.parameter_bytes == fsdp2_profiles[4].parameter_bytes
+    assert hsdp.static_bytes == fsdp2_profiles[4].static_bytes
+    assert hsdp.measured_peak_bytes == fsdp2_profiles[4].measured_peak_bytes
+
+
 def test_fsdp2_gathers_each_block_around_its_forward(single_profile, fsdp2_profiles) -> None:  # type: ignore[no-untyped-def]
     """The unsharded parameters of a block are allocated (gathered) and freed (resized to
     nothing) inside the step: the step's peak holds more than the static shards, and the
@@ -268,6 +280,10 @@ def test_the_first_forward_refuses_a_layout_that_is_not_the_plans(fsdp2_profiles
         (["--world-size", "2", "--parallel", "foo"], "one of ddp, fsdp2"),
         (["--world-size", "2"], "--world-size needs --parallel"),
         (["--parallel", "fsdp2"], "needs --world-size"),
+        (["--world-size", "8", "--parallel", "fsdp2", "--mesh", "3x4"], "does not multiply"),
+        (["--world-size", "8", "--parallel", "fsdp2", "--mesh", "2*4"], "REPLICATExSHARD"),
+        (["--world-size", "8", "--parallel", "ddp", "--mesh", "2x4"], "ddp takes one dimension"),
+        (["--mesh", "2x4"], "--mesh needs --world-size"),
     ],
 )
 def test_bad_parallel_options_are_one_line_errors(
@@ -364,15 +380,16 @@ def test_ranks_measure_again_while_a_peak_counted_what_another_thread_held(
 # -- real ranks (gloo, 2 processes under torchrun) -----------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("model", "strategy", "budget"),
+    ("model", "strategy", "budget", "mesh"),
     [
-        ("parallelized_gpt.py", "fsdp2", "0.9MiB"),
-        ("small_gpt.py", "ddp", "1.2MiB"),
-        ("ddp_gpt.py", "ddp", "1.2MiB"),  # the model file's DDP, gradients in the buckets
+        ("parallelized_gpt.py", "fsdp2", "0.9MiB", []),
+        ("small_gpt.py", "ddp", "1.2MiB", []),
+        ("ddp_gpt.py", "ddp", "1.2MiB", []),  # the model file's DDP, gradients in the buckets
+        ("small_gpt.py", "fsdp2", "1.1MiB", ["--mesh", "2x1"]),  # HSDP: replicated, unsharded
     ],
 )
 def test_profile_and_verify_on_two_real_ranks(
-    model: str, strategy: str, budget: str, tmp_path: Path
+    model: str, strategy: str, budget: str, mesh: list[str], tmp_path: Path
 ) -> None:
     """The plan is made for one simulated rank, checked on 2 real ranks by profile, then by
     verify --nproc 2: every rank within the budget, bit-identical to the unplanned step."""
@@ -389,6 +406,7 @@ def test_profile_and_verify_on_two_real_ranks(
             "2",
             "--parallel",
             strategy,
+            *mesh,
             "-o",
             str(plan_path),
             "--report-dir",

@@ -62,11 +62,15 @@ def train(plan_path: Path | None, model_path: Path, steps: int, strategy: str) -
         torch.cuda.set_device(device)
     torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's)
     model = model_file.build_model().to(device)
+    shape: tuple[int, ...] = (dist.get_world_size(),)
     if plan_path is not None:
         plan = load_plan(plan_path)
-        strategy = plan.parallel.strategy.value if plan.parallel is not None else strategy
+        if plan.parallel is not None:  # the layout the plan was made for: strategy and mesh
+            strategy, shape = plan.parallel.strategy.value, plan.parallel.mesh_shape
         apply_plan(model, plan)  # before sharding
-    mesh = init_device_mesh(device.split(":")[0], (dist.get_world_size(),))
+    # one dimension, or HSDP's two: (replicate, shard)
+    names = ("replicate", "shard") if len(shape) == 2 else ("dp",)
+    mesh = init_device_mesh(device.split(":")[0], shape, mesh_dim_names=names)
     model = parallelize(model, mesh, strategy, model_file)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # over the shards
     losses = []

@@ -41,7 +41,9 @@ class ParallelStrategy(str, enum.Enum):
 @dataclass(frozen=True)
 class ParallelLayout:
     """One rank of a job of ``world_size`` ranks laid out by ``strategy`` on a device mesh of
-    ``mesh_shape`` (default: one dimension of ``world_size``; its sizes multiply to it)."""
+    ``mesh_shape`` (default: one dimension of ``world_size``; its sizes multiply to it). A
+    2-D mesh is FSDP2's HSDP: ``(replicate, shard)``, each parameter sharded over ``shard``
+    ranks and the shards replicated over ``replicate`` groups."""
 
     world_size: int
     strategy: ParallelStrategy
@@ -70,6 +72,11 @@ class ParallelLayout:
             raise ParallelLayoutError(
                 f"the mesh shape {list(shape)} does not multiply to the world size "
                 f"{self.world_size}"
+            )
+        if len(shape) > 2 or (len(shape) == 2 and self.strategy is ParallelStrategy.DDP):
+            raise ParallelLayoutError(
+                f"a mesh of shape {list(shape)} is not planned for {self.strategy.value}: "
+                "ddp takes one dimension, fsdp2 one or two (REPLICATExSHARD, HSDP)"
             )
         object.__setattr__(self, "mesh_shape", shape)
 

@@ -97,9 +97,32 @@ def simulated_ranks(layout: ParallelLayout) -> Iterator[None]:
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=layout.world_size)
     try:
-        yield
+        with _mesh_tensors_stay_real():
+            yield
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _mesh_tensors_stay_real() -> Iterator[None]:
+    """A device mesh finds this rank's row of its layout by computing with a small tensor
+    of ranks (``DeviceMesh.mesh``, recomputed at each use). On fake tensors the rank found is
+    garbage, and a mesh of more than one dimension (HSDP) fails; here it is computed outside
+    fake mode, on the real tensor of ranks, as on a real rank."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    original = DeviceMesh.__dict__["mesh"]
+
+    def mesh(self: Any) -> torch.Tensor:
+        with unset_fake_temporarily():
+            return original.fget(self)  # type: ignore[no-any-return]
+
+    DeviceMesh.mesh = property(mesh)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        DeviceMesh.mesh = original  # type: ignore[method-assign]
 
 
 def running_layout() -> tuple[int, int] | None:
@@ -111,13 +134,16 @@ def running_layout() -> tuple[int, int] | None:
 
 def device_mesh(layout: ParallelLayout, device_type: str) -> Any:
     """The layout's device mesh on the running process group (1-D: ``("dp",)``; 2-D:
-    ``("replicate", "shard")``, HSDP's names)."""
+    ``("replicate", "shard")``, HSDP's names). Its tensor of ranks is a real one, also
+    when made on fake tensors (see :func:`_mesh_tensors_stay_real`)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.device_mesh import init_device_mesh
 
     names: tuple[str, ...] | None = {1: ("dp",), 2: ("replicate", "shard")}.get(
         len(layout.mesh_shape)
     )
-    return init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=names)
+    with unset_fake_temporarily():
+        return init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=names)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
