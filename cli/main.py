@@ -233,6 +233,9 @@ def fit(
     device: DeviceOption = Device.cpu,
     seed: Annotated[int, typer.Option(help="Seed for the model, batch and random ops.")] = 0,
     target: TargetOption = None,
+    world_size: WorldSizeOption = None,
+    parallel: ParallelOption = None,
+    mesh: MeshOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """The largest batch size for which a checkpointing plan fits BUDGET, with its plan, and
@@ -241,10 +244,13 @@ def fit(
     length.
 
     Sizes are tried on fake tensors (no memory used), doubling and then bisecting; the
-    sizes that fit are timed to predict their throughput with their cheapest plan."""
+    sizes that fit are timed to predict their throughput with their cheapest plan. With
+    --world-size N --parallel ddp|fsdp2 the size is fitted for one rank of a torchrun job
+    (BUDGET per rank; times estimated from the ops, not timed)."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
+        layout = parallel_layout(world_size, parallel, mesh)
         dimension = "batch_size"
         if hf is not None:
             if (batch_size is None) == (seq_len is None):
@@ -276,6 +282,7 @@ def fit(
                 target=spec,
                 max_size=max_size,
                 loop=LoopShape(zero_grad, grad_accum),
+                parallel=layout,
                 progress=progress,
             )
         print_fit(result)

@@ -167,12 +167,25 @@ def print_fit(result: Any) -> None:
         f"largest {what} that fits {budget}: {result.largest} "
         f"(lowest peak {format_bytes(largest.lowest_peak_bytes)}){why}"
     )
-    times = "estimated for the target" if result.planned.profile.target else "timed here"
+    profile = result.planned.profile
+    layout = ""
+    if profile.target:
+        times = "estimated for the target"
+    elif profile.parallel is not None:
+        times = "estimated from the ops: a rank's step is not timed alone"
+        layout = (
+            f" --world-size {profile.parallel.world_size} "
+            f"--parallel {profile.parallel.strategy.value}"
+        )
+        if len(profile.parallel.mesh_shape) == 2:
+            layout += " --mesh " + "x".join(str(size) for size in profile.parallel.mesh_shape)
+    else:
+        times = "timed here"
     stdout.print(
         f"fastest: {what} {result.fastest}, {result.point(result.fastest).throughput:,.1f} {per} "
         f"predicted with its cheapest plan ({times}); plan it with: ckpt-plan profile "
         f"{shlex.join(workload_arguments(result.point(result.fastest).source))} "
-        f"--budget {result.budget_bytes}"
+        f"--budget {result.budget_bytes}{layout}"
     )
 
 

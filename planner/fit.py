@@ -31,10 +31,12 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from planner.core.errors import InfeasibleBudgetError, ModelFileError
+from planner.core.errors import InfeasibleBudgetError, ModelFileError, ParallelLayoutError
 from planner.core.loop import PLAIN_LOOP, LoopShape
+from planner.core.parallel import ParallelLayout
 from planner.core.records import MemorySource, Profile
 from planner.core.units import format_bytes
+from planner.measure.distributed import record_rank_memory
 from planner.measure.hf import is_hf_source, max_seq_len, parse_hf_source
 from planner.measure.profiler import ProgressCallback
 from planner.measure.workload import (
@@ -45,9 +47,12 @@ from planner.measure.workload import (
 )
 from planner.pipeline import (
     PlanningResult,
+    estimated_costs,
     marked_unchecked,
+    marked_unchecked_ranks,
     measure_profile_costs,
     plan_checked,
+    ranks_run_here,
     record_step_memory,
 )
 from planner.plan.targets import DeviceSpec, check_budget_fits, roofline_costs
@@ -137,6 +142,7 @@ def fit_largest(
     max_size: int = 1 << 16,
     timing_steps: int = 3,
     loop: LoopShape = PLAIN_LOOP,
+    parallel: ParallelLayout | None = None,
     check: bool = True,
     progress: ProgressCallback | None = None,
 ) -> FitResult:
@@ -144,7 +150,10 @@ def fit_largest(
     Raises :class:`InfeasibleBudgetError` where not even size 1 fits (with the smallest
     budget that does), and :class:`~planner.core.errors.ModelFileError` where the model
     file's ``sample_batch`` takes no ``size``. ``timing_steps``: real steps timed per
-    size (the median is kept). ``loop``: the training loop's shape, as for ``profile``."""
+    size (the median is kept). ``loop``: the training loop's shape, as for ``profile``.
+    ``parallel``: fit one rank of that ``torchrun`` job (the budget is each rank's peak), on
+    simulated ranks, with recomputation times estimated from the ops (as ``profile`` does
+    for a rank); the plan is checked on real ranks where they run here."""
     if dimension not in DIMENSIONS:
         raise ValueError(f"dimension must be one of {DIMENSIONS}, not {dimension!r}")
     if (
@@ -164,6 +173,10 @@ def fit_largest(
             )
         max_size = min(max_size, max_seq_len(parse_hf_source(model_file.source)) or max_size)
     if target is not None:
+        if parallel is not None:
+            raise ParallelLayoutError(
+                "--world-size/--parallel plan on simulated ranks: use them without --target"
+            )
         check_budget_fits(target, budget_bytes)
         device = target.device_type
     what = dimension.replace("_", " ")
@@ -174,16 +187,26 @@ def fit_largest(
             if progress:
                 progress(f"{what} {size}: recording the step on fake tensors", 0, 0)
             sized = _resized(model_file, dimension, size)
-            profile = record_step_memory(
-                sized,
-                device=device,
-                seed=seed,
-                memory=MemorySource.FAKE,
-                budget_bytes=budget_bytes,
-                target=target,
-                loop=loop,
-                progress=None,
-            )
+            if parallel is not None:
+                profile = record_rank_memory(
+                    sized,
+                    parallel,
+                    device_type=device.split(":")[0],
+                    seed=seed,
+                    loop=loop,
+                    budget_bytes=budget_bytes,
+                )
+            else:
+                profile = record_step_memory(
+                    sized,
+                    device=device,
+                    seed=seed,
+                    memory=MemorySource.FAKE,
+                    budget_bytes=budget_bytes,
+                    target=target,
+                    loop=loop,
+                    progress=None,
+                )
             lowest = Solver(profile).lowest_peak()[1]
             memory[size] = (sized, profile, lowest)
             logger.info(
@@ -237,6 +260,8 @@ def fit_largest(
         sized, profile, _ = memory[size]
         if target is not None:
             costed = roofline_costs(profile, target)
+        elif parallel is not None:
+            costed = estimated_costs(profile, device)  # a rank's step is not timed alone
         else:
             costed = measure_profile_costs(
                 sized,
@@ -257,16 +282,19 @@ def fit_largest(
     fastest = max(timed_sizes, key=lambda size: points[size].throughput or 0.0)
 
     sized = memory[largest][0]
+    runnable_here = ranks_run_here(parallel, device)
     planned = plan_checked(
         timed[largest],
         budget_bytes,
-        model_path=sized.source if check and target is None else None,
+        model_path=sized.source if check and target is None and runnable_here else None,
         device=device,
         seed=seed,
         progress=progress,
     )
     if target is not None:
         planned = marked_unchecked(planned, target, sized.source)
+    elif parallel is not None and check and not runnable_here:
+        planned = marked_unchecked_ranks(planned, parallel, sized.source)
     return FitResult(
         budget_bytes=budget_bytes,
         dimension=dimension,

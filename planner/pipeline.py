@@ -495,9 +495,7 @@ def profile_and_plan(
         parallel=parallel,
         progress=progress,
     )
-    runnable_here = parallel is None or (
-        parallel.world_size <= MAX_CHECKED_RANKS and _ranks_fit_here(parallel, device)
-    )
+    runnable_here = ranks_run_here(parallel, device)
     result = plan_checked(
         profile,
         budget_bytes,
@@ -509,24 +507,37 @@ def profile_and_plan(
     if target is not None:
         result = marked_unchecked(result, target, model_file.source)
     elif parallel is not None and check and not runnable_here:
-        command = f"ckpt-plan verify {workload_in_command(model_file.source)} PLAN"
-        note = (
-            f"unchecked: made for {parallel.world_size} ranks, more than are launched here; "
-            f"run `{command} --nproc {parallel.world_size}` on the job's machines before "
-            "training"
-        )
-        plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
-        result = dataclasses.replace(result, plan=plan)
+        result = marked_unchecked_ranks(result, parallel, model_file.source)
     return result
 
 
-def _ranks_fit_here(parallel: ParallelLayout, device: str) -> bool:
-    """Whether this machine can run the layout's ranks: any number on CPU, one GPU each."""
+def ranks_run_here(parallel: ParallelLayout | None, device: str) -> bool:
+    """Whether a plan for ``parallel`` is checked on this machine: one process always; ranks
+    up to :data:`MAX_CHECKED_RANKS`, any number on CPU, one GPU each."""
+    if parallel is None:
+        return True
+    if parallel.world_size > MAX_CHECKED_RANKS:
+        return False
     if not device.startswith("cuda"):
         return True
     import torch
 
     return torch.cuda.device_count() >= parallel.world_size
+
+
+def marked_unchecked_ranks(
+    result: PlanningResult, parallel: ParallelLayout, source: str
+) -> PlanningResult:
+    """``result`` with a note that its plan for more ranks than run here is not checked, and
+    the command that checks it on the job's machines."""
+    command = f"ckpt-plan verify {workload_in_command(source)} PLAN"
+    note = (
+        f"unchecked: made for {parallel.world_size} ranks, more than are launched here; "
+        f"run `{command} --nproc {parallel.world_size}` on the job's machines before "
+        "training"
+    )
+    plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
+    return dataclasses.replace(result, plan=plan)
 
 
 MAX_CHECKED_RANKS = 4

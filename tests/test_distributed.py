@@ -380,16 +380,17 @@ def test_ranks_measure_again_while_a_peak_counted_what_another_thread_held(
 # -- real ranks (gloo, 2 processes under torchrun) -----------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("model", "strategy", "budget", "mesh"),
+    ("model", "strategy", "budget", "options"),
     [
         ("parallelized_gpt.py", "fsdp2", "0.9MiB", []),
         ("small_gpt.py", "ddp", "1.2MiB", []),
         ("ddp_gpt.py", "ddp", "1.2MiB", []),  # the model file's DDP, gradients in the buckets
         ("small_gpt.py", "fsdp2", "1.1MiB", ["--mesh", "2x1"]),  # HSDP: replicated, unsharded
+        ("small_gpt.py", "fsdp2", "1.1MiB", ["--grad-accum", "2"]),  # synced each micro-batch
     ],
 )
 def test_profile_and_verify_on_two_real_ranks(
-    model: str, strategy: str, budget: str, mesh: list[str], tmp_path: Path
+    model: str, strategy: str, budget: str, options: list[str], tmp_path: Path
 ) -> None:
     """The plan is made for one simulated rank, checked on 2 real ranks by profile, then by
     verify --nproc 2: every rank within the budget, bit-identical to the unplanned step."""
@@ -406,7 +407,7 @@ def test_profile_and_verify_on_two_real_ranks(
             "2",
             "--parallel",
             strategy,
-            *mesh,
+            *options,
             "-o",
             str(plan_path),
             "--report-dir",
@@ -489,3 +490,61 @@ def test_a_plan_for_more_ranks_than_run_here_is_marked_unchecked() -> None:
     assert not plan.checked and plan.measured_peak_bytes is None
     assert plan.parallel == layout
     assert any("--nproc 8" in note and note.startswith("unchecked") for note in plan.notes)
+
+
+def test_fit_and_solve_plan_one_rank_and_check_it_on_real_ranks(tmp_path: Path) -> None:
+    """fit --world-size/--parallel fits the batch size of one rank (its times estimated from
+    the ops, as profile's are for a rank) and checks the plan on the real ranks; solve on a
+    rank's profile keeps its layout and checks on ranks too."""
+    runner = CliRunner()
+    fitted = runner.invoke(
+        app,
+        [
+            "fit",
+            "--budget",
+            "2MiB",
+            str(SMALL_GPT),
+            "--world-size",
+            "2",
+            "--parallel",
+            "fsdp2",
+            "--max-size",
+            "16",
+            "-o",
+            str(tmp_path / "fit.json"),
+        ],
+    )
+    assert fitted.exit_code == 0, fitted.output
+    assert "a rank's step is not timed alone" in fitted.stdout
+    assert "--world-size 2 --parallel fsdp2" in fitted.stdout  # the command that plans it
+    plan = load_plan(tmp_path / "fit.json")
+    assert plan.parallel == ParallelLayout(2, "fsdp2")  # type: ignore[arg-type]
+    assert plan.checked and plan.measured_peak_bytes is not None
+    assert plan.measured_peak_bytes <= plan.budget_bytes
+
+    layout = ParallelLayout(2, "fsdp2", (2, 1))  # type: ignore[arg-type]
+    probe = record_rank_memory(load_model_file(SMALL_GPT), layout)
+    profile_path = tmp_path / "profile.json"
+    from planner.pipeline import estimated_costs
+    from planner.plan.profile_file import save_profile
+
+    save_profile(estimated_costs(probe, "cpu"), profile_path)
+    budget = (lowest_peak(probe) + probe.measured_peak_bytes) // 2
+    solved = runner.invoke(
+        app,
+        [
+            "solve",
+            str(profile_path),
+            "--budget",
+            str(budget),
+            "--check",
+            str(SMALL_GPT),
+            "-o",
+            str(tmp_path / "solved.json"),
+        ],
+    )
+    assert solved.exit_code == 0, solved.output
+    plan = load_plan(tmp_path / "solved.json")
+    assert plan.parallel == layout and plan.checked
+    assert plan.measured_peak_bytes == pytest.approx(plan.predicted_peak_bytes, rel=0.02)
+    assert plan.measured_peak_bytes <= budget
