@@ -92,3 +92,42 @@ def test_a_measured_cuda_step_does_not_count_last_steps_gradients() -> None:
     run_training_step(workload, seed=0)
     torch.cuda.synchronize()
     assert measured.peak_bytes == torch.cuda.max_memory_allocated()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for 2 NCCL ranks")
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_a_rank_plan_is_checked_on_two_nccl_ranks(strategy: str, tmp_path: Path) -> None:
+    """The torchrun check on GPUs: one rank per GPU, NCCL; each rank's allocator peak within
+    2% of the simulated rank's prediction and within the budget, training bit-identical."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from planner.plan.plan_file import load_plan
+
+    model = Path(__file__).parent / "data" / "small_gpt.py"
+    plan_path = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            str(model),
+            "--budget",
+            "40MiB",
+            "--device",
+            "cuda",
+            "--world-size",
+            "2",
+            "--parallel",
+            strategy,
+            "-o",
+            str(plan_path),
+            "--report-dir",
+            str(tmp_path / "r"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    plan = load_plan(plan_path)
+    assert plan.checked and plan.measured_peak_bytes is not None
+    assert plan.measured_peak_bytes <= plan.budget_bytes
+    assert plan.measured_peak_bytes == pytest.approx(plan.predicted_peak_bytes, rel=0.02)

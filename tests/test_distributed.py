@@ -450,7 +450,7 @@ def _losses(result: subprocess.CompletedProcess[str]) -> dict[int, list[float]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["fsdp2"])  # DDP: its plan runs in verify's test above
+@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
 def test_the_torchrun_recipe_trains_each_rank_as_without_the_plan(
     strategy: str, tmp_path: Path
 ) -> None:
