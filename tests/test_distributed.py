@@ -163,6 +163,9 @@ def test_a_model_files_ddp_options_are_read_without_building_it() -> None:
         with pytest.raises(ModelFileError, match="builds no DistributedDataParallel"):
             options("parallelized_gpt.py")  # fully_shard: a parallelize for --parallel fsdp2
     assert torch.nn.parallel.DistributedDataParallel.__init__.__name__ == "__init__"
+    # and the other way round: a DDP parallelize under --parallel fsdp2
+    with pytest.raises(ModelFileError, match=r"builds DistributedDataParallel.*--parallel ddp"):
+        record_rank_memory(load_model_file(DATA / "ddp_gpt.py"), ParallelLayout(2, "fsdp2"))  # type: ignore[arg-type]
 
 
 def test_gradients_as_bucket_views_leave_only_the_buckets(single_profile) -> None:  # type: ignore[no-untyped-def]

@@ -225,7 +225,17 @@ def parallelized(
     mesh = device_mesh(layout, workload.device.type)
     model = workload.model
     if model_file.parallelize is not None:
-        result = _call_parallelize(model_file, model, mesh)
+        if layout.strategy is ParallelStrategy.FSDP2:
+            try:
+                with _ddp_intercepted():
+                    result = _call_parallelize(model_file, model, mesh)
+            except _DdpCaptured:
+                raise ModelFileError(
+                    f"parallelize() in {model_file.path} builds DistributedDataParallel, but "
+                    "the plan is for --parallel fsdp2: plan with --parallel ddp"
+                ) from None
+        else:
+            result = _call_parallelize(model_file, model, mesh)
         model = result if isinstance(result, torch.nn.Module) else model
         if layout.strategy is ParallelStrategy.DDP:
             _check_ddp_of_the_model(model_file, model, workload.model)
@@ -291,18 +301,10 @@ class _DdpCaptured(BaseException):
         self.arguments = arguments
 
 
-_UNMODELLED_DDP_OPTIONS = ("mixed_precision", "delay_all_reduce_named_params")
-
-
-def ddp_options(model_file: ModelFile, model: torch.nn.Module, mesh: Any) -> DdpOptions:
-    """The options the model file's ``parallelize(model, mesh)`` builds DDP with (DDP's
-    defaults where it defines none), read without building it: its constructor is
-    intercepted and stops ``parallelize`` there (DDP cannot be built on fake tensors; see
-    the module's design notes). A ``parallelize`` that builds no DDP, or wraps less than the
-    whole model, or passes an option whose memory is not modelled, is a
-    :class:`ModelFileError` that says what to do."""
-    if model_file.parallelize is None:
-        return DdpOptions()
+@contextlib.contextmanager
+def _ddp_intercepted() -> Iterator[None]:
+    """Within the block, building a ``DistributedDataParallel`` raises :class:`_DdpCaptured`
+    with the arguments it was given (bound to its signature, defaults filled in)."""
     import inspect
 
     ddp = torch.nn.parallel.DistributedDataParallel
@@ -316,7 +318,26 @@ def ddp_options(model_file: ModelFile, model: torch.nn.Module, mesh: Any) -> Ddp
 
     ddp.__init__ = intercepted  # type: ignore[method-assign]
     try:
-        result = _call_parallelize(model_file, model, mesh)
+        yield
+    finally:
+        ddp.__init__ = original  # type: ignore[method-assign]
+
+
+_UNMODELLED_DDP_OPTIONS = ("mixed_precision", "delay_all_reduce_named_params")
+
+
+def ddp_options(model_file: ModelFile, model: torch.nn.Module, mesh: Any) -> DdpOptions:
+    """The options the model file's ``parallelize(model, mesh)`` builds DDP with (DDP's
+    defaults where it defines none), read without building it: its constructor is
+    intercepted and stops ``parallelize`` there (DDP cannot be built on fake tensors; see
+    the module's design notes). A ``parallelize`` that builds no DDP, or wraps less than the
+    whole model, or passes an option whose memory is not modelled, is a
+    :class:`ModelFileError` that says what to do."""
+    if model_file.parallelize is None:
+        return DdpOptions()
+    try:
+        with _ddp_intercepted():
+            result = _call_parallelize(model_file, model, mesh)
     except _DdpCaptured as captured:
         if captured.module is not model:
             raise ModelFileError(
@@ -337,8 +358,6 @@ def ddp_options(model_file: ModelFile, model: torch.nn.Module, mesh: Any) -> Ddp
             gradient_as_bucket_view=bool(captured.arguments.get("gradient_as_bucket_view")),
             from_model_file=True,
         )
-    finally:
-        ddp.__init__ = original  # type: ignore[method-assign]
     del result
     raise ModelFileError(
         f"parallelize() in {model_file.path} builds no DistributedDataParallel, but the plan "
