@@ -120,6 +120,10 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
             f"not run: made for {plan.target}, which is not here; run `ckpt-plan verify "
             f"{workload_in_command(plan.model_file)} PLAN` on it before training"
         )
+    elif plan.parallel is not None:
+        for note in plan.notes:
+            if note.startswith("unchecked:"):
+                stdout.print("not run: " + note.removeprefix("unchecked:").strip())
     for path in wrote:
         stdout.print(f"wrote {path}")
 

@@ -495,6 +495,33 @@ def test_a_plan_for_more_ranks_than_run_here_is_marked_unchecked() -> None:
     assert any("--nproc 8" in note and note.startswith("unchecked") for note in plan.notes)
 
 
+def test_profile_says_a_plan_for_more_ranks_than_run_here_was_not_run(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            str(SMALL_GPT),
+            "--budget",
+            "1MiB",
+            "--world-size",
+            "8",
+            "--parallel",
+            "fsdp2",
+            "--mesh",
+            "2x4",
+            "-o",
+            str(tmp_path / "plan.json"),
+            "--report-dir",
+            str(tmp_path / "r"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "one rank of 8 (fsdp2, mesh 2x4)" in result.stdout
+    assert "not run: made for 8 ranks" in result.stdout
+    assert "--nproc 8" in result.stdout
+    assert load_plan(tmp_path / "plan.json").parallel == ParallelLayout(8, "fsdp2", (2, 4))  # type: ignore[arg-type]
+
+
 def test_fit_and_solve_plan_one_rank_and_check_it_on_real_ranks(tmp_path: Path) -> None:
     """fit --world-size/--parallel fits the batch size of one rank (its times estimated from
     the ops, as profile's are for a rank) and checks the plan on the real ranks; solve on a
