@@ -105,9 +105,9 @@ ParallelOption = Annotated[
     str | None,
     typer.Option(
         "--parallel",
-        help="How the job lays the model out (with --world-size): ddp (DistributedDataParallel, "
-        "default buckets) or fsdp2 (fully_shard on each block and the root, or the model "
-        "file's parallelize(model, mesh) where it defines one).",
+        help="How the job lays the model out (with --world-size): ddp (DistributedDataParallel "
+        "with default buckets) or fsdp2 (fully_shard on each block and the root); the model "
+        "file's parallelize(model, mesh) instead, where it defines one.",
         metavar="ddp|fsdp2",
         show_default=False,
     ),
