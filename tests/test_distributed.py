@@ -160,6 +160,8 @@ def test_a_model_files_ddp_options_are_read_without_building_it() -> None:
         )
         with pytest.raises(ModelFileError, match="wraps a part of the model"):
             options("ddp_part.py")
+        with pytest.raises(ModelFileError, match="replicate"):
+            options("replicated_gpt.py")
         with pytest.raises(ModelFileError, match="builds no DistributedDataParallel"):
             options("parallelized_gpt.py")  # fully_shard: a parallelize for --parallel fsdp2
     assert torch.nn.parallel.DistributedDataParallel.__init__.__name__ == "__init__"

@@ -340,10 +340,17 @@ def ddp_options(model_file: ModelFile, model: torch.nn.Module, mesh: Any) -> Ddp
             result = _call_parallelize(model_file, model, mesh)
     except _DdpCaptured as captured:
         if captured.module is not model:
+            part = any(captured.module is module for module in model.modules())
             raise ModelFileError(
-                f"parallelize() in {model_file.path} wraps a part of the model in "
-                "DistributedDataParallel, but --parallel ddp plans DDP of the whole model: "
-                "wrap the model itself"
+                f"parallelize() in {model_file.path} "
+                + (
+                    "wraps a part of the model in DistributedDataParallel"
+                    if part
+                    else "builds DistributedDataParallel on something other than the model "
+                    "(torch.distributed's replicate() does, on a list of its parameters)"
+                )
+                + ", but --parallel ddp plans DDP of the whole model: return "
+                "DistributedDataParallel(model, ...) from it"
             ) from None
         unmodelled = [
             name for name in _UNMODELLED_DDP_OPTIONS if captured.arguments.get(name) is not None
