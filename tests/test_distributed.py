@@ -165,6 +165,9 @@ def test_a_model_files_ddp_options_are_read_without_building_it() -> None:
         with pytest.raises(ModelFileError, match="builds no DistributedDataParallel"):
             options("parallelized_gpt.py")  # fully_shard: a parallelize for --parallel fsdp2
     assert torch.nn.parallel.DistributedDataParallel.__init__.__name__ == "__init__"
+    # replicate() builds DDP lazily on fake tensors: the profile's path says so too
+    with pytest.raises(ModelFileError, match="replicate"):
+        record_rank_memory(load_model_file(DATA / "replicated_gpt.py"), layout)
     # and the other way round: a DDP parallelize under --parallel fsdp2
     with pytest.raises(ModelFileError, match=r"builds DistributedDataParallel.*--parallel ddp"):
         record_rank_memory(load_model_file(DATA / "ddp_gpt.py"), ParallelLayout(2, "fsdp2"))  # type: ignore[arg-type]

@@ -368,8 +368,9 @@ def ddp_options(model_file: ModelFile, model: torch.nn.Module, mesh: Any) -> Ddp
     del result
     raise ModelFileError(
         f"parallelize() in {model_file.path} builds no DistributedDataParallel, but the plan "
-        "is for --parallel ddp: return DistributedDataParallel(model, ...) from it, or plan "
-        "with --parallel fsdp2 if it shards the model"
+        "is for --parallel ddp: return DistributedDataParallel(model, ...) from it "
+        "(torch.distributed's replicate() is not planned), or plan with --parallel fsdp2 if "
+        "it shards the model"
     )
 
 
