@@ -17,7 +17,7 @@ from planner.measure.timing import measure_costs, with_measured_costs
 from planner.measure.tracking import MemoryLimitExceeded
 from planner.measure.workload import load_model_file
 from planner.pipeline import profile_and_plan, profile_model_file
-from planner.plan.targets import load_spec
+from planner.plan.targets import load_spec, roofline_costs
 from planner.solve import Solver
 from planner.solve.planning import baseline_every_block, build_plan, unit_cost_ms
 
@@ -41,6 +41,7 @@ def test_times_are_measured_with_a_plan_that_fits_and_identical_blocks_share_the
     assert len(block_times) == 1 and block_times.pop() > 0  # one group: one median
     timed = with_measured_costs(profile, costs, timing_plan.units, unit_cost_ms)
     assert timed.cost_source is CostSource.MEASURED
+    assert timed.checkpoint_call_ms == costs.call_ms > 0  # for checkpoint_sequential units
     recompute = sum(timed.module(name).forward_ms for name in profile.block_names)
     assert timed.step_ms == pytest.approx(
         max(costs.planned_step_ms - recompute, costs.planned_step_ms / 2)
@@ -137,3 +138,30 @@ def test_the_recompute_ratio_comes_from_whole_module_checkpoints_only() -> None:
     )
     assert _recompute_ratio(plan, step) == pytest.approx(12.0 / 14.0)  # type: ignore[arg-type]
     assert _recompute_ratio(plan, dataclasses.replace(step, region_recompute_ms={})) is None  # type: ignore[arg-type]
+
+
+def test_a_checkpoint_sequential_unit_pays_checkpointing_once_per_segment() -> None:
+    """Each module's measured forward_ms includes checkpointing's own per-call cost, as if it
+    were checkpointed alone; checkpoint_sequential runs one checkpoint per segment, so its
+    unit is costed with that cost once per segment (solver and plan agree)."""
+    path = Path(__file__).resolve().parent.parent / "examples" / "mlp.py"
+    profile = _memory_profile(path)
+    modules = tuple(dataclasses.replace(m, forward_ms=1.0) for m in profile.modules)
+    profile = dataclasses.replace(profile, modules=modules, checkpoint_call_ms=0.25)
+    solver = Solver(profile)
+    units = [unit for unit in solver.names if unit.startswith("blocks#")]
+    assert units, "the 8-block Sequential has checkpoint_sequential units"
+    for unit in units:
+        segments = int(unit.partition("#")[2])
+        size = 8 // segments
+        children = size * (segments - 1)  # the last segment is not checkpointed
+        expected = children * 1.0 - 0.25 * (children - (segments - 1))
+        assert solver.tree.cost_ms[unit] == pytest.approx(expected), unit
+        assert unit_cost_ms(profile, unit) == pytest.approx(expected), unit
+    # without a measured per-call cost (roofline times) nothing is taken off
+    plain = dataclasses.replace(profile, checkpoint_call_ms=0.0)
+    for unit in units:
+        segments = int(unit.partition("#")[2])
+        assert unit_cost_ms(plain, unit) == pytest.approx((8 // segments) * (segments - 1))
+    # roofline times (a --target) carry no measured per-call cost
+    assert roofline_costs(profile, load_spec("h100-80gb")).checkpoint_call_ms == 0.0

@@ -364,6 +364,10 @@ class Profile:
     loop: LoopShape = PLAIN_LOOP
     # The job layout the step is one rank of (planner.core.parallel); None: one process.
     parallel: ParallelLayout | None = None
+    # Checkpointing's own cost per checkpointed call (measured times only; 0 otherwise),
+    # included once per call in each module's forward_ms: a checkpoint_sequential segment of
+    # several children is one call, not one per child (planner.solve.tree).
+    checkpoint_call_ms: float = 0.0
 
     @property
     def static_bytes(self) -> int:

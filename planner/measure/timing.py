@@ -605,7 +605,7 @@ def with_measured_costs(
         )
         for record in profile.modules
     )
-    timed = dataclasses.replace(profile, modules=modules)
+    timed = dataclasses.replace(profile, modules=modules, checkpoint_call_ms=costs.call_ms)
     recompute_ms = sum(unit_cost_ms(timed, unit) for unit in timing_units)
     # Noise cannot make the recomputation more than the step it is part of.
     step_ms = max(costs.planned_step_ms - recompute_ms, costs.planned_step_ms / 2)

@@ -228,11 +228,12 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         for record in profile.modules
     )
     if estimate_only:
-        return replace(profile, modules=modules, step_ms=step_ms)
+        return replace(profile, modules=modules, step_ms=step_ms, checkpoint_call_ms=0.0)
     return replace(
         profile,
         modules=modules,
         step_ms=step_ms,
+        checkpoint_call_ms=0.0,
         cost_source=CostSource.ROOFLINE,
         target=spec.name,
         assumptions=(

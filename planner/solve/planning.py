@@ -10,6 +10,7 @@ from planner.plan.memory_model import MemoryModel, sequential_segments
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan
 from planner.plan.policies import NESTED, SelectivePolicy
 from planner.solve import Solution, Solver
+from planner.solve.tree import segments_cost_ms
 
 if TYPE_CHECKING:
     from planner.check.compare import PlanCheck
@@ -70,8 +71,12 @@ def unit_cost_ms(profile: Profile, unit: str) -> float:
     """Recompute time of a plan unit: the forward times of the modules it recomputes, or
     for an option (``name@policy``) the option's measured or estimated cost."""
     option = unit_option(unit)
+    name, segments = parse_unit(unit)
     if option is not None:
-        return profile.module(parse_unit(unit)[0]).option_cost(option).recompute_ms
+        return profile.module(name).option_cost(option).recompute_ms
+    if segments:
+        spans = tuple(sequential_segments(len(unit_children(profile, name)), segments))
+        return segments_cost_ms(profile, name, recomputed_modules(profile, unit), spans)
     return sum(profile.module(name).forward_ms for name in recomputed_modules(profile, unit))
 
 

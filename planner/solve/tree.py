@@ -146,6 +146,19 @@ def _sequential_units(profile: Profile, memory: MemoryModel, name: str) -> list[
         if not spans or spans in seen:
             continue
         seen.add(spans)
-        cost = sum(children[i].forward_ms for first, last in spans for i in range(first, last + 1))
-        units.append((unit_name(name, segments), cost))
+        members = [children[i].module_name for first, last in spans for i in range(first, last + 1)]
+        units.append((unit_name(name, segments), segments_cost_ms(profile, name, members, spans)))
     return units
+
+
+def segments_cost_ms(
+    profile: Profile, name: str, members: list[str], spans: tuple[tuple[int, int], ...]
+) -> float:
+    """The recomputation of ``checkpoint_sequential`` on Sequential ``name``: its checkpointed
+    children's (``members``, in ``spans``) forward times, with checkpointing's own per-call
+    cost once per segment and call of ``name`` instead of once per child's call (each
+    child's ``forward_ms`` includes it as if it were checkpointed alone)."""
+    total = sum(profile.module(child).forward_ms for child in members)
+    child_calls = sum(profile.module(child).call_count for child in members)
+    segment_calls = len(spans) * profile.module(name).call_count
+    return total - profile.checkpoint_call_ms * max(0, child_calls - segment_calls)
