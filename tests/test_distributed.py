@@ -388,17 +388,18 @@ def test_ranks_measure_again_while_a_peak_counted_what_another_thread_held(
 # -- real ranks (gloo, 2 processes under torchrun) -----------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("model", "strategy", "budget", "options"),
+    ("model", "strategy", "budget", "options", "verify"),
     [
-        ("parallelized_gpt.py", "fsdp2", "0.9MiB", []),
-        ("small_gpt.py", "ddp", "1.2MiB", []),
-        ("ddp_gpt.py", "ddp", "1.2MiB", []),  # the model file's DDP, gradients in the buckets
-        ("small_gpt.py", "fsdp2", "1.1MiB", ["--mesh", "2x1"]),  # HSDP: replicated, unsharded
-        ("small_gpt.py", "fsdp2", "1.1MiB", ["--grad-accum", "2"]),  # synced each micro-batch
+        ("parallelized_gpt.py", "fsdp2", "0.9MiB", [], True),
+        ("small_gpt.py", "ddp", "1.2MiB", [], True),
+        # profile's own check on 2 real ranks only (verify runs the same check again):
+        ("ddp_gpt.py", "ddp", "1.2MiB", [], False),  # the model file's DDP, gradient views
+        ("small_gpt.py", "fsdp2", "1.1MiB", ["--mesh", "2x1"], False),  # HSDP
+        ("small_gpt.py", "fsdp2", "1.1MiB", ["--grad-accum", "2"], False),  # synced each time
     ],
 )
 def test_profile_and_verify_on_two_real_ranks(
-    model: str, strategy: str, budget: str, options: list[str], tmp_path: Path
+    model: str, strategy: str, budget: str, options: list[str], verify: bool, tmp_path: Path
 ) -> None:
     """The plan is made for one simulated rank, checked on 2 real ranks by profile, then by
     verify --nproc 2: every rank within the budget, bit-identical to the unplanned step."""
@@ -429,6 +430,8 @@ def test_profile_and_verify_on_two_real_ranks(
     assert plan.measured_peak_bytes <= plan.budget_bytes
     # the simulated rank predicts each real rank's peak within 2%
     assert plan.measured_peak_bytes == pytest.approx(plan.predicted_peak_bytes, rel=0.02)
+    if not verify:
+        return
     verified = runner.invoke(app, ["verify", str(DATA / model), str(plan_path), "--nproc", "2"])
     assert verified.exit_code == 0, verified.output
     assert verified.stdout.count("bit-identical") == 2
