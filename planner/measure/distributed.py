@@ -97,32 +97,9 @@ def simulated_ranks(layout: ParallelLayout) -> Iterator[None]:
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=layout.world_size)
     try:
-        with _mesh_tensors_stay_real():
-            yield
-    finally:
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def _mesh_tensors_stay_real() -> Iterator[None]:
-    """A device mesh finds this rank's row of its layout by computing with a small tensor
-    of ranks (``DeviceMesh.mesh``, recomputed at each use). On fake tensors the rank found is
-    garbage, and a mesh of more than one dimension (HSDP) fails; here it is computed outside
-    fake mode, on the real tensor of ranks, as on a real rank."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.distributed.device_mesh import DeviceMesh
-
-    original = DeviceMesh.__dict__["mesh"]
-
-    def mesh(self: Any) -> torch.Tensor:
-        with unset_fake_temporarily():
-            return original.fget(self)  # type: ignore[no-any-return]
-
-    DeviceMesh.mesh = property(mesh)  # type: ignore[method-assign,assignment]
-    try:
         yield
     finally:
-        DeviceMesh.mesh = original  # type: ignore[method-assign]
+        dist.destroy_process_group()
 
 
 def running_layout() -> tuple[int, int] | None:
@@ -134,8 +111,9 @@ def running_layout() -> tuple[int, int] | None:
 
 def device_mesh(layout: ParallelLayout, device_type: str) -> Any:
     """The layout's device mesh on the running process group (1-D: ``("dp",)``; 2-D:
-    ``("replicate", "shard")``, HSDP's names). Its tensor of ranks is a real one, also
-    when made on fake tensors (see :func:`_mesh_tensors_stay_real`)."""
+    ``("replicate", "shard")``, HSDP's names). Made outside fake mode, also on a fake
+    session: a mesh finds this rank's row by computing with its tensor of ranks, and on a
+    fake tensor the row found is garbage (a 2-D mesh fails; HSDP)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -283,11 +261,10 @@ class DdpOptions:
     """Read from the model file's ``parallelize`` (else DDP's defaults)."""
 
     def describe(self) -> str:
-        how = "the model file's parallelize(model, mesh)" if self.from_model_file else None
         view = ", gradients as views of the buckets" if self.gradient_as_bucket_view else ""
-        if how is None:
-            return f"DistributedDataParallel with its default buckets{view}"
-        return f"{how}: DistributedDataParallel{view}"
+        if self.from_model_file:
+            return f"the model file's parallelize(model, mesh): DistributedDataParallel{view}"
+        return f"DistributedDataParallel with its default buckets{view}"
 
 
 class _DdpCaptured(BaseException):
@@ -461,19 +438,17 @@ def record_rank_memory(
             if layout.strategy is ParallelStrategy.DDP:
                 # DDP cannot be built on fake tensors; its rank is the step plus its buckets.
                 with session.running():
-                    mesh = device_mesh(layout, workload.device.type)
-                    options = ddp_options(model_file, workload.model, mesh)
+                    bucket_bytes, around_steps, how = _ddp_rank(workload, layout)
                 profile = record_memory(
                     workload,
                     session=session,
                     seed=seed,
                     workspace_bytes=workspace_bytes,
-                    bucket_bytes=ddp_bucket_bytes(workload.model),
-                    around_steps=_ddp_steps(workload.model, options),
+                    bucket_bytes=bucket_bytes,
+                    around_steps=around_steps,
                     progress=progress,
                 )
-                types = _module_types(workload.model)
-                return _with_layout(profile, layout, options.describe(), types)
+                return _with_layout(profile, layout, how, _module_types(workload.model))
             types = _module_types(workload.model)
             with session.running():
                 parallelized(workload, layout, simulated=True)
@@ -493,10 +468,7 @@ def record_rank_memory(
         types = _module_types(workload.model)
         around_steps = None
         if layout.strategy is ParallelStrategy.DDP:
-            options = ddp_options(model_file, workload.model, device_mesh(layout, device_type))
-            bucket_bytes = ddp_bucket_bytes(workload.model)
-            around_steps = _ddp_steps(workload.model, options)
-            how = options.describe()
+            bucket_bytes, around_steps, how = _ddp_rank(workload, layout)
         else:
             parallelized(workload, layout, simulated=True)
             how = _fsdp2_layout(model_file)
@@ -525,12 +497,18 @@ def _module_types(model: torch.nn.Module) -> dict[str, str]:
     return {name: type(module).__name__ for name, module in model.named_modules()}
 
 
-def _ddp_steps(model: torch.nn.Module, options: DdpOptions) -> Any:
-    """The ``around_steps`` of a simulated DDP rank's recording: gradients into the buckets
-    with ``gradient_as_bucket_view`` (the buckets counted by ``bucket_bytes`` either way)."""
-    if not options.gradient_as_bucket_view:
-        return None
-    return lambda: gradients_into_buckets(model)
+def _ddp_rank(workload: Workload, layout: ParallelLayout) -> tuple[int, Any, str]:
+    """What a simulated DDP rank's recording adds to the single-process step (DDP is not
+    built; see the module's design notes): its buckets' bytes, the ``around_steps`` that
+    puts the gradients into the buckets with ``gradient_as_bucket_view`` (else None), and
+    the layout's description. On a fake session, call it inside ``session.running()``."""
+    mesh = device_mesh(layout, workload.device.type)
+    options = ddp_options(workload.model_file, workload.model, mesh)
+    model = workload.model
+    around_steps = None
+    if options.gradient_as_bucket_view:
+        around_steps = lambda: gradients_into_buckets(model)  # noqa: E731
+    return ddp_bucket_bytes(model), around_steps, options.describe()
 
 
 def _fsdp2_layout(model_file: ModelFile) -> str:
