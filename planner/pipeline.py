@@ -167,7 +167,7 @@ def profile_model_file(
     memory: MemorySource = MemorySource.FAKE,
     budget_bytes: int | None = None,
     target: DeviceSpec | None = None,
-    timing_steps: int = 3,
+    timing_steps: int = 5,
     loop: LoopShape = PLAIN_LOOP,
     parallel: ParallelLayout | None = None,
     progress: ProgressCallback | None = None,
@@ -178,8 +178,8 @@ def profile_model_file(
     (``real``: it must fit the machine). ``budget_bytes`` bounds every real pass: the timing
     plan is solved to fit it, and real steps stop if they pass it (CPU); without it, times
     are taken on the unplanned step. ``target``: estimate times for that device instead of
-    measuring them here (nothing runs for real). ``timing_steps`` real steps are timed (the
-    median is kept): three keep the plan the same from one run to the next. ``loop``: the
+    measuring them here (nothing runs for real). ``timing_steps`` real steps are timed, after
+    two untimed ones (the median is kept: see ``benchmarks/plan_stability.py``). ``loop``: the
     training loop's shape (:class:`~planner.core.loop.LoopShape`: where gradients are zeroed,
     how many micro-batches are accumulated); every step recorded, timed or checked runs in
     it, and the profile records it. ``parallel``: profile ONE rank of that ``torchrun`` job
@@ -263,7 +263,7 @@ def measure_profile_costs(
     device: str = "cpu",
     seed: int = 0,
     budget_bytes: int | None = None,
-    timing_steps: int = 3,
+    timing_steps: int = 5,
     progress: ProgressCallback | None = None,
 ) -> Profile:
     """``profile`` (its memory recorded, its times not: ``cost_source`` ``none``) with its

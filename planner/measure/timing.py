@@ -6,9 +6,10 @@ steps of a *timing plan*: a plan that fits the budget (the pipeline solves one f
 memory profile with provisional roofline costs), so no pass of profiling needs more
 memory than the budget. With the plan applied, it runs
 
-1. one warm-up step, which also creates the optimizer state; on CPU it runs under a
-   storage watcher that stops it if live memory passes ``limit_bytes`` (it cannot, if the
-   memory profile is right; the watcher makes sure), and its measured peak is returned;
+1. ``warmup_steps`` untimed steps (two by default: the first creates the optimizer
+   state, the second is the steady state); on CPU they run under a storage watcher that
+   stops them if live memory passes ``limit_bytes`` (it cannot, if the memory profile is
+   right; the watcher makes sure), and their measured peak is returned;
 2. ``timing_steps`` steps with a forward hook pair on every module, timing each module's
    forward call (``perf_counter`` on CPU, CUDA events on CUDA). Hooks that fire during
    backward are the timing plan's recomputations and are not counted as forwards.
@@ -33,6 +34,10 @@ Design notes
   times differ only by noise. Each module's time is the median over its group (and over
   the timed steps), which keeps the plan, and its predicted overhead, the same from one run
   to the next (``benchmarks/plan_stability.py``).
+* **Steady steps.** All of it runs with the host allocator keeping freed memory
+  (:mod:`planner.measure.host_allocator`): with glibc's defaults a CPU step takes
+  thousands of page faults, as many as where the heap happened to end up, and the same
+  plan's overhead measured several points apart from one process to the next.
 * **Hook overhead** (a few microseconds per module call) is counted in the step time
   and in each module's forward alike; it is small against any module worth wrapping.
 """
@@ -56,6 +61,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.apply import apply_plan, observing_recomputation, selective_contexts
 from planner.core.records import CostSource, ModuleProfile, OptionCost, Profile, StorageKind
+from planner.measure.host_allocator import steady_host_allocator
 from planner.measure.tracking import MemoryLimitExceeded, PeakMemoryTracker, workload_tensors
 from planner.measure.workload import (
     ModelFile,
@@ -433,26 +439,52 @@ def measure_costs(
     device: str = "cpu",
     seed: int = 0,
     limit_bytes: int | None = None,
+    warmup_steps: int = 2,
     timing_steps: int = 1,
     progress: ProgressCallback | None = None,
 ) -> MeasuredCosts:
     """Time ``profile``'s modules in real steps with ``timing_plan`` applied (see the
-    module docstring), in the training loop's shape the profile was recorded in. On CPU,
+    module docstring), in the training loop's shape the profile was recorded in, after
+    ``warmup_steps`` untimed steps (at least one: it creates the optimizer state), on a
+    host allocator that keeps freed memory (:mod:`planner.measure.host_allocator`). On CPU,
     ``limit_bytes`` stops a step that would pass it."""
     total = timing_steps + 1
     if progress:
         progress("building the model to time it", 0, total)
     workload = build_workload(model_file, device=device, seed=seed, loop=profile.loop)
     apply_plan(workload.model, timing_plan, guard=False)
+    with steady_host_allocator(workload.device.type):
+        return _measured(
+            workload, profile, timing_plan, seed, limit_bytes, warmup_steps, timing_steps, progress
+        )
+
+
+def _measured(
+    workload: Workload,
+    profile: Profile,
+    timing_plan: Plan,
+    seed: int,
+    limit_bytes: int | None,
+    warmup_steps: int,
+    timing_steps: int,
+    progress: ProgressCallback | None,
+) -> MeasuredCosts:
+    total = timing_steps + 1
     if progress:
-        progress(f"warm-up step ({len(timing_plan.modules)} modules checkpointed to fit)", 0, total)
+        progress(
+            f"warm-up steps ({len(timing_plan.modules)} modules checkpointed to fit)", 0, total
+        )
+    # Untimed, and stopped at the limit: the first step creates the optimizer state, the
+    # second is the steady state (with the previous step's gradients, where the loop keeps
+    # them during the forward), and the allocator settles (planner.measure.host_allocator).
     tracker = PeakMemoryTracker(
         workload.device,
         workload_tensors(workload.model, workload.optimizer, workload.batch),
         limit_bytes=limit_bytes,
     )
     with tracker:
-        run_training_step(workload, seed=seed)
+        for step in range(max(warmup_steps, 1)):
+            run_training_step(workload, seed=seed + step)
     samples: list[dict[str, float]] = []
     step_samples: list[float] = []
     ratios: list[float] = []
@@ -460,7 +492,7 @@ def measure_costs(
     for step in range(timing_steps):
         if progress:
             progress("timing module forwards", step + 1, total)
-        timed = _timed_step(workload, seed=seed + 1 + step)
+        timed = _timed_step(workload, seed=seed + warmup_steps + step)
         samples.append(timed.forward_ms)
         step_samples.append(timed.step_ms)
         ratio = _recompute_ratio(timing_plan, timed)
