@@ -11,15 +11,22 @@ runs: fake memory, times measured within the budget, the plan checked) runs ``--
 times; then each distinct plan and the unplanned step are timed on one model instance,
 interleaved, ``--repeats`` rounds of one step each, and the measured overhead (per round,
 the planned step over the unplanned one, minus one; the median over rounds, with its
-interquartile range) is set against the printed one (``predicted_overhead``).
+interquartile range) is set against the printed one (``predicted_overhead``). The steps are
+timed as the tool times its own (on the steady host allocator of
+:mod:`planner.measure.host_allocator`), and again in a fresh process on glibc's own
+allocator settings (``measured_glibc_defaults_pct``: what a training script that changes
+nothing sees on this CPU, page faults included).
 Writes reports/benchmarks/plan_stability.csv and .md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,9 +39,11 @@ from benchmarks.common import halfway_budget, markdown_table  # noqa: E402
 from planner.apply import apply_plan, remove_plan  # noqa: E402
 from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.measure.fake import build_fake_workload  # noqa: E402
+from planner.measure.host_allocator import steady_host_allocator  # noqa: E402
 from planner.measure.profiler import record_memory  # noqa: E402
 from planner.measure.workload import build_workload, load_model_file, run_training_step  # noqa: E402
 from planner.pipeline import profile_and_plan  # noqa: E402
+from planner.plan.plan_file import load_plan, save_plan  # noqa: E402
 
 DEFAULT_MODELS = ["gpt", "mlp", "cnn", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
 
@@ -70,6 +79,32 @@ def measured_step_ms(path: Path, plans: dict[str, object], repeats: int) -> dict
     return times
 
 
+def measured_in_fresh_process(
+    path: Path, plans: dict[str, object], repeats: int
+) -> dict[str, list[float]]:
+    """:func:`measured_step_ms` in a new Python process, on glibc's own allocator settings
+    (this process's were changed by the tool's timing, for good)."""
+    with tempfile.TemporaryDirectory() as folder:
+        paths = {}
+        for index, (name, plan) in enumerate(plans.items()):
+            if plan is not None:
+                paths[name] = str(save_plan(plan, Path(folder) / f"plan{index}.json"))  # type: ignore[arg-type]
+        result = subprocess.run(
+            [sys.executable, __file__, "--measure", str(path), str(repeats), json.dumps(paths)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    return json.loads(result.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _measure_main(path: str, repeats: str, plan_paths: str) -> int:
+    plans: dict[str, object] = {"none": None}
+    plans.update({name: load_plan(file) for name, file in json.loads(plan_paths).items()})
+    print(json.dumps(measured_step_ms(Path(path), plans, int(repeats))))
+    return 0
+
+
 def paired_overhead(planned: list[float], unplanned: list[float]) -> tuple[float, float]:
     """The overhead of a plan from rounds of interleaved steps: per round, its step over the
     unplanned step of the same round, less one (steps seconds apart: the machine's drift,
@@ -90,12 +125,23 @@ def run_model(name: str, runs: int, repeats: int) -> dict[str, object]:
     distinct = {modules: result.plan for modules, result in zip(choices, results, strict=True)}
     plans: dict[str, object] = {"none": None}
     plans.update({" ".join(modules): plan for modules, plan in distinct.items()})
-    times = measured_step_ms(path, plans, repeats)
+    # Measured as the tool times (planner.measure.host_allocator), and in a fresh process
+    # on glibc's own settings, as a training script that changes nothing runs.
+    with steady_host_allocator():
+        times = measured_step_ms(path, plans, repeats)
+    default_times = measured_in_fresh_process(path, plans, repeats)
     printed = [round(100 * result.plan.predicted_overhead, 1) for result in results]
     paired = {name: paired_overhead(times[name], times["none"]) for name in plans if name != "none"}
     measured = [round(100 * paired[" ".join(modules)][0], 1) for modules in choices]
     spread = [round(100 * paired[" ".join(modules)][1], 1) for modules in choices]
     ratios = [p / m if m else float("inf") for p, m in zip(printed, measured, strict=True)]
+    default_paired = {
+        name: paired_overhead(default_times[name], default_times["none"])
+        for name in plans
+        if name != "none"
+    }
+    measured_default = [round(100 * default_paired[" ".join(m)][0], 1) for m in choices]
+    default_spread = [round(100 * default_paired[" ".join(m)][1], 1) for m in choices]
     row: dict[str, object] = {
         "model": name,
         "budget_mib": round(budget / 2**20, 2),
@@ -108,6 +154,8 @@ def run_model(name: str, runs: int, repeats: int) -> dict[str, object]:
         "measured_iqr_pct": " / ".join(map(str, spread)),
         "printed_over_measured": " / ".join(f"{r:.2f}" for r in ratios),
         "within_25pct": all(0.75 <= r <= 1.25 for r in ratios),
+        "measured_glibc_defaults_pct": " / ".join(map(str, measured_default)),
+        "glibc_defaults_iqr_pct": " / ".join(map(str, default_spread)),
         "unplanned_step_ms": round(statistics.median(times["none"]), 1),
         "checked": all(result.plan.checked for result in results),
     }
@@ -116,6 +164,9 @@ def run_model(name: str, runs: int, repeats: int) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--measure"]:
+        return _measure_main(*argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=DEFAULT_MODELS)
     parser.add_argument("--runs", type=int, default=3)
