@@ -70,3 +70,8 @@ def test_timing_steps_run_on_the_steady_allocator(monkeypatch: pytest.MonkeyPatc
     )
     assert entered == ["cpu"]
     assert costs.planned_step_ms > 0
+    # ... and the profile says so, where it could be arranged.
+    assert costs.steady_host_allocator is (host_allocator._glibc() is not None)
+    timed = timing.with_measured_costs(profile, costs, (), lambda profile, unit: 0.0)
+    how = next(line for line in timed.assumptions if line.startswith("times:"))
+    assert ("kept freed memory" in how) is costs.steady_host_allocator
