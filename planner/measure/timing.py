@@ -451,68 +451,51 @@ def measure_costs(
     host allocator that keeps freed memory (:mod:`planner.measure.host_allocator`). On CPU,
     ``limit_bytes`` stops a step that would pass it."""
     total = timing_steps + 1
+    warmup_steps = max(warmup_steps, 1)
     if progress:
         progress("building the model to time it", 0, total)
     workload = build_workload(model_file, device=device, seed=seed, loop=profile.loop)
     apply_plan(workload.model, timing_plan, guard=False)
-    with steady_host_allocator(workload.device.type) as steady:
-        costs = _measured(
-            workload, profile, timing_plan, seed, limit_bytes, warmup_steps, timing_steps, progress
-        )
-    return dataclasses.replace(costs, steady_host_allocator=steady)
-
-
-def _measured(
-    workload: Workload,
-    profile: Profile,
-    timing_plan: Plan,
-    seed: int,
-    limit_bytes: int | None,
-    warmup_steps: int,
-    timing_steps: int,
-    progress: ProgressCallback | None,
-) -> MeasuredCosts:
-    """The body of :func:`measure_costs`, on the built workload."""
-    total = timing_steps + 1
     if progress:
         progress(
             f"warm-up steps ({len(timing_plan.modules)} modules checkpointed to fit)", 0, total
         )
-    # Untimed, and stopped at the limit: the first step creates the optimizer state, the
-    # second is the steady state (with the previous step's gradients, where the loop keeps
-    # them during the forward), and the allocator settles (planner.measure.host_allocator).
     tracker = PeakMemoryTracker(
         workload.device,
         workload_tensors(workload.model, workload.optimizer, workload.batch),
         limit_bytes=limit_bytes,
     )
-    with tracker:
-        for step in range(max(warmup_steps, 1)):
-            run_training_step(workload, seed=seed + step)
     samples: list[dict[str, float]] = []
     step_samples: list[float] = []
     ratios: list[float] = []
     representatives = [members[0].module_name for members in _option_groups(profile)]
-    for step in range(timing_steps):
+    with steady_host_allocator(workload.device.type) as steady:
+        # Untimed, and stopped at the limit: the first step creates the optimizer state, the
+        # second is the steady state (with the previous step's gradients, where the loop
+        # keeps them during the forward), and the allocator settles.
+        with tracker:
+            for step in range(warmup_steps):
+                run_training_step(workload, seed=seed + step)
+        for step in range(timing_steps):
+            if progress:
+                progress("timing module forwards", step + 1, total)
+            timed = _timed_step(workload, seed=seed + warmup_steps + step)
+            samples.append(timed.forward_ms)
+            step_samples.append(timed.step_ms)
+            ratio = _recompute_ratio(timing_plan, timed)
+            if ratio is not None:
+                ratios.append(ratio)
         if progress:
-            progress("timing module forwards", step + 1, total)
-        timed = _timed_step(workload, seed=seed + warmup_steps + step)
-        samples.append(timed.forward_ms)
-        step_samples.append(timed.step_ms)
-        ratio = _recompute_ratio(timing_plan, timed)
-        if ratio is not None:
-            ratios.append(ratio)
-    if progress:
-        progress("timing selective checkpointing options", total, total)
-    inputs = _captured_inputs(workload, representatives, seed, limit_bytes)
-    option_ratios = _option_ratios(workload, profile, inputs, limit_bytes=limit_bytes)
-    inputs.clear()
+            progress("timing selective checkpointing options", total, total)
+        inputs = _captured_inputs(workload, representatives, seed, limit_bytes)
+        option_ratios = _option_ratios(workload, profile, inputs, limit_bytes=limit_bytes)
+        inputs.clear()
+        call_ms, saved_tensor_ms = _checkpoint_overhead(workload.device)
     names = [record.module_name for record in profile.modules]
     medians = {name: statistics.median(s.get(name, 0.0) for s in samples) for name in names}
     recompute_ratio = statistics.median(ratios) if ratios else None
     scale = recompute_ratio or 1.0
     smoothed = {name: ms * scale for name, ms in _smoothed(profile, medians).items()}
-    call_ms, saved_tensor_ms = _checkpoint_overhead(workload.device)
     return MeasuredCosts(
         forward_ms=smoothed,
         planned_step_ms=statistics.median(step_samples),
@@ -523,6 +506,7 @@ def _measured(
         option_ratios=option_ratios,
         call_ms=call_ms,
         saved_tensor_ms=saved_tensor_ms,
+        steady_host_allocator=steady,
     )
 
 
