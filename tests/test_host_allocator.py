@@ -1,3 +1,4 @@
+import contextlib
 import resource
 import sys
 
@@ -48,16 +49,23 @@ def test_timing_steps_run_on_the_steady_allocator(monkeypatch: pytest.MonkeyPatc
     from planner.solve.planning import build_plan
 
     entered: list[str] = []
+    open_now = [False]
     original = timing.steady_host_allocator
 
+    @contextlib.contextmanager
     def spy(device_type: str = "cpu"):  # type: ignore[no-untyped-def]
         entered.append(device_type)
-        return original(device_type)
+        with original(device_type) as applied:
+            open_now[0] = True
+            try:
+                yield applied
+            finally:
+                open_now[0] = False
 
     original_timed_step = timing._timed_step
 
     def timed_step(*args, **kwargs):  # type: ignore[no-untyped-def]
-        assert entered, "a step was timed outside the steady allocator"
+        assert open_now[0], "a step was timed outside the steady allocator"
         return original_timed_step(*args, **kwargs)
 
     monkeypatch.setattr(timing, "steady_host_allocator", spy)
