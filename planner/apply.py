@@ -52,6 +52,7 @@ from torch.utils.checkpoint import (
 
 from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.measure.workload import describe_tensor, flag_names, own_checkpointing_flags
+from planner.model_switches import switch_off_caches
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan, load_plan
 from planner.plan.policies import is_attention_op
 
@@ -340,6 +341,10 @@ def apply_plan(
     (``ckpt-plan profile ... --world-size N --parallel ddp|fsdp2``; its ``parallel``), else
     :class:`PlanMismatchError`.
 
+    Hugging Face models inside it get ``config.use_cache`` turned off, with one log line: a
+    plan is made with the cache off, as Hugging Face's own gradient checkpointing trains
+    (the plan's ``switches``).
+
     Guarantees: ``state_dict`` keys are unchanged; applying the same plan twice is the same as
     once; on any error (:class:`PlanFileError`, :class:`PlanMismatchError`) the model is left
     exactly as it was. Returns ``model`` for chaining.
@@ -408,6 +413,15 @@ def apply_plan(
             if is_wrapped(module):
                 _unwrap(module)
             _wrap(module, decision)
+    switched = switch_off_caches(planned)
+    if switched:
+        # Every plan is made with the cache off (planner.measure.workload); so must it train.
+        logger.warning(
+            "ckpt-plan: turned off config.use_cache in %s for training, as the plan assumes "
+            "(a cache holds every layer's keys and values through the step; generate() "
+            "still uses one)",
+            ", ".join(name or type(planned).__name__ for name in switched),
+        )
     _FirstForwardGuard.remove(planned)
     if guard:
         _FirstForwardGuard.install(planned, plan)

@@ -33,7 +33,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "plan": ("plan",),
     "solve": ("solve",),
     "report": ("report",),
-    "measure": ("measure", "apply"),
+    "measure": ("measure", "apply", "model_switches"),
     "check": ("check",),
     "pipeline": ("pipeline", "fit"),
 }

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.parallel import ParallelLayout
+from planner.core.switches import NO_SWITCHES, StepSwitches
 
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
@@ -368,6 +369,9 @@ class Profile:
     # included once per call in each module's forward_ms: a checkpoint_sequential segment of
     # several children is one call, not one per child (planner.solve.tree).
     checkpoint_call_ms: float = 0.0
+    # Switches in the model the step was recorded with (planner.core.switches): caches off,
+    # the routing assumed for mixture-of-experts layers.
+    switches: StepSwitches = NO_SWITCHES
 
     @property
     def static_bytes(self) -> int:

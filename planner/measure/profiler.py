@@ -51,6 +51,7 @@ from planner.core.records import (
     StorageLifetime,
     forward_totals_by_call,
 )
+from planner.core.switches import StepSwitches
 from planner.measure.timing import Clock, summed_ms, timed_module_calls
 from planner.measure.tracking import (
     PeakMemoryTracker,
@@ -793,6 +794,10 @@ def record_memory(
         cost_source=CostSource.NONE,
         device=str(torch.device(device_type)) if session is not None else str(workload.device),
         assumptions=session.assumptions if session is not None else (),
+        switches=StepSwitches(
+            caches_off=workload.caches_off,
+            expert_load=session.expert_load_used if session is not None else None,
+        ),
     )
 
 
@@ -855,6 +860,7 @@ def _profile_from_timeline(
     cost_source: CostSource,
     device: str,
     assumptions: tuple[str, ...],
+    switches: StepSwitches | None = None,
 ) -> Profile:
     storages = timeline.storages
     memory = MemoryModel(timeline)
@@ -872,7 +878,8 @@ def _profile_from_timeline(
             if s.kind == kind and s.free_event == timeline.event_count
         )
 
-    notes = (*workload.notes, *_own_checkpointing_seen(timeline))
+    switches = switches or StepSwitches(caches_off=workload.caches_off)
+    notes = (*workload.notes, *switches.describe(), *_own_checkpointing_seen(timeline))
     for note in notes:
         logger.info("%s", note)  # the CLI shows them as warnings (own_checkpointing_notes)
     model = workload.model
@@ -898,6 +905,7 @@ def _profile_from_timeline(
         assumptions=(*assumptions, *notes),
         workspace_bytes=kind_bytes(StorageKind.WORKSPACE),
         loop=workload.loop,
+        switches=switches,
     )
 
 

@@ -33,6 +33,7 @@ from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
 from planner.core.records import Phase
 from planner.measure.hf import BATCH_SIZE_QUERY
 from planner.measure.tracking import iter_tensors
+from planner.model_switches import switch_off_caches
 
 __all__ = [
     "ModelFile",
@@ -88,7 +89,9 @@ class Workload:
     ``notes``: what the model file assumed (``ModelFile.assumptions``) and what was changed
     in the model to plan it (its own checkpointing switched off, see
     :func:`switch_off_own_checkpointing`), one line each. ``loop``: the training loop's
-    shape its steps run in (:func:`run_training_step`)."""
+    shape its steps run in (:func:`run_training_step`). ``caches_off``: the Hugging Face
+    models in it whose cache was switched off for training
+    (:func:`planner.model_switches.switch_off_caches`)."""
 
     model_file: ModelFile
     model: torch.nn.Module
@@ -97,6 +100,7 @@ class Workload:
     device: torch.device
     notes: tuple[str, ...] = ()
     loop: LoopShape = PLAIN_LOOP
+    caches_off: tuple[str, ...] = ()
 
 
 # Checkpointing a model does itself, switched by a flag on its modules: Hugging Face's
@@ -421,11 +425,12 @@ def build_workload(
     model.train()
     with _user_code("switching off the model's own checkpointing", model_file.path):
         notes = (*model_file.assumptions, *switch_off_own_checkpointing(model))
+    caches_off = switch_off_caches(model)
     with _user_code("sample_batch()", model_file.path):
         torch.manual_seed(seed + 1)
         batch = _to_device(model_file.sample_batch(), target)
     optimizer = build_optimizer(model_file, model)
-    return Workload(model_file, model, batch, optimizer, target, notes, loop)
+    return Workload(model_file, model, batch, optimizer, target, notes, loop, caches_off)
 
 
 def build_optimizer(model_file: ModelFile, model: torch.nn.Module) -> torch.optim.Optimizer:

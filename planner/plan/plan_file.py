@@ -19,6 +19,7 @@ from planner.core.fileio import atomic_write_text
 from planner.core.loop import PLAIN_LOOP, LoopShape, loop_from_dict, loop_to_dict
 from planner.core.parallel import ParallelLayout, parallel_from_dict, parallel_to_dict
 from planner.core.records import unit_name
+from planner.core.switches import NO_SWITCHES, StepSwitches, switches_from_dict, switches_to_dict
 from planner.plan.policies import NESTED
 
 __all__ = [
@@ -102,7 +103,8 @@ class Plan:
     measured in (:mod:`planner.core.loop`; a file without it was made for the plain loop).
     ``parallel`` is the ``torchrun`` job layout the plan is for, each rank applying it before
     sharding (:mod:`planner.core.parallel`: world size, strategy, mesh shape; None, or absent
-    from the file: one process).
+    from the file: one process). ``switches`` are the model's switches the step was planned
+    with (:mod:`planner.core.switches`: Hugging Face caches turned off, routing assumed).
     """
 
     budget_bytes: int
@@ -130,6 +132,7 @@ class Plan:
     model_file: str | None = None
     loop: LoopShape = PLAIN_LOOP
     parallel: ParallelLayout | None = None
+    switches: StepSwitches = NO_SWITCHES
 
     @property
     def module_names(self) -> tuple[str, ...]:
@@ -166,6 +169,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     data["assumptions"] = list(plan.assumptions)
     data["loop"] = loop_to_dict(plan.loop)
     data["parallel"] = parallel_to_dict(plan.parallel)
+    data["switches"] = switches_to_dict(plan.switches)
     # Put the version first so a person opening the file sees it.
     return {"schema_version": data.pop("schema_version"), **data}
 
@@ -219,6 +223,7 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         values["assumptions"] = tuple(values.get("assumptions", ()))
         values["loop"] = loop_from_dict(data.get("loop"))  # absent: the plain loop
         values["parallel"] = parallel_from_dict(data.get("parallel"))  # absent: one process
+        values["switches"] = switches_from_dict(data.get("switches"))  # absent: none
         plan = Plan(**values)
     except (KeyError, TypeError, ValueError, LoopShapeError, ParallelLayoutError) as error:
         raise PlanFileError(

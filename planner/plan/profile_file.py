@@ -29,6 +29,7 @@ from planner.core.records import (
     StorageKind,
     StorageLifetime,
 )
+from planner.core.switches import switches_from_dict, switches_to_dict
 
 __all__ = ["load_profile", "module_table", "save_profile", "save_profile_table"]
 
@@ -65,6 +66,7 @@ def _profile_to_dict(profile: Profile) -> dict[str, Any]:
     data["cost_source"] = profile.cost_source.value
     data["loop"] = loop_to_dict(profile.loop)
     data["parallel"] = parallel_to_dict(profile.parallel)
+    data["switches"] = switches_to_dict(profile.switches)
     return data
 
 
@@ -151,6 +153,7 @@ def load_profile(path: str | Path) -> Profile:
         values["cost_source"] = CostSource(data.get("cost_source", "measured"))
         values["loop"] = loop_from_dict(data.get("loop"))  # absent: the plain loop
         values["parallel"] = parallel_from_dict(data.get("parallel"))  # absent: one process
+        values["switches"] = switches_from_dict(data.get("switches"))  # absent: none
         return Profile(**values)
     except (KeyError, TypeError, ValueError, LoopShapeError, ParallelLayoutError) as error:
         raise ProfileFileError(f"profile {source} is malformed ({error}); re-profile") from error

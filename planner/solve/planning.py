@@ -184,6 +184,7 @@ def build_plan(
         model_file=profile.model_file,
         loop=profile.loop,
         parallel=profile.parallel,
+        switches=profile.switches,
     )
 
 

@@ -1,0 +1,71 @@
+"""What a plan assumes about switches in the model that change a step's memory, and that
+``apply_plan`` sets (or the first-forward guard watches) at training time.
+
+Pure data, no torch. Kept apart from the free-text ``assumptions`` so that code reads a
+field, never a sentence:
+
+* ``caches_off``: Hugging Face models whose ``config.use_cache`` was on. A cache is for
+  generation; in training it holds every layer's keys and values until the step's output is
+  dropped, so no layer could be checkpointed. The step is planned with the cache off, as
+  Hugging Face's own gradient checkpointing does, and ``apply_plan`` turns it off.
+* ``expert_load``: the routing a mixture-of-experts step was planned for, where its memory
+  depends on routing (experts run on the tokens routed to them, one at a time): the most
+  tokens any expert gets, as a multiple of the balanced share (tokens x top-k / experts).
+  1.0 is balanced routing. None: no shape in the step depended on routing (grouped experts,
+  or no experts), so no assumption was needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["NO_SWITCHES", "StepSwitches", "switches_from_dict", "switches_to_dict"]
+
+
+@dataclass(frozen=True)
+class StepSwitches:
+    caches_off: tuple[str, ...] = ()
+    expert_load: float | None = None
+
+    def describe(self) -> tuple[str, ...]:
+        """One line per switch, for assumption lists and summaries."""
+        lines = []
+        if self.caches_off:
+            lines.append(
+                f"Hugging Face cache off in training (config.use_cache was on in "
+                f"{', '.join(name or 'the model' for name in self.caches_off)}): apply_plan "
+                "turns it off, as gradient_checkpointing_enable() does"
+            )
+        if self.expert_load is not None:
+            share = (
+                "balanced routing (each expert gets tokens x top-k / experts)"
+                if self.expert_load == 1.0
+                else f"routing where the busiest expert gets {self.expert_load:g}x its balanced "
+                "share"
+            )
+            lines.append(
+                f"mixture-of-experts memory depends on routing: planned for {share}; the "
+                "first training forward warns when an expert gets more"
+            )
+        return tuple(lines)
+
+
+NO_SWITCHES = StepSwitches()
+
+
+def switches_to_dict(switches: StepSwitches) -> dict[str, Any]:
+    return {"caches_off": list(switches.caches_off), "expert_load": switches.expert_load}
+
+
+def switches_from_dict(data: Any) -> StepSwitches:
+    """The record from its JSON form; absent (files written before it): no switches."""
+    if data is None:
+        return NO_SWITCHES
+    if not isinstance(data, dict):
+        raise TypeError(f"switches should be an object, not {type(data).__name__}")
+    load = data.get("expert_load")
+    return StepSwitches(
+        caches_off=tuple(str(name) for name in data.get("caches_off", ())),
+        expert_load=None if load is None else float(load),
+    )

@@ -1,0 +1,162 @@
+"""Switches in a live model that change a training step's memory, set the way a plan
+assumes (:mod:`planner.core.switches`). The lowest torch layer, beside ``apply``: training
+scripts import it through :func:`planner.apply_plan`, and the profiler uses the same
+functions so that the step it records is the step ``apply_plan`` leaves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = [
+    "RoutingAsPlanned",
+    "assumed_routing",
+    "busiest_expert_load",
+    "cache_owners",
+    "is_routing_choice",
+    "routing_as_planned",
+    "switch_off_caches",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def _is_hugging_face_model(module: torch.nn.Module) -> bool:
+    modeling = sys.modules.get("transformers.modeling_utils")
+    base = getattr(modeling, "PreTrainedModel", None)
+    return base is not None and isinstance(module, base)
+
+
+def cache_owners(model: torch.nn.Module) -> list[tuple[str, Any]]:
+    """(qualified name, config) of each Hugging Face model in ``model`` whose config has
+    ``use_cache`` on, one per config object (a causal LM and its inner model share one)."""
+    found: dict[int, tuple[str, Any]] = {}
+    for name, module in model.named_modules():
+        config = getattr(module, "config", None)
+        if (
+            config is not None
+            and getattr(config, "use_cache", None) is True
+            and _is_hugging_face_model(module)
+        ):
+            found.setdefault(id(config), (name, config))
+    return list(found.values())
+
+
+def switch_off_caches(model: torch.nn.Module) -> tuple[str, ...]:
+    """Turn ``config.use_cache`` off in every Hugging Face model inside ``model``, as Hugging
+    Face's gradient checkpointing does in training: a key/value cache is for generation, and
+    in a training step it keeps every layer's keys and values alive until the output is
+    dropped (so no layer could be checkpointed). Returns the names of the models switched
+    (``""`` for ``model`` itself). ``generate()`` passes its own ``use_cache``, so inference
+    still uses a cache."""
+    owners = cache_owners(model)
+    for _, config in owners:
+        config.use_cache = False
+    return tuple(name for name, _ in owners)
+
+
+# -- mixture-of-experts routing ------------------------------------------------------------
+# A router picks, for each token, its top-k experts: ``torch.topk(scores, k)`` over the last
+# dimension of a float tensor of scores. Where an experts layer runs each expert on the tokens
+# routed to it (Hugging Face's eager experts: ``nonzero``/``where`` per expert), activation
+# sizes follow the routing, which a fake step cannot know: it plans for an assumed routing.
+
+
+def assumed_routing(
+    lead_shape: tuple[int, ...], choices: int, k: int, expert_load: float = 1.0
+) -> torch.Tensor:
+    """Expert indices (int64, ``lead_shape + (k,)``) for ``prod(lead_shape)`` tokens each
+    picking ``k`` distinct of ``choices`` experts, such that expert 0, the busiest, gets
+    ``expert_load`` times the balanced share (tokens x k / choices; at most every token) and
+    the others share the rest evenly. ``expert_load=1.0``: balanced."""
+    tokens = 1
+    for size in lead_shape:
+        tokens *= size
+    rows = torch.arange(tokens).unsqueeze(1)
+    columns = torch.arange(k).unsqueeze(0)
+    balanced = tokens * k / choices if choices else 0.0
+    busiest = min(tokens, math.ceil(expert_load * balanced - 1e-9))
+    if expert_load <= 1.0 or k >= choices or busiest <= balanced:
+        indices = (rows * k + columns) % max(choices, 1)
+    else:
+        # The first `busiest` tokens pick expert 0 and k-1 of the others in turn; the rest
+        # pick k of the others in turn (distinct in a row: k <= choices - 1 consecutive).
+        others = choices - 1
+        first = rows < busiest
+        before = torch.where(first, rows * (k - 1), busiest * (k - 1) + (rows - busiest) * k)
+        offset = torch.where(first, columns - 1, columns)
+        indices = 1 + (before + offset) % others
+        indices = torch.where(first & (columns == 0), torch.zeros_like(indices), indices)
+    return indices.reshape(*lead_shape, k)
+
+
+def busiest_expert_load(indices: torch.Tensor, choices: int) -> float:
+    """The most tokens any expert got in routing ``indices`` (``(..., k)``), as a multiple
+    of the balanced share."""
+    k = indices.shape[-1]
+    tokens = indices.numel() // max(k, 1)
+    if tokens == 0 or choices == 0:
+        return 0.0
+    counts = torch.bincount(indices.reshape(-1).to(torch.int64).cpu(), minlength=choices)
+    return float(counts.max()) / (tokens * k / choices)
+
+
+def is_routing_choice(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an op is a router's top-k pick: ``aten.topk`` of floats over the last
+    dimension (a router's scores per expert)."""
+    if func is not torch.ops.aten.topk.default or not args:
+        return False
+    scores = args[0]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+    return (
+        isinstance(scores, torch.Tensor)
+        and scores.is_floating_point()
+        and scores.dim() >= 1
+        and dim in (-1, scores.dim() - 1)
+    )
+
+
+def topk_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    return int(args[1] if len(args) > 1 else kwargs["k"])
+
+
+class RoutingAsPlanned(TorchDispatchMode):
+    """Inside it, every router's top-k pick (:func:`is_routing_choice`) routes as a plan
+    assumed (:func:`assumed_routing`), on real tensors: its indices are overwritten with the
+    assumed ones and its values with the scores at those indices (so autograd's backward of
+    ``topk``, which scatters by the indices, stays consistent). For checking a plan's
+    prediction under the routing it was made for (``ckpt-plan``'s plan check); in training
+    the first-forward guard watches the real routing instead."""
+
+    def __init__(self, expert_load: float) -> None:
+        super().__init__()
+        self.expert_load = expert_load
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if is_routing_choice(func, args, kwargs):
+            values, indices = out
+            scores = args[0]
+            routing = assumed_routing(
+                tuple(scores.shape[:-1]),
+                scores.shape[-1],
+                topk_size(args, kwargs),
+                self.expert_load,
+            ).to(indices.device)
+            # In place: the step keeps the storages it would have had.
+            indices.copy_(routing)
+            values.copy_(torch.gather(scores, -1, routing))
+        return out
+
+
+def routing_as_planned(expert_load: float | None) -> contextlib.AbstractContextManager[Any]:
+    """:class:`RoutingAsPlanned` for a plan that assumed a routing, else nothing."""
+    return RoutingAsPlanned(expert_load) if expert_load is not None else contextlib.nullcontext()
