@@ -29,6 +29,7 @@ from cli.options import (
     Device,
     DeviceOption,
     DtypeOption,
+    ExpertLoadOption,
     GradAccumOption,
     HfOption,
     MeshOption,
@@ -110,6 +111,7 @@ def profile(
     world_size: WorldSizeOption = None,
     parallel: ParallelOption = None,
     mesh: MeshOption = None,
+    expert_load: ExpertLoadOption = 1.0,
     verbose: VerboseOption = False,
 ) -> None:
     """Profile one training step, choose the cheapest checkpointing plan that fits BUDGET,
@@ -144,6 +146,7 @@ def profile(
                     loop=LoopShape(zero_grad, grad_accum),
                     parallel=layout,
                     progress=progress,
+                    expert_load=expert_load,
                 )
         except errors.InfeasibleBudgetError as error:
             # Keep what was measured: re-solving at a budget that fits needs no new profile.

@@ -122,6 +122,17 @@ MeshOption = Annotated[
         show_default="one dimension of --world-size",
     ),
 ]
+ExpertLoadOption = Annotated[
+    float,
+    typer.Option(
+        "--expert-load",
+        min=1.0,
+        help="Mixture-of-experts models whose memory depends on routing (experts run on the "
+        "tokens routed to them): plan for the busiest expert getting this many times its "
+        "balanced share (tokens x top-k / experts). 1 is balanced routing; the first training "
+        "forward warns when real routing is busier. Ignored where no shape depends on routing.",
+    ),
+]
 VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", help="Log details to stderr; show tracebacks on errors.")
 ]

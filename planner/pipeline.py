@@ -111,9 +111,12 @@ def record_step_memory(
     target: DeviceSpec | None,
     loop: LoopShape,
     progress: ProgressCallback | None,
+    expert_load: float = 1.0,
 ) -> Profile:
     """The memory half of a profile (times not yet taken: ``cost_source`` ``none``): on fake
-    tensors by default, falling back to a real step only where it fits ``budget_bytes``."""
+    tensors by default, falling back to a real step only where it fits ``budget_bytes``.
+    ``expert_load``: the routing assumed where memory depends on it
+    (:func:`planner.model_switches.assumed_routing`)."""
     device_type = target.device_type if target is not None else device
     workspace = 0
     if device_type == "cuda":
@@ -122,7 +125,9 @@ def record_step_memory(
         try:
             if progress:
                 progress("building the model on fake tensors", 0, 0)
-            workload, session = build_fake_workload(model_file, device_type, seed, loop=loop)
+            workload, session = build_fake_workload(
+                model_file, device_type, seed, loop=loop, expert_load=expert_load
+            )
             try:
                 return record_memory(
                     workload,
@@ -171,8 +176,11 @@ def profile_model_file(
     loop: LoopShape = PLAIN_LOOP,
     parallel: ParallelLayout | None = None,
     progress: ProgressCallback | None = None,
+    expert_load: float = 1.0,
 ) -> Profile:
     """A complete profile of the model file's training step (see the module docstring).
+    ``expert_load``: the mixture-of-experts routing to plan for where memory depends on it
+    (the busiest expert's tokens over the balanced share; :mod:`planner.core.switches`).
 
     ``memory``: record on fake tensors (default) or by running the unplanned step for real
     (``real``: it must fit the machine). ``budget_bytes`` bounds every real pass: the timing
@@ -201,6 +209,7 @@ def profile_model_file(
             budget_bytes=budget_bytes,
             workspace_bytes=_cuda_workspace_bytes(device) if device.startswith("cuda") else 0,
             progress=progress,
+            expert_load=expert_load,
         )
         return estimated_costs(profile, device)
     profile = record_step_memory(
@@ -212,6 +221,7 @@ def profile_model_file(
         target=target,
         loop=loop,
         progress=progress,
+        expert_load=expert_load,
     )
     if note := profile.excluded_blocks_note():
         logger.warning("%s", note)
@@ -468,6 +478,7 @@ def profile_and_plan(
     loop: LoopShape = PLAIN_LOOP,
     parallel: ParallelLayout | None = None,
     progress: ProgressCallback | None = None,
+    expert_load: float = 1.0,
 ) -> PlanningResult:
     """Load the model file, profile one step, solve for the budget, check the plan (see
     the module docstring). With ``parallel`` the plan is for one rank of that ``torchrun``
@@ -476,7 +487,8 @@ def profile_and_plan(
     (``ckpt-plan verify --nproc N`` runs it on the job's machines). With ``target`` the plan
     is for that device and is not run.
     ``loop`` is the training loop's shape (:class:`~planner.core.loop.LoopShape`): the
-    step is profiled, timed and checked in it, and the plan records it.
+    step is profiled, timed and checked in it, and the plan records it. ``expert_load``: the
+    routing planned for where a mixture-of-experts step's memory depends on it.
 
     ``model_path`` is a model file's path or a Hugging Face workload's source
     (:attr:`planner.measure.hf.HfWorkload.source`); either travels to every stage."""
@@ -494,6 +506,7 @@ def profile_and_plan(
         loop=loop,
         parallel=parallel,
         progress=progress,
+        expert_load=expert_load,
     )
     runnable_here = ranks_run_here(parallel, device)
     result = plan_checked(

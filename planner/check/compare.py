@@ -322,6 +322,24 @@ def run_check(
     :class:`PlanCheckError`'s message is one line, a blank line, then the whole of torch's
     error (the traced operations of the forward and the recomputation).
     """
+    from planner.model_switches import routing_as_planned
+    from planner.plan.plan_file import load_plan
+
+    plan_value = plan if isinstance(plan, Plan) else load_plan(plan)
+    # Mixture-of-experts steps whose memory depends on routing run as the plan assumed.
+    with routing_as_planned(plan_value.switches.expert_load):
+        return _run_check(model_path, plan_value, device, seed, debug, reference, limit_bytes)
+
+
+def _run_check(
+    model_path: str | Path,
+    plan_value: Plan,
+    device: str,
+    seed: int,
+    debug: bool,
+    reference: CheckReference,
+    limit_bytes: int | None,
+) -> PlanCheck:
     import torch
     from torch.utils.checkpoint import set_checkpoint_debug_enabled
 
@@ -329,9 +347,7 @@ def run_check(
     from planner.measure.step import measure_step
     from planner.measure.tracking import MemoryLimitExceeded
     from planner.measure.workload import build_workload, load_model_file
-    from planner.plan.plan_file import load_plan
 
-    plan_value = plan if isinstance(plan, Plan) else load_plan(plan)
     model_file = load_model_file(model_path)
     reference = CheckReference(reference)
     reference_run = None

@@ -420,6 +420,7 @@ def record_rank_memory(
     budget_bytes: int | None = None,
     workspace_bytes: int = 0,
     progress: ProgressCallback | None = None,
+    expert_load: float = 1.0,
 ) -> Profile:
     """The memory half of a profile of ONE rank of ``layout`` (times not taken: ``cost_source``
     ``none``), recorded in this process on simulated ranks (see the module's design notes):
@@ -434,7 +435,9 @@ def record_rank_memory(
         progress(f"simulating {layout.describe()}", 0, 0)
     with simulated_ranks(layout):
         try:
-            workload, session = build_fake_workload(model_file, device_type, seed, loop=loop)
+            workload, session = build_fake_workload(
+                model_file, device_type, seed, loop=loop, expert_load=expert_load
+            )
             if layout.strategy is ParallelStrategy.DDP:
                 # DDP cannot be built on fake tensors; its rank is the step plus its buckets.
                 with session.running():

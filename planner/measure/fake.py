@@ -18,13 +18,19 @@ Design notes
   weights, views) still share one. A model file that names a device explicitly (``.to
   ("cpu")`` inside ``build_model``) cannot build on meta; it is built under
   ``FakeTensorMode`` instead. The batch and the optimizer are made under the fake mode.
-* **Small tensors keep their values.** Training code tests small integer tensors (is any
-  token padded? are these position ids packed sequences?). The batch is made for real and
-  every integer or boolean tensor of at most ``SHADOW_NUMEL_LIMIT`` elements keeps a real
-  copy (its shadow);
-  an op whose inputs all have shadows and whose outputs are that small computes its
-  shadows too (``arange``, comparisons, ``all``), so ``.item()`` or ``bool()`` of such a
-  tensor answers as the real step would. Big tensors (activations, weights) have no values:
+* **Small tensors keep their values.** Training code tests small tensors (is any token
+  padded? are these position ids packed sequences? is this all-ones mask all ones?). The
+  batch is made for real and every tensor of it of at most ``SHADOW_NUMEL_LIMIT`` elements
+  keeps a real copy (its shadow); an op whose inputs all have shadows (or none: ``ones``)
+  and whose outputs are that small computes its shadows too (``arange``, comparisons,
+  ``all``), so ``.item()`` or ``bool()`` of such a tensor answers as the real step would.
+* **Routing is assumed.** A mixture-of-experts router's top-k pick over fake scores gets
+  the values of an assumed routing (:func:`planner.model_switches.assumed_routing`:
+  balanced, or a busiest expert at ``expert_load`` times its share), so experts that run
+  on the tokens routed to them (``nonzero``/``where`` per expert) run with known sizes.
+  Values derived from it are marked: only where one decides a shape or a value is the
+  routing an assumption of the plan (``FakeSession.expert_load_used``); grouped experts
+  (``grouped_mm`` over all tokens) need none. Big tensors (activations, weights) have no values:
   an op whose output depends on them (``.item()`` of a loss, ``nonzero`` of activations)
   cannot run, and :class:`FakeExecutionError` names it and where the model file called it.
   The caller may then fall back to a real step, only where one fits.
@@ -78,6 +84,12 @@ from planner.measure.workload import (
     map_tensors,
     switch_off_own_checkpointing,
 )
+from planner.model_switches import (
+    assumed_routing,
+    is_routing_choice,
+    switch_off_caches,
+    topk_size,
+)
 
 __all__ = [
     "SHADOW_NUMEL_LIMIT",
@@ -120,15 +132,19 @@ class _ValueShadows(TorchDispatchMode):
     (see the module's design notes). Sits above the fake mode: each op runs fake first;
     its shadows are computed, on CPU, when all its tensor inputs have one."""
 
-    def __init__(self, limit: int = SHADOW_NUMEL_LIMIT) -> None:
+    def __init__(self, limit: int = SHADOW_NUMEL_LIMIT, expert_load: float = 1.0) -> None:
         super().__init__()
         self.limit = limit
-        # id(fake tensor) -> (weak reference to it, its real CPU values)
-        self._shadows: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+        # id(fake tensor) -> (weak reference to it, its real CPU values, whether the values
+        # come from the routing assumption rather than from the batch)
+        self._shadows: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor, bool]] = {}
         self._stale_storages: set[int] = set()
+        self.expert_load = expert_load
+        self.routing_seen = False  # a router's top-k pick got assumed values
+        self.routing_decided = False  # ... and a shape or a value of the step depended on them
 
-    def attach(self, fake: torch.Tensor, real: torch.Tensor) -> None:
-        if real.numel() > self.limit or real.is_floating_point() or real.is_complex():
+    def attach(self, fake: torch.Tensor, real: torch.Tensor, *, assumed: bool = False) -> None:
+        if real.numel() > self.limit or real.is_complex():
             return
         key = id(fake)
 
@@ -139,7 +155,7 @@ class _ValueShadows(TorchDispatchMode):
 
         with torch._C._DisableTorchDispatch():
             value = real.detach().to("cpu")
-        self._shadows[key] = (weakref.ref(fake, forget), value)
+        self._shadows[key] = (weakref.ref(fake, forget), value, assumed)
         self._stale_storages.discard(id(fake.untyped_storage()))
 
     def release(self) -> None:
@@ -155,13 +171,38 @@ class _ValueShadows(TorchDispatchMode):
                 not is_fake(tensor)
                 and tensor.device.type == "cpu"
                 and tensor.numel() <= self.limit
-                and not (tensor.is_floating_point() or tensor.is_complex())
+                and not tensor.is_complex()
             ):
                 return tensor
             return None
         if id(tensor.untyped_storage()) in self._stale_storages:
             return None
         return entry[1]
+
+    def _assumed(self, flat: list[Any]) -> bool:
+        """Whether a tensor among ``flat`` has values from the routing assumption."""
+        for value in flat:
+            if isinstance(value, torch.Tensor):
+                entry = self._shadows.get(id(value))
+                if entry is not None and entry[2] and entry[0]() is value:
+                    return True
+        return False
+
+    def _routing_choice(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """A router's top-k pick over fake scores: the fake op, with the indices given the
+        assumed routing's values (planner.model_switches.assumed_routing)."""
+        values, indices = func(*args, **kwargs)
+        scores = args[0]
+        with torch._C._DisableTorchDispatch():  # real values, made outside the fake mode
+            routing = assumed_routing(
+                tuple(scores.shape[:-1]),
+                scores.shape[-1],
+                topk_size(args, kwargs),
+                self.expert_load,
+            )
+        self.attach(indices, routing, assumed=True)
+        self.routing_seen = True
+        return values, indices
 
     def _on_shadows(self, flat: list[Any], spec: Any, func: Any) -> Any:
         cpu = torch.device("cpu")
@@ -190,6 +231,8 @@ class _ValueShadows(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if is_routing_choice(func, args, kwargs) and self.shadow(args[0]) is None:
+            return self._routing_choice(func, args, kwargs)
         known = (
             torch.Tag.nondeterministic_seeded not in func.tags
             and self._all_known(args)
@@ -210,6 +253,8 @@ class _ValueShadows(TorchDispatchMode):
             if not tensors:
                 raise
             # The output depends on values we have: compute it, and fake its tensors.
+            assumed = self._assumed(flat)
+            self.routing_decided |= assumed
             real = self._on_shadows(flat, spec, func)
             real_flat, real_spec = tree_flatten(real)
             faked = []
@@ -218,19 +263,17 @@ class _ValueShadows(TorchDispatchMode):
                     fake = torch.empty_strided(
                         value.shape, value.stride(), dtype=value.dtype, device=tensors[0].device
                     )
-                    self.attach(fake, value)
+                    self.attach(fake, value, assumed=assumed)
                     value = fake
                 faked.append(value)
             return tree_unflatten(faked, real_spec)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if outputs and all(
-            t.numel() <= self.limit and not (t.is_floating_point() or t.is_complex())
-            for t in outputs
-        ):
+        if outputs and all(t.numel() <= self.limit and not t.is_complex() for t in outputs):
             real = self._on_shadows(flat, spec, func)
             real_outputs = [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)]
+            assumed = self._assumed(flat)
             for fake, value in zip(outputs, real_outputs, strict=False):
-                self.attach(fake, value)
+                self.attach(fake, value, assumed=assumed)
         elif writes_in_place(func):
             for written in written_arguments(func, args, kwargs):
                 self._stale_storages.add(id(written.untyped_storage()))
@@ -333,9 +376,20 @@ class FakeSession:
         return self.device_type != self.tensor_device
 
     @property
+    def expert_load_used(self) -> float | None:
+        """The routing assumed (busiest expert's load over the balanced share) where a shape
+        or value of the step depended on it; None where none did."""
+        return self.shadows.expert_load if self.shadows.routing_decided else None
+
+    @property
     def assumptions(self) -> tuple[str, ...]:
         """How the fake step models the planned device, one line each."""
         lines = list(self._notes)
+        if self.shadows.routing_seen and not self.shadows.routing_decided:
+            lines.append(
+                "mixture-of-experts routing: no shape of the step depends on it (grouped "
+                "experts), so no routing was assumed"
+            )
         if self.emulated:
             lines.append(
                 f"{self.device_type} emulated on fake CPU tensors (this torch cannot run "
@@ -382,6 +436,7 @@ class FakeSession:
             stack.enter_context(_libraries_see_eager_tensors(self))
             stack.enter_context(self.mode)
             stack.enter_context(self.shadows)
+            stack.enter_context(_device_kernel_dtypes(self._replaced))
             if self.emulated:
                 stack.enter_context(_CudaKernels(self._replaced))
                 stack.enter_context(_autocast_emulated(self.device_type, self._replaced))
@@ -419,6 +474,71 @@ def _fake_limitation(error: BaseException, model_file: ModelFile) -> FakeExecuti
     return FakeExecutionError(
         f"the training step cannot run on fake tensors at {op} ({where}): {why}", op=op
     )
+
+
+# Ops whose fake (meta) kernel accepts fewer dtypes than the devices' real kernels: the op,
+# and the dtypes its CPU and CUDA kernels run (torch 2.13: grouped_mm's meta kernel checks
+# for bf16 only, the CUDA fast path's dtype, while the CPU kernel and CUDA's fallback run
+# fp32 and fp16 too; Hugging Face mixture-of-experts layers call it in the model's dtype).
+_NARROW_FAKE_KERNELS: dict[str, tuple[torch.dtype, ...]] = {
+    "_grouped_mm.default": (torch.float32, torch.float16, torch.bfloat16),
+}
+
+
+def _grouped_mm_output(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """``aten._grouped_mm``'s output on fake tensors for the dtypes its real kernels run
+    (``NotImplemented``, so torch's own fake kernel runs and reports, for anything else).
+    The output's shape rule is torch's own (``_create_grouped_mm_output_tensor``)."""
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
+
+    mat_a, mat_b = args[0], args[1]
+    offs = args[2] if len(args) > 2 else kwargs.get("offs")
+    out_dtype = args[4] if len(args) > 4 else kwargs.get("out_dtype")
+    bias = args[3] if len(args) > 3 else kwargs.get("bias")
+    accepted = _NARROW_FAKE_KERNELS["_grouped_mm.default"]
+    if (
+        mat_a.dtype == torch.bfloat16
+        or mat_a.dtype != mat_b.dtype
+        or mat_a.dtype not in accepted
+        or out_dtype not in (None, mat_a.dtype)
+        or bias is not None
+    ):
+        return NotImplemented
+    device = mat_a.device
+    with in_kernel_invocation_manager(fake_mode):
+        output = _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
+    return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, output, device)
+
+
+@contextlib.contextmanager
+def _device_kernel_dtypes(replaced: set[str]) -> Iterator[None]:
+    """Inside the session, ops in :data:`_NARROW_FAKE_KERNELS` run on fake tensors in every
+    dtype their real kernels run, so the fake step runs what the real step runs (without
+    patching the library that calls them). Scoped: outside it, torch's rules are back."""
+    from torch._subclasses import fake_impls
+
+    grouped_mm = torch.ops.aten._grouped_mm.default
+
+    def is_grouped_mm(func: Any) -> bool:
+        return func is grouped_mm
+
+    def output(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwargs: Any) -> Any:
+        result = _grouped_mm_output(fake_mode, func, *args, **kwargs)
+        if result is not NotImplemented:
+            replaced.add(
+                f"grouped_mm in {args[0].dtype}: run as the device's kernel runs it "
+                "(torch's fake kernel accepts bf16 only)"
+            )
+        return result
+
+    entry = (is_grouped_mm, output)
+    fake_impls.op_implementations_checks.insert(0, entry)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            fake_impls.op_implementations_checks.remove(entry)
 
 
 @contextlib.contextmanager
@@ -592,24 +712,28 @@ def build_fake_workload(
     *,
     emulate: bool = False,
     loop: LoopShape = PLAIN_LOOP,
+    expert_load: float = 1.0,
 ) -> tuple[Workload, FakeSession]:
     """The model file's model, batch and optimizer on fake tensors for ``device_type``, and
     the session to run its steps in (``with session.running(): ...``), in the training
-    loop's shape ``loop``. ``emulate`` forces the CPU emulation of a CUDA step even where
-    CUDA is available (to test it there)."""
+    loop's shape ``loop``, planning mixture-of-experts layers whose memory depends on routing
+    for ``expert_load`` (:func:`planner.model_switches.assumed_routing`). ``emulate`` forces
+    the CPU emulation of a CUDA step even where CUDA is available (to test it there)."""
     tensor_device = "cpu" if emulate else fake_tensor_device(device_type)
     session = FakeSession(
         mode=FakeTensorMode(allow_non_fake_inputs=True),
         device_type=device_type,
         tensor_device=tensor_device,
         model_file=model_file,
+        shadows=_ValueShadows(expert_load=expert_load),
     )
     model = _build_model(model_file, session, seed)
     with _user_code("switching off the model's own checkpointing", model_file.path):
         notes = (*model_file.assumptions, *switch_off_own_checkpointing(model))
+    caches_off = switch_off_caches(model)
     batch = _fake_batch(model_file, session, seed)
     optimizer = _fake_optimizer(model_file, model, session)
     workload = Workload(
-        model_file, model, batch, optimizer, torch.device(tensor_device), notes, loop
+        model_file, model, batch, optimizer, torch.device(tensor_device), notes, loop, caches_off
     )
     return workload, session

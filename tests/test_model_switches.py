@@ -1,0 +1,180 @@
+"""Switches a plan assumes in the model (planner.core.switches, planner.model_switches):
+Hugging Face caches turned off for training, and the mixture-of-experts routing planned for.
+The Hugging Face models here are built from tiny configs with their shipped defaults."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from planner.core.switches import StepSwitches, switches_from_dict, switches_to_dict
+from planner.model_switches import RoutingAsPlanned, assumed_routing, busiest_expert_load
+
+
+@pytest.mark.parametrize(
+    ("tokens", "experts", "k", "load"),
+    [(256, 8, 2, 1.0), (256, 8, 2, 1.5), (100, 4, 1, 2.0), (64, 4, 4, 3.0)],
+)
+def test_assumed_routing_gives_the_busiest_expert_its_load_and_distinct_picks(
+    tokens: int, experts: int, k: int, load: float
+) -> None:
+    routing = assumed_routing((tokens,), experts, k, load)
+    assert routing.shape == (tokens, k) and routing.dtype == torch.int64
+    assert all(len(set(row.tolist())) == k for row in routing)  # k distinct experts per token
+    assert int(routing.min()) >= 0 and int(routing.max()) < experts
+    # k == experts: every token picks every expert, so no skew is possible
+    expected = 1.0 if k == experts else load
+    assert busiest_expert_load(routing, experts) == pytest.approx(expected, abs=experts / tokens)
+
+
+def test_switches_round_trip_and_absent_means_none() -> None:
+    switches = StepSwitches(caches_off=("", "model.decoder"), expert_load=1.5)
+    assert switches_from_dict(switches_to_dict(switches)) == switches
+    assert switches_from_dict(None) == StepSwitches()
+    assert len(switches.describe()) == 2 and StepSwitches().describe() == ()
+
+
+def test_routing_as_planned_routes_a_real_topk_and_keeps_values_consistent() -> None:
+    scores = torch.randn(32, 8, requires_grad=True)
+    with RoutingAsPlanned(1.0):
+        values, indices = torch.topk(scores.softmax(-1), 2, dim=-1)
+    assert torch.equal(indices, assumed_routing((32,), 8, 2))
+    assert torch.equal(values, scores.softmax(-1).gather(-1, indices))
+    values.sum().backward()  # topk's backward scatters by the (overwritten) indices
+    assert scores.grad is not None
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def _llama_file(tmp_path: Path) -> Path:
+    """A Llama built as users ship it: use_cache left at its default (on)."""
+    path = tmp_path / "llama_defaults.py"
+    path.write_text(
+        "import torch\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "def build_model():\n"
+        "    return LlamaForCausalLM(LlamaConfig(vocab_size=500, hidden_size=64,\n"
+        "        intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,\n"
+        "        num_key_value_heads=2, max_position_embeddings=128))\n"
+        "def sample_batch():\n"
+        "    ids = torch.randint(0, 500, (2, 64))\n"
+        "    return {'input_ids': ids, 'labels': ids}\n"
+    )
+    return path
+
+
+def _moe_file(tmp_path: Path, experts: str) -> Path:
+    """A tiny Mixtral as shipped (use_cache on), with the given experts implementation."""
+    path = tmp_path / f"mixtral_{experts}.py"
+    path.write_text(
+        "import torch\n"
+        "from transformers import MixtralConfig, MixtralForCausalLM\n"
+        "def build_model():\n"
+        "    return MixtralForCausalLM(MixtralConfig(vocab_size=256, hidden_size=64,\n"
+        "        intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,\n"
+        "        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,\n"
+        f"        max_position_embeddings=128, experts_implementation={experts!r}))\n"
+        "def sample_batch():\n"
+        "    ids = torch.randint(0, 256, (2, 64))\n"
+        "    return {'input_ids': ids, 'labels': ids}\n"
+    )
+    return path
+
+
+@pytest.mark.hf
+def test_a_default_config_model_plans_every_block_with_the_cache_off(tmp_path: Path) -> None:
+    """use_cache on (the default) made every block refused; planned with it off, as Hugging
+    Face's own checkpointing trains, every block is a candidate and the plan at every
+    block's peak runs within it, measured as predicted, training unchanged."""
+    from planner.check.compare import check_plan
+    from planner.measure.workload import load_model_file
+    from planner.pipeline import profile_model_file
+    from planner.solve.planning import baseline_every_block, plan_for_budget
+
+    path = _llama_file(tmp_path)
+    profile = profile_model_file(load_model_file(path))
+    assert profile.switches.caches_off == ("",)
+    assert all(profile.module(name).is_candidate for name in profile.block_names)
+    budget = baseline_every_block(profile).predicted_peak_bytes
+    plan, _ = plan_for_budget(profile, budget)
+    assert plan.switches.caches_off == ("",)
+    check = check_plan(path, plan)
+    assert check.passed, check.differences
+    assert check.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+
+
+@pytest.mark.hf
+def test_apply_plan_turns_the_cache_off_with_one_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from planner.apply import apply_plan
+    from planner.measure.workload import load_model_file
+    from planner.pipeline import profile_model_file
+    from planner.solve.planning import plan_for_budget
+
+    model_file = load_model_file(_llama_file(tmp_path))
+    plan, _ = plan_for_budget(profile_model_file(model_file), 1 << 40)
+    model = model_file.build_model()
+    assert model.config.use_cache is True
+    with caplog.at_level(logging.WARNING, logger="planner.apply"):
+        apply_plan(model, plan)
+    assert model.config.use_cache is False
+    assert [r.message for r in caplog.records if "use_cache" in r.message] != []
+    assert len([r for r in caplog.records if "use_cache" in r.message]) == 1
+
+
+@pytest.mark.hf
+def test_grouped_experts_run_on_fake_tensors_with_no_routing_assumed(tmp_path: Path) -> None:
+    """grouped_mm's fake kernel takes bf16 only; the real CPU kernel runs fp32. The fake
+    step runs it as the device does, its peak equals the real step's, and since no shape
+    depends on routing the plan assumes none. Outside the session torch's rule is back."""
+    from planner.core.records import MemorySource
+    from planner.measure.workload import load_model_file
+    from planner.pipeline import profile_model_file
+
+    model_file = load_model_file(_moe_file(tmp_path, "grouped_mm"))
+    fake = profile_model_file(model_file, timing_steps=1)
+    real = profile_model_file(model_file, memory=MemorySource.REAL, timing_steps=1)
+    assert fake.measured_peak_bytes == real.measured_peak_bytes
+    assert fake.switches.expert_load is None
+    assert any("no routing was assumed" in line for line in fake.assumptions)
+    assert any("grouped_mm in torch.float32" in line for line in fake.assumptions)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with pytest.raises(RuntimeError, match="BF16"), FakeTensorMode():
+        torch._grouped_mm(
+            torch.randn(8, 16),
+            torch.randn(4, 16, 8),
+            offs=torch.tensor([2, 4, 6, 8], dtype=torch.int32),
+        )
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("expert_load", [1.0, 2.0])
+def test_eager_experts_plan_for_the_assumed_routing_and_measure_as_predicted(
+    tmp_path: Path, expert_load: float
+) -> None:
+    """Eager experts size their activations by routing (nonzero/where per expert): the
+    fake step plans for the assumed routing, the plan records it, and its check, run
+    under that routing, measures the prediction exactly with training unchanged."""
+    from planner.check.compare import check_plan
+    from planner.measure.workload import load_model_file
+    from planner.pipeline import profile_model_file
+    from planner.solve.planning import plan_for_budget
+
+    path = _moe_file(tmp_path, "eager")
+    profile = profile_model_file(load_model_file(path), timing_steps=1, expert_load=expert_load)
+    assert profile.switches.expert_load == expert_load
+    floor = min(record.checkpoint_saving_bytes for record in profile.candidates)
+    assert floor > 0
+    budget = (profile.measured_peak_bytes + profile.static_bytes) // 2
+    budget = max(budget, profile.measured_peak_bytes - 4 * floor)
+    plan, _ = plan_for_budget(profile, budget)
+    assert plan.modules and plan.switches.expert_load == expert_load
+    check = check_plan(path, plan)
+    assert check.passed, check.differences
+    assert check.measured_peak_bytes == plan.predicted_peak_bytes <= budget
