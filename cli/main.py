@@ -424,10 +424,22 @@ def tradeoff(
     csv: Annotated[
         Path | None, typer.Option(help="Also write the frontier as CSV to this path.")
     ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="The profile's model file, where it has moved: a profile saved when no plan "
+            "fit its budget holds no times, and is timed from it first.",
+            show_default="the profile's own",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed for timing a profile without times.")] = 0,
     verbose: VerboseOption = False,
 ) -> None:
     """The memory/time frontier: the cheapest plan at POINTS budgets from the smallest
-    that fits to the unplanned peak, and the usual baselines for comparison."""
+    that fits to the unplanned peak, and the usual baselines for comparison. A profile saved
+    when no plan fit its budget (exit 3) is timed first, under the smallest budget that fits
+    (or its times estimated from its ops where the model file is gone), and saved."""
     configure_logging(verbose)
     with errors_to_exit_codes(verbose):
         import time
@@ -436,16 +448,19 @@ def tradeoff(
 
         from planner.core.fileio import atomic_path
         from planner.plan.policies import option_summary
-        from planner.plan.profile_file import load_profile
+        from planner.plan.profile_file import load_profile, save_profile
         from planner.solve.planning import baseline_plans, frontier
 
         loaded = load_profile(profile_path)
-        if loaded.cost_source is CostSource.NONE:
-            raise errors.ProfileFileError(
-                f"{profile_path} holds no times (it was saved when no plan fit its budget): "
-                f"run `ckpt-plan solve {profile_path} --budget B` once with a budget that fits, "
-                "which times the model and saves them"
-            )
+        with progress_line() as progress:
+            if loaded.cost_source is CostSource.NONE:
+                # Saved when no plan fit its budget: time it once, under the smallest budget
+                # any plan fits, and keep the times for next time.
+                from planner.pipeline import with_times
+
+                loaded = with_times(loaded, model_path=model, seed=seed, progress=progress)
+                save_profile(loaded, profile_path)
+                stderr.print(f"timed {profile_path} ({loaded.cost_source.value} times); saved")
         started = time.perf_counter()
         with progress_line() as progress:
             progress(f"solving {points} budgets", 0, points)

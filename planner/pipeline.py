@@ -356,6 +356,29 @@ def _timed(
     )
 
 
+def with_times(
+    profile: Profile,
+    *,
+    model_path: str | Path | None = None,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+) -> Profile:
+    """``profile`` with times, for a trade-off curve: as it is where it has them; else (saved
+    when no plan fit its budget) timed here in steps under the smallest budget any plan fits,
+    the least memory a timing pass can take; where its model file is not here, estimated
+    from its recorded ops (``cost_source`` ``roofline``), which the profile's assumptions
+    say."""
+    if profile.cost_source is not CostSource.NONE:
+        return profile
+    source = model_path if model_path is not None else profile.model_file
+    if is_hf_source(source) or Path(source).is_file():
+        floor = Solver(profile).lowest_peak()[1]
+        return _timed(profile, floor, model_path=source, seed=seed, progress=progress)
+    estimated = estimated_costs(profile, profile.device)
+    line = f"times estimated, not measured: the model file {source} is not here to time it"
+    return dataclasses.replace(estimated, assumptions=(*estimated.assumptions, line))
+
+
 def plan_checked(
     profile: Profile,
     budget_bytes: int,

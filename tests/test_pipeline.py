@@ -83,3 +83,15 @@ def test_without_a_model_path_nothing_is_run_and_infeasible_budgets_raise(profil
         pipeline.plan_checked(profile, profile.static_bytes, model_path=None)
     assert raised.value.min_budget_bytes > profile.static_bytes
     assert dataclasses.is_dataclass(result.plan)
+
+
+def test_with_times_estimates_where_the_model_file_is_gone(profile) -> None:  # type: ignore[no-untyped-def]
+    from planner.core.records import CostSource
+
+    untimed = dataclasses.replace(
+        profile, cost_source=CostSource.NONE, model_file="/nonexistent/model.py"
+    )
+    estimated = pipeline.with_times(untimed)
+    assert estimated.cost_source is CostSource.ROOFLINE
+    assert any("/nonexistent/model.py is not here" in line for line in estimated.assumptions)
+    assert pipeline.with_times(profile) is profile  # already timed: as it is
