@@ -166,9 +166,11 @@ class _ValueShadows(TorchDispatchMode):
         entry = self._shadows.get(id(tensor))
         if entry is None or entry[0]() is not tensor:
             # A real tensor is its own value: ``x[:, [-1, 0]]`` makes its index tensor from
-            # Python data and lifts it into the fake mode (``lift_fresh``).
+            # Python data and lifts it into the fake mode (``lift_fresh``). Only a plain
+            # tensor: a wrapper subclass (DTensor) holds no values of its own.
             if (
-                not is_fake(tensor)
+                type(tensor) in (torch.Tensor, torch.nn.Parameter)
+                and not is_fake(tensor)
                 and tensor.device.type == "cpu"
                 and tensor.numel() <= self.limit
                 and not tensor.is_complex()
