@@ -195,22 +195,29 @@ def profile_model_file(
     recomputation times are then estimated from its ops (a roofline of this device), not
     timed: a timing step of one rank needs the job's other ranks."""
     if parallel is not None:
-        if memory is not MemorySource.FAKE or target is not None:
+        if memory is not MemorySource.FAKE:
             raise ParallelLayoutError(
-                "--world-size/--parallel plan on simulated ranks: use them without "
-                "--memory real and --target"
+                "--world-size/--parallel plan on simulated ranks: use them without --memory real"
             )
+        if target is not None:
+            # One rank of a job on the target's devices: emulated on fake tensors, timed by
+            # the target's roofline.
+            workspace = target.workspace_bytes
+        else:
+            workspace = _cuda_workspace_bytes(device) if device.startswith("cuda") else 0
         profile = record_rank_memory(
             model_file,
             parallel,
-            device_type=device.split(":")[0],
+            device_type=target.device_type if target is not None else device.split(":")[0],
             seed=seed,
             loop=loop,
             budget_bytes=budget_bytes,
-            workspace_bytes=_cuda_workspace_bytes(device) if device.startswith("cuda") else 0,
+            workspace_bytes=workspace,
             progress=progress,
             expert_load=expert_load,
         )
+        if target is not None:
+            return roofline_costs(profile, target)
         return estimated_costs(profile, device)
     profile = record_step_memory(
         model_file,

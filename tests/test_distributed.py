@@ -503,6 +503,24 @@ def test_a_plan_for_more_ranks_than_run_here_is_marked_unchecked() -> None:
     assert any("--nproc 8" in note and note.startswith("unchecked") for note in plan.notes)
 
 
+def test_a_rank_of_a_job_on_a_target_device_is_emulated_and_timed_by_its_roofline() -> None:
+    """--world-size with --target: one rank of an 8-rank FSDP2 job on H100s, its step
+    emulated on fake tensors (CUDA's storage blocks, the target's workspaces) and its times
+    from the target's roofline; nothing runs, so the plan is unchecked."""
+    from planner.core.records import CostSource
+    from planner.pipeline import profile_model_file
+    from planner.plan.targets import load_spec
+
+    target = load_spec("h100-80gb")
+    layout = ParallelLayout(8, "fsdp2")  # type: ignore[arg-type]
+    profile = profile_model_file(load_model_file(SMALL_GPT), target=target, parallel=layout)
+    on_cpu = record_rank_memory(load_model_file(SMALL_GPT), layout)
+    assert profile.cost_source is CostSource.ROOFLINE and profile.target == target.name
+    assert profile.parallel == layout and profile.device.startswith("cuda")
+    assert profile.workspace_bytes == target.workspace_bytes > 0
+    assert profile.measured_peak_bytes > on_cpu.measured_peak_bytes  # + workspaces, blocks
+
+
 def test_profile_says_a_plan_for_more_ranks_than_run_here_was_not_run(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app,
