@@ -1,0 +1,150 @@
+"""How often the plan check on real ranks passes (issue #32): consecutive runs of
+
+    ckpt-plan profile benchmarks/models/tiny_llama.py --budget 26MiB --world-size 2 --parallel fsdp2
+
+each a fresh process, as a user runs it: the rank-memory simulation, the plan, then the check
+on 2 gloo ranks under torchrun (planner.check.ranks). Recorded per run: the exit code, the
+wall time, and the measured peak (highest of the 2 ranks) or the one-line error. Runs with
+--verbose, so a failed run's log has its ranks' tracebacks and torchrun's output: its last
+lines are kept in the report.
+
+    python benchmarks/rank_check_reliability.py                  # 30 runs
+    python benchmarks/rank_check_reliability.py --runs 5 --budget 27MiB
+
+Writes reports/benchmarks/rank_check_reliability.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import markdown_table  # noqa: E402
+from planner.core.fileio import atomic_write_text  # noqa: E402
+
+MODEL = ROOT / "benchmarks" / "models" / "tiny_llama.py"
+_MEASURED = re.compile(r"measured peak with plan \(highest of (\d+) ranks\)\s+(\S+ \S+)")
+_KEPT_LINES = 30  # of a failed run's log
+
+
+def profile_once(model: Path, budget: str, folder: Path) -> dict[str, object]:
+    """One ``ckpt-plan profile`` run in a fresh process; what it printed, summarized."""
+    command = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "profile",
+        str(model),
+        "--budget",
+        budget,
+        "--world-size",
+        "2",
+        "--parallel",
+        "fsdp2",
+        "--out",
+        str(folder / "plan.json"),
+        "--report-dir",
+        str(folder / "report"),
+        "--verbose",
+    ]
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+    )
+    begin = time.perf_counter()
+    result = subprocess.run(
+        command, cwd=ROOT, env=environment, capture_output=True, text=True, check=False
+    )
+    wall_s = time.perf_counter() - begin
+    measured = _MEASURED.search(result.stdout)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    return {
+        "exit code": result.returncode,
+        "wall (s)": round(wall_s, 1),
+        "result": (
+            f"measured {measured[2]} (highest of {measured[1]} ranks)"
+            if result.returncode == 0 and measured
+            else (errors[-1] if errors else f"exit {result.returncode}")
+        ),
+        "log": result.stderr,
+    }
+
+
+def report(rows: list[dict[str, object]], command: str, started: str, total_s: float) -> str:
+    frame = pd.DataFrame(rows)
+    passed = int((frame["exit code"] == 0).sum())
+    walls = [float(wall) for wall in frame["wall (s)"]]
+    lines = [
+        "# The plan check on real ranks, run after run",
+        "",
+        "Written by `benchmarks/rank_check_reliability.py` (issue #32).",
+        "",
+        f"    {command}",
+        "",
+        f"- **{passed} of {len(rows)} runs passed** (exit code 0: the plan made and checked "
+        "on 2 gloo ranks under torchrun).",
+        f"- Wall time: {total_s:.0f} s for the {len(rows)} runs; per run median "
+        f"{statistics.median(walls):.1f} s (min {min(walls):.1f}, max {max(walls):.1f}).",
+        f"- Started {started} on {platform.platform()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}.",
+        "",
+        markdown_table(
+            frame.drop(columns=["log"])
+            .rename_axis("run")
+            .reset_index()
+            .assign(run=lambda table: table["run"] + 1)
+        ),
+    ]
+    for index, row in enumerate(rows, start=1):
+        if row["exit code"] != 0:
+            log = str(row["log"]).rstrip().splitlines()[-_KEPT_LINES:]
+            lines += ["", f"## Run {index}: the last {len(log)} lines of its log", "", "```"]
+            lines += [*log, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--model", type=Path, default=MODEL)
+    parser.add_argument("--budget", default="26MiB")
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
+    arguments = parser.parse_args(argv)
+    model = arguments.model.resolve()
+    shown = model.relative_to(ROOT) if model.is_relative_to(ROOT) else model
+    command = (
+        f"ckpt-plan profile {shown} --budget {arguments.budget} --world-size 2 "
+        "--parallel fsdp2 --verbose"
+    )
+    started = time.strftime("%Y-%m-%d %H:%M")
+    begin = time.perf_counter()
+    rows = []
+    for run in range(1, arguments.runs + 1):
+        with tempfile.TemporaryDirectory(prefix="ckpt-plan-reliability-") as folder:
+            row = profile_once(model, arguments.budget, Path(folder))
+        rows.append(row)
+        print(
+            f"run {run}: exit {row['exit code']}, {row['wall (s)']} s, {row['result']}", flush=True
+        )
+    text = report(rows, command, started, time.perf_counter() - begin)
+    atomic_write_text(arguments.out / "rank_check_reliability.md", text)
+    passed = sum(1 for row in rows if row["exit code"] == 0)
+    print(f"{passed} of {len(rows)} runs passed")
+    return 0 if passed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
