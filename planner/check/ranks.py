@@ -43,6 +43,23 @@ a failure before its check began) is found in torchrun's summary of the job, nam
 exit code or signal and the last exception its own lines (``--tee``: each prefixed with its
 rank) printed. Before this, only the last line of torchrun's output that held "Error" was
 shown, which is torchrun's own ``ChildFailedError:`` whatever the rank said.
+
+Design note: a rank's exit
+--------------------------
+Once FSDP2 has sharded a model over a gloo group, the group's threads (two
+``pt_gloo_runloop`` and a ``gloo_tcp_loop`` per rank) outlive ``destroy_process_group()``
+(for a group that only all-reduced, it ends them): something FSDP2 or its device mesh keeps
+still holds the group (seen in the rank check after a ``gc.collect()``). They are
+still running when the interpreter finalizes and C++ destroys its static objects, and a
+rank can then abort after its work is done ("terminate called without an active
+exception", SIGABRT): torchrun reports the job failed. A script that trains FSDP2 on 2 gloo
+ranks, calls ``destroy_process_group()`` and returns aborted so in 8 of 40 launches here;
+ended with ``os._exit`` instead, in none of 40. The rank check has the same threads at its
+exit; this is the likely cause of issue #32's intermittent failure, which torchrun showed
+only as ``ChildFailedError:`` (here the rank check itself passed all of about 130 launches
+before the change). A rank therefore ends with ``os._exit`` once its result
+is written and its output flushed (:func:`_exit_without_finalizing`), as ``multiprocessing``
+ends its children: it has nothing left to finalize.
 """
 
 from __future__ import annotations
@@ -60,7 +77,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from planner.check.compare import PlanCheck
 from planner.core import errors
@@ -403,9 +420,10 @@ def check_plan_on_ranks(
             kind = ProfilingError
         raise kind(f"checking the plan on rank {data['rank']} failed: {data['error']}")
     if result.returncode != 0 or len(found) != nproc:
+        written = ", after every rank had written its result" if len(found) == nproc else ""
         raise ProfilingError(
-            f"checking the plan on {nproc} ranks failed: {torchrun_failure(result.stderr)} "
-            "(re-run with --verbose for torchrun's output)"
+            f"checking the plan on {nproc} ranks failed: {torchrun_failure(result.stderr)}"
+            f"{written} (re-run with --verbose for torchrun's output)"
         )
     ranks = tuple(
         RankCheck(**{**data, "differences": tuple(data["differences"])})
@@ -573,5 +591,15 @@ def _checked_rank(arguments: argparse.Namespace) -> RankCheck:
         dist.destroy_process_group()
 
 
+def _exit_without_finalizing(code: int) -> NoReturn:
+    """End this rank with ``code`` now, its output flushed, without the interpreter's
+    finalization or C++'s static destructors, which can abort while gloo's threads run
+    (see the module's design note "a rank's exit")."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(_main())
+    _exit_without_finalizing(_main())
