@@ -8,8 +8,15 @@ wall time, and the measured peak (highest of the 2 ranks) or the one-line error.
 --verbose, so a failed run's log has its ranks' tracebacks and torchrun's output: its last
 lines are kept in the report.
 
-    python benchmarks/rank_check_reliability.py                  # 30 runs
-    python benchmarks/rank_check_reliability.py --runs 5 --budget 27MiB
+The cause of the intermittent failure (planner/check/ranks.py, design note "a rank's exit")
+is measured beside it: a 15-line FSDP2 script on 2 gloo ranks under torchrun, launched
+``--teardown-launches`` times ending as a script does (``destroy_process_group()``, then
+return) and as many times ending with ``os._exit`` as each rank of the check now does;
+counted, the launches that failed, and of them those that failed after both ranks had printed
+their last line (their work done).
+
+    python benchmarks/rank_check_reliability.py                  # 30 runs, 40 + 40 launches
+    python benchmarks/rank_check_reliability.py --runs 5 --teardown-launches 0
 
 Writes reports/benchmarks/rank_check_reliability.md.
 """
@@ -83,7 +90,79 @@ def profile_once(model: Path, budget: str, folder: Path) -> dict[str, object]:
     }
 
 
-def report(rows: list[dict[str, object]], command: str, started: str, total_s: float) -> str:
+# One rank of the teardown probe: FSDP2 over gloo, a few steps, destroy_process_group(), a
+# last line on stderr; then it returns (``exit``) or ends with os._exit (``os._exit``).
+_TEARDOWN = """
+import os, sys
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (2,))
+model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+for layer in model:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+for _ in range(3):
+    model(torch.randn(64, 256)).sum().backward()
+del model, mesh
+dist.destroy_process_group()
+print("done", file=sys.stderr, flush=True)
+if sys.argv[1] == "os._exit":
+    os._exit(0)
+"""
+
+
+def teardown_launches(ending: str, launches: int) -> dict[str, object]:
+    """``launches`` torchrun launches of the teardown probe ending as ``ending`` says: how
+    many failed, and how (torchrun's one line for each)."""
+    from planner.check.ranks import torchrun_failure
+
+    failures = []
+    aborts = after_work = 0
+    begin = time.perf_counter()
+    for _ in range(launches):
+        with tempfile.TemporaryDirectory(prefix="ckpt-plan-teardown-") as folder:
+            script = Path(folder) / "teardown.py"
+            script.write_text(_TEARDOWN)
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    "--nproc-per-node=2",
+                    f"--log-dir={Path(folder) / 'logs'}",
+                    str(script),
+                    ending,
+                ],
+                env=dict(os.environ, OMP_NUM_THREADS="1"),
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        if result.returncode != 0:
+            failures.append(torchrun_failure(result.stderr))
+            aborts += "terminate called without an active exception" in result.stderr
+            after_work += result.stderr.count("done\n") == 2  # both ranks' last line
+    return {
+        "ending": f"`{ending}`",
+        "launches": launches,
+        "failed": len(failures),
+        "of them after both ranks' last line": after_work,
+        "'terminate called without an active exception'": aborts,
+        "how (torchrun)": "; ".join(sorted(set(failures))),
+        "wall (s)": round(time.perf_counter() - begin),
+    }
+
+
+def report(
+    rows: list[dict[str, object]],
+    teardown: list[dict[str, object]],
+    command: str,
+    started: str,
+    total_s: float,
+) -> str:
     frame = pd.DataFrame(rows)
     passed = int((frame["exit code"] == 0).sum())
     walls = [float(wall) for wall in frame["wall (s)"]]
@@ -108,6 +187,19 @@ def report(rows: list[dict[str, object]], command: str, started: str, total_s: f
             .assign(run=lambda table: table["run"] + 1)
         ),
     ]
+    if teardown:
+        lines += [
+            "",
+            "## The cause: gloo's threads at a rank's exit",
+            "",
+            "Once FSDP2 has run, the gloo group's threads outlive `destroy_process_group()` and "
+            "a rank can abort as the interpreter finalizes, after its work (planner/check/"
+            'ranks.py, design note "a rank\'s exit"). A 15-line FSDP2 script on 2 gloo ranks, '
+            "ending as a script does and as each rank of the check now does (`os._exit` once "
+            "its result is written):",
+            "",
+            markdown_table(pd.DataFrame(teardown)),
+        ]
     for index, row in enumerate(rows, start=1):
         if row["exit code"] != 0:
             log = str(row["log"]).rstrip().splitlines()[-_KEPT_LINES:]
@@ -121,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--model", type=Path, default=MODEL)
     parser.add_argument("--budget", default="26MiB")
+    parser.add_argument("--teardown-launches", type=int, default=40)
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
     arguments = parser.parse_args(argv)
     model = arguments.model.resolve()
@@ -139,7 +232,16 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"run {run}: exit {row['exit code']}, {row['wall (s)']} s, {row['result']}", flush=True
         )
-    text = report(rows, command, started, time.perf_counter() - begin)
+    total_s = time.perf_counter() - begin
+    teardown = []
+    for ending in ("exit", "os._exit") if arguments.teardown_launches else ():
+        teardown.append(teardown_launches(ending, arguments.teardown_launches))
+        print(
+            f"teardown ending with {ending}: {teardown[-1]['failed']} of "
+            f"{arguments.teardown_launches} launches failed",
+            flush=True,
+        )
+    text = report(rows, teardown, command, started, total_s)
     atomic_write_text(arguments.out / "rank_check_reliability.md", text)
     passed = sum(1 for row in rows if row["exit code"] == 0)
     print(f"{passed} of {len(rows)} runs passed")
