@@ -621,8 +621,8 @@ def step_differences(
     """How a forward call of ``model`` with ``args``/``kwargs`` differs from the step the
     plan was made for, one sentence each with the fix (empty: as planned). Compared: the
     tensors of the plan's batch that the call passes (:func:`_received_inputs`: by name, or
-    by position; a call none of whose inputs can be matched to the batch is said to be
-    one), a Hugging Face cache the call asks for, the parameters' dtypes and the model's own
+    by position; a call none of whose inputs match the batch gets one sentence saying so),
+    a Hugging Face cache the call asks for, the parameters' dtypes and the model's own
     gradient checkpointing. (The parallel layout is not a difference to warn of but an
     error: :func:`layout_mismatch`.)"""
     found = []

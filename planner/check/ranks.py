@@ -341,8 +341,11 @@ def check_plan_on_ranks(
     """Launch ``nproc`` ranks (default: the plan's world size) under ``torchrun`` on this
     machine and check ``plan`` on each (see the module docstring). ``device``: ``cpu`` (gloo)
     or ``cuda`` (NCCL, one GPU per rank). ``cross_check``: measure each rank's planned step
-    by the CPU allocator too (:func:`_allocator_peak`). Raises :class:`ProfilingError` if a
-    rank fails."""
+    by the CPU allocator too (:func:`_allocator_peak`). Where a rank fails, raises one line
+    naming the first rank to fail and what it raised (its :class:`PlannerError` subclass, else
+    :class:`ProfilingError`), or its exit code or signal where it died without saying; each
+    failed rank's traceback and torchrun's output are logged at INFO (see the module's design
+    note "a rank that fails")."""
     if plan.parallel is None:
         raise errors.ParallelLayoutError(
             "this plan is for a single process; check it with `ckpt-plan verify` without --nproc"
@@ -405,6 +408,9 @@ def check_plan_on_ranks(
     silent = _silent_failures(result.stderr, {data["rank"] for data in found})
     if failed or silent or result.returncode != 0 or len(found) != nproc:
         _log_output("torchrun", result.stderr)
+    for data in failed:
+        if data.get("traceback"):
+            logger.info("rank %d's traceback:\n%s", data["rank"], data["traceback"].rstrip())
     if silent:
         raise ProfilingError(
             f"checking the plan on {nproc} ranks failed: "
@@ -413,8 +419,6 @@ def check_plan_on_ranks(
         )
     if failed:
         data = failed[0]
-        if data.get("traceback"):
-            logger.info("rank %d's traceback:\n%s", data["rank"], data["traceback"].rstrip())
         kind = getattr(errors, str(data.get("error_type")), None)
         if not (isinstance(kind, type) and issubclass(kind, PlannerError)):
             kind = ProfilingError
