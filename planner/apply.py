@@ -22,13 +22,15 @@ Design notes
   Modules sharded by FSDP are refused whatever their fingerprint: a recomputation run
   outside FSDP's hooks would not find its parameters gathered; plans go on before sharding.
 * **A guard on the first training forward.** The first forward with grad enabled after
-  ``apply_plan`` compares what it sees with what the plan was made for (the batch's shapes
-  and dtypes, the parameters' dtypes) and looks for the model's own gradient checkpointing
-  (Hugging Face's ``gradient_checkpointing``), and logs one warning line for each
-  difference, with the fix. A parallel layout other than the plan's (sharded by FSDP2 or
-  not, inside DDP's forward or not) is an error instead: ``apply_plan`` runs before
-  sharding and wrapping, so this is the first point that can see them. Then it removes
-  itself: no cost on later steps.
+  ``apply_plan`` compares what it sees with what the plan was made for (the shapes and
+  dtypes of the batch's tensors it is passed, matched by name or by position, whichever
+  of them it is passed; the parameters' dtypes), looks for a Hugging Face cache asked for in
+  the call and for the model's own gradient checkpointing (Hugging Face's
+  ``gradient_checkpointing``), and logs one warning line for each difference, with the fix;
+  a call none of whose inputs can be matched to the plan's batch is one line too. A
+  parallel layout other than the plan's (sharded by FSDP2 or not, inside DDP's forward or
+  not) is an error instead: ``apply_plan`` runs before sharding and wrapping, so this is
+  the first point that can see them. Then it removes itself: no cost on later steps.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import inspect
+import itertools
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,7 @@ from torch.utils.checkpoint import (
 )
 
 from planner.core.errors import PlanFileError, PlanMismatchError
+from planner.measure.tracking import iter_tensors
 from planner.measure.workload import describe_tensor, flag_names, own_checkpointing_flags
 from planner.model_switches import switch_off_caches
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan, load_plan
@@ -350,8 +355,9 @@ def apply_plan(
     exactly as it was. Returns ``model`` for chaining.
 
     With ``guard`` (the default) the first training forward logs a warning for each way its
-    step differs from the plan's (another batch shape or dtype, parameters cast since, the
-    model's own gradient checkpointing on; see :func:`step_differences`), then costs nothing.
+    step differs from the plan's (another batch shape or dtype, a Hugging Face cache passed,
+    parameters cast since, the model's own gradient checkpointing on; see
+    :func:`step_differences`), then costs nothing.
     It raises :class:`PlanMismatchError` where the model does not run in the plan's parallel
     layout (sharded by FSDP2 or not, inside DDP or not; :func:`layout_mismatch`): a rank's
     memory is not what the plan was made for.
@@ -627,37 +633,28 @@ def step_differences(
     model: torch.nn.Module, plan: Plan, args: Any = (), kwargs: Any = None
 ) -> list[str]:
     """How a forward call of ``model`` with ``args``/``kwargs`` differs from the step the
-    plan was made for, one sentence each (empty: as planned). Compared: the batch's tensors
-    (by keyword, or by position for a tuple or single-tensor batch), the parameters' dtypes
-    and the model's own gradient checkpointing. (The parallel layout is not a difference
-    to warn of but an error: :func:`layout_mismatch`.)"""
+    plan was made for, one sentence each with the fix (empty: as planned). Compared: the
+    tensors of the plan's batch that the call passes (:func:`_received_inputs`: by name, or
+    by position; a call none of whose inputs match the batch gets one sentence saying so),
+    a Hugging Face cache the call asks for, the parameters' dtypes and the model's own
+    gradient checkpointing. (The parallel layout is not a difference to warn of but an
+    error: :func:`layout_mismatch`.)"""
     found = []
-    # Compared only where the call has the batch's own structure: model(**batch) for a dict
-    # batch; model(*batch), or model(batch[0]) as a training_step does, for a tuple or one
-    # tensor. A training_step that passes something else is not second-guessed.
-    kwargs = kwargs or {}
-    keys = list(plan.batch)
-    if keys and all(not key.isdigit() for key in keys):
-        given: dict[str, Any] = dict(kwargs) if set(keys) <= set(kwargs) else {}
-    else:
-        given = {str(index): value for index, value in enumerate(args)} if not kwargs else {}
-    changed = []
-    for key, expected in plan.batch.items():
-        value = given.get(key)
-        if not (isinstance(expected, dict) and isinstance(value, torch.Tensor)):
-            continue
-        actual = describe_tensor(value)
-        if actual != {"shape": expected.get("shape"), "dtype": expected.get("dtype")}:
-            changed.append(
-                f"{key} is {actual['shape']} {actual['dtype']}, the plan's was "
-                f"{expected.get('shape')} {expected.get('dtype')}"
-            )
-    if changed:
+    received = _received_inputs(plan.batch, _positional_names(model), tuple(args), kwargs or {})
+    batch = _batch_difference(plan.batch, received)
+    if batch is not None:
+        found.append(batch)
+    cache = [
+        f"{name}=True" if name == "use_cache" else name
+        for name in ("use_cache", *_CACHE_ARGUMENTS, "cache")
+        if name not in plan.batch  # the plan's own batch passed it: planned with the cache
+        and _asks_for_cache(name, received.get(name))
+    ]
+    if cache:
         found.append(
-            "this batch is not the one the plan was made for ("
-            + "; ".join(changed[:3])
-            + "): its memory prediction does not hold; re-run `ckpt-plan profile` with "
-            "sample_batch() returning a batch of this shape"
+            f"this forward asks for a Hugging Face cache ({', '.join(cache)}), but the plan was "
+            "made without one: the cache's stored tensors stay alive through the backward, "
+            "above the predicted peak; drop the argument in training"
         )
     planned = {row[0]: row[2] for row in plan.fingerprint.get("parameters", [])}
     now = {row[0]: row[2] for row in model_fingerprint(model)["parameters"]}
@@ -680,3 +677,106 @@ def step_differences(
             "Hugging Face's TrainingArguments)"
         )
     return found
+
+
+# Keywords of a Hugging Face forward that pass a cache in (past key/values; Mamba's state):
+# a training step given one keeps it, and what the forward adds to it, through the backward.
+# transformers 5 renames past_key_values to ``cache``, a name too plain to trust alone: it
+# counts only holding a transformers ``Cache`` (:func:`_asks_for_cache`).
+_CACHE_ARGUMENTS = ("past_key_values", "past_key_value", "cache_params")
+
+
+def _asks_for_cache(name: str, value: Any) -> bool:
+    """Whether a forward's argument ``name`` passed as ``value`` asks for a cache."""
+    if name == "use_cache":
+        return value is True
+    if name == "cache":
+        return any(kind.__name__ == "Cache" for kind in type(value).__mro__)
+    return value is not None
+
+
+def _positional_names(model: torch.nn.Module) -> tuple[str, ...]:
+    """The names of the parameters ``model.forward`` takes by position, in order, up to a
+    ``*args``; none where its signature cannot be read."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):  # a forward without a Python signature
+        return ()
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(
+        parameter.name
+        for parameter in itertools.takewhile(lambda p: p.kind in positional, parameters)
+    )
+
+
+def _received_inputs(
+    batch: dict[str, Any], names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """What a forward call passes, keyed as the plan's ``batch`` is: for a dict batch (keys
+    are names, the model was profiled as ``model(**batch)``) by name, positional arguments
+    named by the forward's parameters (``names``) and a dict passed whole read by its keys;
+    for a tuple or one-tensor batch (keys ``"0"``, ``"1"``...: ``model(*batch)``, or a
+    training_step's ``model(batch[0])``) by position, keywords placed by ``names``. Keys of
+    the call that are not the batch's are kept too: they may be a cache's."""
+    received: dict[str, Any] = {}
+    by_position = bool(batch) and all(key.isdigit() for key in batch)
+    if by_position:
+        received.update((str(index), value) for index, value in enumerate(args))
+        received.update((str(names.index(key)), v) for key, v in kwargs.items() if key in names)
+    else:
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, Mapping):  # the batch passed as one dict
+                received.update((str(key), item) for key, item in value.items())
+        received.update(zip(names, args, strict=False))  # any more go to a *args
+    received.update(kwargs)
+    return received
+
+
+def _batch_difference(batch: dict[str, Any], received: dict[str, Any]) -> str | None:
+    """One sentence with the fix where the tensors the call passes (``received``, keyed as
+    ``batch``) differ in shape or dtype from the plan's ``batch``, or where none of them can
+    be matched to it; None where those passed are the plan's (a subset is: the batch without
+    its attention mask is still compared) or the plan records no tensors."""
+    planned = {key: value for key, value in batch.items() if isinstance(value, (dict, list))}
+    if not planned:
+        return None  # a plan that records no batch (written before it was) has nothing to say
+    changed = []
+    matched = 0
+    for key, expected in planned.items():
+        value = received.get(key)
+        tensors = list(iter_tensors(value))
+        if not tensors:
+            continue  # not passed (or None): the batch without it is compared for the rest
+        matched += 1
+        actual: Any = (
+            describe_tensor(value)
+            if isinstance(value, torch.Tensor)
+            else [describe_tensor(tensor) for tensor in tensors]
+        )
+        if isinstance(expected, dict):
+            expected = {"shape": expected.get("shape"), "dtype": expected.get("dtype")}
+        if actual != expected:
+            changed.append(f"{key} is {_shown(actual)}, the plan's was {_shown(expected)}")
+    if changed:
+        return (
+            "this batch is not the one the plan was made for ("
+            + "; ".join(changed[:3])
+            + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
+            + "): its memory prediction does not hold; re-run `ckpt-plan profile` with "
+            "sample_batch() returning a batch of this shape"
+        )
+    if not matched:
+        return (
+            f"this forward's inputs could not be matched to the plan's batch "
+            f"({', '.join(planned)}) by name or by position, so their shapes and dtypes were "
+            "not compared with the plan's: the memory prediction holds only for that batch"
+        )
+    return None
+
+
+def _shown(description: Any) -> str:
+    """A tensor's description (:func:`describe_tensor`) as ``[4, 128] int64``; a list of
+    them in parentheses."""
+    if isinstance(description, dict):
+        return f"{description.get('shape')} {description.get('dtype')}"
+    return "(" + ", ".join(_shown(item) for item in description) + ")"

@@ -527,15 +527,8 @@ def test_a_guarded_model_pickles_and_removing_the_plan_removes_the_guard() -> No
     assert not model._forward_pre_hooks and wrapped_modules(model)
 
 
-def test_a_training_step_that_passes_the_model_other_inputs_is_not_second_guessed(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """A dict batch the forward does not get as keywords (a training_step that unpacks it)
-    is not compared; a tuple batch is compared by position."""
-    model = KeywordModel()
-    apply_plan(model, _batch_plan(model, {"x": {"shape": [4, WIDTH], "dtype": "float32"}}))
-    model(torch.randn(6, WIDTH)).backward()
-    assert not _guard_warnings(caplog)
+def test_a_tuple_batch_is_compared_by_position(caplog: pytest.LogCaptureFixture) -> None:
+    """A training_step's ``model(batch[0])`` for a tuple batch: the first tensor compared."""
     model = build_model()
     planned = {
         "0": {"shape": [4, WIDTH], "dtype": "float32"},
@@ -543,7 +536,153 @@ def test_a_training_step_that_passes_the_model_other_inputs_is_not_second_guesse
     }
     apply_plan(model, _batch_plan(model, planned))
     model(torch.randn(6, WIDTH)).backward()
-    assert "0 is [6, 8] float32, the plan's was [4, 8] float32" in _guard_warnings(caplog)[0]
+    warnings = _guard_warnings(caplog)
+    assert len(warnings) == 1
+    assert "0 is [6, 8] float32, the plan's was [4, 8] float32" in warnings[0]
+
+
+VOCAB = 50
+SEQ = 16
+
+
+class CausalModel(TinyModel):
+    """Called as a Hugging Face causal LM is: ``input_ids`` first, the rest keywords."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, WIDTH)
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        past_key_values: object = None,
+        past_key_value: object = None,
+        cache_params: object = None,
+        cache: object = None,
+    ) -> torch.Tensor:
+        return super().forward(self.embedding(input_ids))
+
+
+class BatchDictModel(CausalModel):
+    """Takes the whole batch dict as its one argument."""
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(batch["input_ids"])
+
+
+def _causal_plan(model: nn.Module) -> Plan:
+    """The plan of ``--batch-size 4 --seq-len 16``: input_ids, attention_mask and labels."""
+    tensor = {"shape": [4, SEQ], "dtype": "int64"}
+    return _batch_plan(model, {"input_ids": tensor, "attention_mask": tensor, "labels": tensor})
+
+
+def _causal_batch(batch_size: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, VOCAB, (batch_size, SEQ))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+
+CALLS = {
+    "every key by keyword": (CausalModel, lambda m, b: m(**b)),
+    "keywords without the mask": (
+        CausalModel,
+        lambda m, b: m(input_ids=b["input_ids"], labels=b["labels"]),
+    ),
+    "positional": (CausalModel, lambda m, b: m(b["input_ids"], b["attention_mask"])),
+    "positional and keywords": (CausalModel, lambda m, b: m(b["input_ids"], labels=b["labels"])),
+    "a dict with extra keys": (
+        CausalModel,
+        lambda m, b: m(**b, use_cache=False, past_key_values=None),
+    ),
+    "the dict passed whole, with an extra key": (
+        BatchDictModel,
+        lambda m, b: m({**b, "position_ids": torch.arange(SEQ).expand_as(b["input_ids"])}),
+    ),
+}
+
+
+@pytest.mark.parametrize("call", list(CALLS))
+def test_each_form_of_call_is_compared_with_the_plans_batch(
+    call: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever subset of the batch the forward is passed, by keyword or by position, a
+    batch of 8 warns once for a plan made at 4; the planned batch passes silently."""
+    kind, forward = CALLS[call]
+    torch.manual_seed(0)
+    model = kind()
+    apply_plan(model, _causal_plan(model))
+    forward(model, _causal_batch(4)).backward()
+    assert not _guard_warnings(caplog) and not model._forward_pre_hooks
+    apply_plan(model, _causal_plan(model))
+    forward(model, _causal_batch(8)).backward()
+    forward(model, _causal_batch(8)).backward()
+    warnings = _guard_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert "input_ids is [8, 16] int64, the plan's was [4, 16] int64" in warnings[0]
+    assert "re-run `ckpt-plan profile`" in warnings[0]
+
+
+def test_a_call_that_cannot_be_matched_to_the_batch_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A forward taking ``*inputs`` called positionally with a dict batch's tensors: no name
+    to match them by, so one line says they were not compared."""
+
+    class Unnamed(CausalModel):
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            return super().forward(inputs[0])
+
+    torch.manual_seed(0)
+    model = Unnamed()
+    apply_plan(model, _causal_plan(model))
+    batch = _causal_batch(8)
+    model(batch["input_ids"], batch["labels"]).backward()
+    model(batch["input_ids"], batch["labels"]).backward()
+    warnings = _guard_warnings(caplog)
+    assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+    assert (
+        "could not be matched to the plan's batch (input_ids, attention_mask, labels)"
+        in (warnings[0])
+    )
+
+
+class Cache:
+    """Stands for transformers' ``Cache``, recognized by its name."""
+
+
+class DynamicCache(Cache):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("cache", "warned"),
+    [
+        ({"use_cache": True}, "use_cache=True"),
+        ({"past_key_values": ((torch.zeros(1),),)}, "past_key_values"),
+        ({"past_key_value": object()}, "past_key_value"),
+        ({"cache_params": object()}, "cache_params"),
+        ({"cache": DynamicCache()}, "cache"),  # transformers 5's name for past_key_values
+        ({"use_cache": False, "past_key_values": None, "cache": None}, None),
+        ({"cache": "a name too plain to trust alone"}, None),
+    ],
+)
+def test_a_cache_asked_for_in_a_training_forward_warns(
+    cache: dict[str, object], warned: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    model = CausalModel()
+    apply_plan(model, _causal_plan(model))
+    model(**_causal_batch(4), **cache).backward()
+    warnings = _guard_warnings(caplog)
+    if warned is None:
+        assert not warnings
+        return
+    assert len(warnings) == 1, warnings
+    assert f"asks for a Hugging Face cache ({warned})" in warnings[0]
+    assert "made without one" in warnings[0] and "through the backward" in warnings[0]
+    assert "drop the argument" in warnings[0]
 
 
 # -- through wrappers --------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import subprocess
@@ -18,7 +19,12 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from planner.apply import apply_plan
-from planner.core.errors import ModelFileError, ParallelLayoutError, PlanMismatchError
+from planner.core.errors import (
+    ModelFileError,
+    ParallelLayoutError,
+    PlanMismatchError,
+    PlannerError,
+)
 from planner.core.parallel import (
     ParallelLayout,
     ParallelStrategy,
@@ -435,6 +441,73 @@ def test_profile_and_verify_on_two_real_ranks(
     verified = runner.invoke(app, ["verify", str(DATA / model), str(plan_path), "--nproc", "2"])
     assert verified.exit_code == 0, verified.output
     assert verified.stdout.count("bit-identical") == 2
+
+
+# -- a rank that fails -------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        # an exception: the rank writes it, with its traceback, and exits non-zero
+        ("raise", "on rank 1 failed: .*rank one cannot build its model"),
+        # killed: no word from the rank; torchrun's summary names it and the signal
+        ("kill", r"rank 1 exited with code -9 \(Signal 9 \(SIGKILL\)\)"),
+    ],
+)
+def test_a_failing_rank_is_named_with_its_error_and_stops_the_others(
+    failure: str,
+    said: str,
+    fsdp2_profiles,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Rank 1 fails as it builds its model; rank 0 is by then waiting for it in a collective.
+    The error names rank 1 and what it said, in one line; --verbose (INFO) shows its
+    traceback or torchrun's output; rank 0 is stopped, not left to gloo's 30-minute timeout."""
+    from planner.check.ranks import check_plan_on_ranks
+
+    plan, _ = plan_for_budget(fsdp2_profiles[2], fsdp2_profiles[2].measured_peak_bytes)
+    monkeypatch.setenv("CKPT_PLAN_TEST_RANK_FAILURE", failure)
+    caplog.set_level(logging.INFO, logger="planner.check.ranks")
+    with pytest.raises(PlannerError, match=said) as raised:
+        check_plan_on_ranks(DATA / "failing_rank.py", plan, timeout_s=300)
+    assert "\n" not in str(raised.value) and "ChildFailedError" not in str(raised.value)
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    if failure == "raise":
+        assert "rank 1's traceback:" in logged and 'failing_rank.py", line' in logged
+    assert "torchrun's output:" in logged
+
+
+@pytest.mark.parametrize(
+    ("stderr", "said"),
+    [
+        (
+            "[default1]:Traceback (most recent call last):\n"
+            '[default1]:  File "x.py", line 6, in <module>\n'
+            "[default1]:RuntimeError: Connection closed by peer [127.0.0.1]:1234\n"
+            "[default0]:ValueError: not the root cause\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+            "Failures:\n  <NO_OTHER_FAILURES>\n"
+            "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n"
+            "  exitcode  : 1 (pid: 7468)\n  error_file: <N/A>\n"
+            "  traceback : To enable traceback see: https://pytorch.org/docs/elastic/errors\n",
+            "rank 1 exited with code 1: RuntimeError: Connection closed by peer [127.0.0.1]:1234",
+        ),
+        (
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+            "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n"
+            "  exitcode  : -11 (pid: 7468)  (SIGSEGV)\n  error_file: <N/A>\n"
+            "  traceback : Signal 11 (SIGSEGV) received by PID 7468\n",
+            "rank 0 exited with code -11 (Signal 11 (SIGSEGV))",
+        ),
+        ("something went wrong\n\n", "something went wrong"),
+        ("", "no output"),
+    ],
+)
+def test_torchrun_failure_is_one_line_naming_the_root_cause(stderr: str, said: str) -> None:
+    from planner.check.ranks import torchrun_failure
+
+    assert torchrun_failure(stderr) == said
 
 
 # -- the torchrun recipe (examples/recipes/torchrun_train.py) -------------------------------

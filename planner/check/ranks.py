@@ -31,6 +31,35 @@ measures the step again (all together: the steps run collectives), up to
 :data:`REMEASURED_STEPS` times, and keeps its lowest peak: a peak no other thread held is
 the step's own, and a held one is never below it. The compared loss, gradients and buffers
 are the first measured step's.
+
+Design note: a rank that fails
+------------------------------
+A rank that raises (anything, not only a :class:`PlannerError`) writes its exception's one
+line and traceback to its result and exits non-zero, so torchrun stops the other ranks at
+once: they may be waiting for it in a collective, and gloo would wait 30 minutes. The
+caller names the first rank to fail (a peer's "Connection closed by peer" came after it) and
+logs its traceback at INFO (``--verbose``). A rank that dies without writing (a signal, or
+a failure before its check began) is found in torchrun's summary of the job, named with its
+exit code or signal and the last exception its own lines (``--tee``: each prefixed with its
+rank) printed. Before this, only the last line of torchrun's output that held "Error" was
+shown, which is torchrun's own ``ChildFailedError:`` whatever the rank said.
+
+Design note: a rank's exit
+--------------------------
+Once FSDP2 has sharded a model over a gloo group, the group's threads (two
+``pt_gloo_runloop`` and a ``gloo_tcp_loop`` per rank) outlive ``destroy_process_group()``
+(for a group that only all-reduced, it ends them): something FSDP2 or its device mesh keeps
+still holds the group (seen in the rank check after a ``gc.collect()``). They are
+still running when the interpreter finalizes and C++ destroys its static objects, and a
+rank can then abort after its work is done ("terminate called without an active
+exception", SIGABRT): torchrun reports the job failed. A script that trains FSDP2 on 2 gloo
+ranks, calls ``destroy_process_group()`` and returns aborted so in 8 of 40 launches here;
+ended with ``os._exit`` instead, in none of 40. The rank check has the same threads at its
+exit; this is the likely cause of issue #32's intermittent failure, which torchrun showed
+only as ``ChildFailedError:`` (here the rank check itself passed all of about 130 launches
+before the change). A rank therefore ends with ``os._exit`` once its result
+is written and its output flushed (:func:`_exit_without_finalizing`), as ``multiprocessing``
+ends its children: it has nothing left to finalize.
 """
 
 from __future__ import annotations
@@ -40,12 +69,15 @@ import contextlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from planner.check.compare import PlanCheck
 from planner.core import errors
@@ -57,7 +89,7 @@ if TYPE_CHECKING:
     from planner.measure.step import StepMeasurement
     from planner.measure.workload import Workload
 
-__all__ = ["RankCheck", "RanksCheck", "check_plan_on_ranks", "run_rank"]
+__all__ = ["RankCheck", "RanksCheck", "check_plan_on_ranks", "run_rank", "torchrun_failure"]
 
 logger = logging.getLogger(__name__)
 
@@ -309,8 +341,11 @@ def check_plan_on_ranks(
     """Launch ``nproc`` ranks (default: the plan's world size) under ``torchrun`` on this
     machine and check ``plan`` on each (see the module docstring). ``device``: ``cpu`` (gloo)
     or ``cuda`` (NCCL, one GPU per rank). ``cross_check``: measure each rank's planned step
-    by the CPU allocator too (:func:`_allocator_peak`). Raises :class:`ProfilingError` if a
-    rank fails."""
+    by the CPU allocator too (:func:`_allocator_peak`). Where a rank fails, raises one line
+    naming the first rank to fail and what it raised (its :class:`PlannerError` subclass, else
+    :class:`ProfilingError`), or its exit code or signal where it died without saying; each
+    failed rank's traceback and torchrun's output are logged at INFO (see the module's design
+    note "a rank that fails")."""
     if plan.parallel is None:
         raise errors.ParallelLayoutError(
             "this plan is for a single process; check it with `ckpt-plan verify` without --nproc"
@@ -329,6 +364,10 @@ def check_plan_on_ranks(
             "torch.distributed.run",
             "--standalone",
             f"--nproc-per-node={nproc}",
+            # each rank's output on our stderr, its lines prefixed with its rank; torchrun's
+            # own log folder inside ours (by default it leaves one in /tmp per launch)
+            "--tee=3",
+            f"--log-dir={Path(folder) / 'logs'}",
             "-m",
             "planner.check.ranks",
             str(model_path),
@@ -348,27 +387,153 @@ def check_plan_on_ranks(
         )
         environment.setdefault("OMP_NUM_THREADS", "1")
         logger.info("checking the plan on %d ranks: %s", nproc, " ".join(command))
-        result = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, env=environment, check=False
-        )
+        try:
+            result = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                env=environment,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as timeout:
+            _log_output("torchrun", timeout.stderr)
+            raise ProfilingError(
+                f"checking the plan on {nproc} ranks did not finish in {timeout_s:.0f} s "
+                "(re-run with --verbose for torchrun's output)"
+            ) from None
         outputs = [Path(folder) / f"rank{rank}.json" for rank in range(nproc)]
         found = [json.loads(path.read_text()) for path in outputs if path.is_file()]
-    failed = [data for data in found if "error" in data]
-    if failed:
-        data = failed[0]
-        kind = getattr(errors, str(data.get("error_type")), ProfilingError)
-        raise kind(f"checking the plan on rank {data['rank']} failed: {data['error']}")
-    if result.returncode != 0 or len(found) != nproc:
-        detail = [line for line in result.stderr.strip().splitlines() if "Error" in line]
+    failed = sorted((data for data in found if "error" in data), key=_failed_first)
+    silent = _silent_failures(result.stderr, {data["rank"] for data in found})
+    if failed or silent or result.returncode != 0 or len(found) != nproc:
+        _log_output("torchrun", result.stderr)
+    for data in failed:
+        if data.get("traceback"):
+            logger.info("rank %d's traceback:\n%s", data["rank"], data["traceback"].rstrip())
+    if silent:
         raise ProfilingError(
             f"checking the plan on {nproc} ranks failed: "
-            f"{(detail or result.stderr.strip().splitlines() or ['no output'])[-1]}"
+            f"{torchrun_failure(result.stderr, silent[0])} (re-run with --verbose for "
+            "torchrun's output)"
+        )
+    if failed:
+        data = failed[0]
+        kind = getattr(errors, str(data.get("error_type")), None)
+        if not (isinstance(kind, type) and issubclass(kind, PlannerError)):
+            kind = ProfilingError
+        raise kind(f"checking the plan on rank {data['rank']} failed: {data['error']}")
+    if result.returncode != 0 or len(found) != nproc:
+        written = ", after every rank had written its result" if len(found) == nproc else ""
+        raise ProfilingError(
+            f"checking the plan on {nproc} ranks failed: {torchrun_failure(result.stderr)}"
+            f"{written} (re-run with --verbose for torchrun's output)"
         )
     ranks = tuple(
         RankCheck(**{**data, "differences": tuple(data["differences"])})
         for data in sorted(found, key=lambda item: item["rank"])
     )
     return RanksCheck(ranks)
+
+
+def _failed_first(data: dict[str, Any]) -> tuple[float, int]:
+    """Sort key of failed ranks' results: the first to fail (the others may have failed only
+    because it left their collectives), then the lowest rank."""
+    return (float(data.get("failed_at", 0.0)), int(data["rank"]))
+
+
+def _log_output(what: str, output: str | bytes | None) -> None:
+    """Log a child's whole stderr at INFO (``--verbose``): the summary is one line."""
+    if isinstance(output, bytes):
+        output = output.decode(errors="replace")
+    if output and output.strip():
+        logger.info("%s's output:\n%s", what, output.rstrip())
+
+
+# torchrun's summary of a failed job lists each failed rank ("rank : 1 (local_rank: 1)"),
+# its exit code and, for a signal, which one ("traceback : Signal 9 (SIGKILL) received by
+# PID ..."); the first it saw fail is under "Root Cause". A rank's own output comes before
+# it, each line prefixed with ``[default<local rank>]:`` (``--tee``).
+_SUMMARY_FIELD = re.compile(r"^\s*(?P<name>rank|exitcode|traceback)\s*:\s*(?P<value>.*)$")
+_RANK_LINE = re.compile(r"^\[default(?P<rank>\d+)\]:(?P<line>.*)$")
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(?P<kind>\w+(?:Error|Exception|Interrupt))(?::|$)")
+_STOPPED_BY_TORCHRUN = -15  # SIGTERM: torchrun stops the other ranks once one has failed
+
+
+@dataclass(frozen=True)
+class _TorchrunFailure:
+    """One failed rank in torchrun's summary."""
+
+    rank: int
+    exit_code: int
+    signal: str | None  # "Signal 9 (SIGKILL)", for a rank a signal ended
+    root_cause: bool
+
+
+def _torchrun_failures(stderr: str) -> list[_TorchrunFailure]:
+    """The failed ranks torchrun's summary lists, its root cause first."""
+    failures = []
+    root_cause = False
+    rank: int | None = None
+    exit_code = 0
+    for line in stderr.splitlines():
+        if line.startswith("Root Cause"):
+            root_cause = True
+        field = _SUMMARY_FIELD.match(line)
+        if field is None or _RANK_LINE.match(line):
+            continue
+        value = field["value"].strip()
+        number = value.split(maxsplit=1)[0] if value else ""
+        if field["name"] == "rank" and number.isdigit():
+            rank = int(number)
+        elif field["name"] == "exitcode" and rank is not None and number.lstrip("-").isdigit():
+            exit_code = int(number)
+        elif field["name"] == "traceback" and rank is not None:
+            signal = value.split(" received", 1)[0] if value.startswith("Signal") else None
+            failures.append(_TorchrunFailure(rank, exit_code, signal, root_cause))
+            rank = None
+    return sorted(failures, key=lambda failure: not failure.root_cause)
+
+
+def _silent_failures(stderr: str, reported: set[int]) -> list[int]:
+    """Ranks that failed without writing their result (killed, or failed before the check
+    began) and were not merely stopped by torchrun, the root cause first: the errors of
+    ranks that did write one may only say that this one left their collectives."""
+    return [
+        failure.rank
+        for failure in _torchrun_failures(stderr)
+        if failure.rank not in reported and failure.exit_code != _STOPPED_BY_TORCHRUN
+    ]
+
+
+def torchrun_failure(stderr: str, rank: int | None = None) -> str:
+    """One line for a ``torchrun`` job that failed without a rank's result saying why: the
+    failed ``rank`` (default: torchrun's root cause), its exit code or signal, and the last
+    exception line that rank printed (or, where none is known to be its, the last printed
+    above torchrun's own ``ChildFailedError``)."""
+    exceptions: list[tuple[int | None, str]] = []
+    for raw in stderr.splitlines():
+        prefixed = _RANK_LINE.match(raw)
+        printed_by, line = (int(prefixed["rank"]), prefixed["line"]) if prefixed else (None, raw)
+        kind = _EXCEPTION_LINE.match(line.strip())
+        if kind is not None and kind["kind"] != "ChildFailedError":
+            exceptions.append((printed_by, line.strip()[:300]))
+    failures = _torchrun_failures(stderr)
+    failure = next((f for f in failures if f.rank == rank or (rank is None and f.root_cause)), None)
+    parts = []
+    if failure is not None:
+        how = f"exited with code {failure.exit_code}"
+        parts.append(
+            f"rank {failure.rank} {how}" + (f" ({failure.signal})" if failure.signal else "")
+        )
+        own = [line for printed_by, line in exceptions if printed_by == failure.rank]
+        exceptions = [(failure.rank, own[-1])] if own else exceptions
+    if exceptions:
+        parts.append(exceptions[-1][1])
+    if not parts:
+        lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+        parts.append(lines[-1] if lines else "no output")
+    return ": ".join(parts)
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -382,6 +547,32 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cross-check", action="store_true")
     arguments = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        checked = _checked_rank(arguments)
+        result: dict[str, Any] = asdict(checked)
+    except Exception as error:  # any: the caller names this rank and says what it raised
+        result = {
+            "rank": rank,
+            "error": str(error) if isinstance(error, PlannerError) else _one_line(error),
+            "error_type": type(error).__name__,
+            "traceback": traceback.format_exc(),
+            "failed_at": time.time(),
+        }
+    atomic_write_text(Path(arguments.out) / f"rank{rank}.json", json.dumps(result))
+    # A failed rank exits non-zero: torchrun then stops the others, which may be waiting in
+    # a collective for it (gloo's timeout is 30 minutes).
+    return 1 if "error" in result else 0
+
+
+def _one_line(error: BaseException) -> str:
+    """``KeyError: 12``: an exception's type and the first line of its message."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:300]}" if lines else type(error).__name__
+
+
+def _checked_rank(arguments: argparse.Namespace) -> RankCheck:
+    """This rank's check inside a process group started (and ended) here."""
     import torch
     import torch.distributed as dist
 
@@ -391,24 +582,28 @@ def _main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    rank = dist.get_rank()
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            checked = run_rank(
+            return run_rank(
                 arguments.model_path,
                 arguments.plan_path,
                 device=device,
                 seed=arguments.seed,
                 cross_check=arguments.cross_check,
             )
-        result: dict[str, Any] = asdict(checked)
-    except PlannerError as error:
-        result = {"rank": rank, "error": str(error), "error_type": type(error).__name__}
     finally:
         dist.destroy_process_group()
-    atomic_write_text(Path(arguments.out) / f"rank{rank}.json", json.dumps(result))
-    return 0
+
+
+def _exit_without_finalizing(code: int) -> NoReturn:
+    """End this rank with ``code`` now, its output flushed, without the interpreter's
+    finalization or C++'s static destructors, which can abort while gloo's threads run
+    (see the module's design note "a rank's exit")."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(_main())
+    _exit_without_finalizing(_main())
