@@ -42,6 +42,7 @@ import inspect
 import itertools
 import json
 import logging
+import math
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -57,7 +58,7 @@ from torch.utils.checkpoint import (
 from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.measure.tracking import iter_tensors
 from planner.measure.workload import describe_tensor, flag_names, own_checkpointing_flags
-from planner.model_switches import switch_off_caches
+from planner.model_switches import RoutingWatcher, switch_off_caches
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan, load_plan
 from planner.plan.policies import is_attention_op
 
@@ -579,7 +580,43 @@ class _FirstForwardGuard:
             raise PlanMismatchError(mismatch)
         for warning in step_differences(model, self.plan, args, kwargs):
             logger.warning("ckpt-plan: %s", warning)
+        if self.plan.switches.expert_load is not None:
+            _RoutingCheck.around_this_forward(model, self.plan.switches.expert_load)
         return None
+
+
+class _RoutingCheck:
+    """For one forward: watches the routers' real picks (a
+    :class:`~planner.model_switches.RoutingWatcher` entered by the first-forward guard) and,
+    after the forward, warns once where an expert got more tokens than the plan assumed: a
+    plan for eager experts sized their activations by that routing. A class so that models
+    stay picklable."""
+
+    def __init__(self, expert_load: float) -> None:
+        self.expert_load = expert_load
+        self.watcher = RoutingWatcher()
+        self.handle: Any = None
+
+    @classmethod
+    def around_this_forward(cls, model: torch.nn.Module, expert_load: float) -> None:
+        check = cls(expert_load)
+        check.handle = model.register_forward_hook(check, always_call=True)
+        check.watcher.__enter__()
+
+    def __call__(self, model: torch.nn.Module, args: Any, output: Any) -> None:
+        self.handle.remove()
+        self.watcher.__exit__(None, None, None)
+        busiest = self.watcher.busiest_load
+        if busiest > self.expert_load * (1 + 1e-6):
+            suggested = math.ceil(busiest * 10) / 10
+            logger.warning(
+                "ckpt-plan: the busiest expert got %.2fx its balanced share of tokens in this "
+                "step, and the plan assumed %gx: its experts' activations are larger than "
+                "planned; re-run `ckpt-plan profile` with --expert-load %g (or more)",
+                busiest,
+                self.expert_load,
+                suggested,
+            )
 
 
 def layout_mismatch(model: torch.nn.Module, plan: Plan) -> str | None:

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
     "RoutingAsPlanned",
+    "RoutingWatcher",
     "assumed_routing",
     "busiest_expert_load",
     "cache_owners",
@@ -160,3 +161,24 @@ class RoutingAsPlanned(TorchDispatchMode):
 def routing_as_planned(expert_load: float | None) -> contextlib.AbstractContextManager[Any]:
     """:class:`RoutingAsPlanned` for a plan that assumed a routing, else nothing."""
     return RoutingAsPlanned(expert_load) if expert_load is not None else contextlib.nullcontext()
+
+
+class RoutingWatcher(TorchDispatchMode):
+    """Records, while it is entered, the busiest expert's load (over the balanced share) in
+    every router's top-k pick (:func:`is_routing_choice`): the real routing, against a
+    plan's assumed ``expert_load``. Costs a ``bincount`` per pick; the first-forward guard
+    enters it for one forward only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.busiest_load = 0.0
+        self.picks = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if is_routing_choice(func, args, kwargs):
+            load = busiest_expert_load(out[1].detach(), args[0].shape[-1])
+            self.busiest_load = max(self.busiest_load, load)
+            self.picks += 1
+        return out

@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from planner.core.switches import StepSwitches, switches_from_dict, switches_to_dict
-from planner.model_switches import RoutingAsPlanned, assumed_routing, busiest_expert_load
+from planner.model_switches import (
+    RoutingAsPlanned,
+    RoutingWatcher,
+    assumed_routing,
+    busiest_expert_load,
+)
 
 
 @pytest.mark.parametrize(
@@ -178,3 +183,39 @@ def test_eager_experts_plan_for_the_assumed_routing_and_measure_as_predicted(
     check = check_plan(path, plan)
     assert check.passed, check.differences
     assert check.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+
+
+@pytest.mark.hf
+def test_the_first_training_forward_warns_when_real_routing_is_busier_than_planned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import dataclasses
+
+    from planner.apply import apply_plan
+    from planner.measure.workload import load_model_file
+
+    model_file = load_model_file(_moe_file(tmp_path, "eager"))
+    torch.manual_seed(0)
+    model, batch = model_file.build_model(), model_file.sample_batch()
+    with RoutingWatcher() as watcher:  # the real routing of these weights and this batch
+        model(**batch)
+    assert watcher.picks == 2 and watcher.busiest_load > 1.0  # one router per layer
+
+    def forward_warnings(expert_load: float) -> list[str]:
+        from planner.pipeline import profile_model_file
+        from planner.solve.planning import plan_for_budget
+
+        plan, _ = plan_for_budget(profile_model_file(model_file, timing_steps=1), 1 << 40)
+        plan = dataclasses.replace(plan, switches=StepSwitches(expert_load=expert_load))
+        torch.manual_seed(0)
+        fresh = model_file.build_model()  # the same weights as `model`
+        apply_plan(fresh, plan)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="planner.apply"):
+            fresh(**batch)
+            fresh(**batch)  # once: the second forward is not watched
+        return [r.message for r in caplog.records if "busiest expert" in r.message]
+
+    (warning,) = forward_warnings(1.0)
+    assert f"{watcher.busiest_load:.2f}x" in warning and "--expert-load" in warning
+    assert forward_warnings(watcher.busiest_load + 0.01) == []

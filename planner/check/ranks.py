@@ -192,11 +192,16 @@ def _rank_step(
 ) -> tuple[int, Any, dict[str, Any], dict[str, Any]]:
     """(peak bytes, loss, gradient shards, buffers) of one measured step on this rank."""
     from planner.measure.step import measure_step
+    from planner.model_switches import routing_as_planned
 
     workload, inner, kept, unkept = _laid_out_workload(
         model_path, plan, planned=planned, device=device, seed=seed
     )
-    measured = measure_step(workload, seed=seed, warmup_steps=2, copy_state=False, resident=kept)
+    # Mixture-of-experts steps whose memory depends on routing run as the plan assumed.
+    with routing_as_planned(plan.switches.expert_load):
+        measured = measure_step(
+            workload, seed=seed, warmup_steps=2, copy_state=False, resident=kept
+        )
     gradients = {
         name: _local(parameter.grad)
         for name, parameter in inner.named_parameters()
