@@ -206,25 +206,3 @@ def test_an_unexpected_exception_is_one_line_with_a_hint(
         app, ["solve", str(tmp_path / "profile.json"), "--budget", "1GB", "--verbose"]
     )
     assert verbose.exit_code == 1 and "Traceback" in verbose.output
-
-
-def test_tradeoff_draws_the_curve_from_the_profile_an_infeasible_budget_left(
-    runner: CliRunner, workdir: Path
-) -> None:
-    """Exit 3 (no plan fits) saves the profile without times; tradeoff times it once under
-    the smallest budget that fits, saves the times, and draws every budget's plan."""
-    model = Path(__file__).resolve().parent.parent / "examples" / "mlp.py"
-    refused = runner.invoke(app, ["profile", str(model), "--budget", "1MiB"])
-    assert refused.exit_code == 3, refused.output
-    profile_path = workdir / "profiles" / "mlp" / "profile.json"
-    assert profile_path.is_file()
-    drawn = runner.invoke(app, ["tradeoff", str(profile_path), "--points", "4"])
-    assert drawn.exit_code == 0, drawn.output
-    assert "measured times" in drawn.stderr
-    rows = [line for line in drawn.stdout.splitlines() if "optimal" in line]
-    assert len(rows) == 4
-    from planner.core.records import CostSource
-    from planner.plan.profile_file import load_profile
-
-    timed = load_profile(profile_path)
-    assert timed.cost_source is CostSource.MEASURED and timed.step_ms > 0

@@ -136,9 +136,14 @@ def test_profile_with_a_budget_too_small_exits_3_and_keeps_the_profile(tmp_path:
         "--check",
         str(EXAMPLES / "mlp.py"),
     ]
-    # Without times the frontier cannot be drawn: one line saying what to run.
-    untimed = CliRunner().invoke(app, ["tradeoff", str(saved)])
-    assert untimed.exit_code == 6 and "holds no times" in untimed.stderr
+    # tradeoff times it once, under the smallest budget that fits, saves the times and
+    # draws the curve (the user who just learned the budget is too small needs it).
+    drawn = CliRunner().invoke(app, ["tradeoff", str(saved), "--points", "4"])
+    assert drawn.exit_code == 0, drawn.output
+    assert "measured times" in drawn.stderr
+    assert len([line for line in drawn.stdout.splitlines() if "optimal" in line]) == 4
+    timed = load_profile(saved)
+    assert timed.cost_source.value == "measured" and timed.step_ms > 0
     # The printed command re-solves without profiling again, at exactly the smallest budget.
     solved = CliRunner().invoke(app, command)
     assert solved.exit_code == 0, solved.output
