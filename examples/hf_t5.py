@@ -9,11 +9,12 @@ loss_fn is needed. Eager attention keeps the (B, n_heads, T, T) attention weight
 saved activations; dropout is on (T5's default 0.1), so recomputation must replay the RNG.
 
 The config keeps T5's default ``use_cache=True``, as a model built from a downloaded config
-would: the decoder then makes a key/value cache in its forward, every decoder layer writes to
-it, and cross-attention reads keys/values back from it once filled. A decoder module that is
-recomputed finds the cache already filled and computes something else, which
-``torch.utils.checkpoint`` reports as a ``CheckpointError`` (see planner/check/safety.py): this
-file is the hazard's test case. The encoder blocks are ``encoder.block.0`` ...
+would. With the cache on, the decoder makes a key/value cache in its forward that every
+decoder layer writes to and cross-attention reads back, so a recomputed decoder module would
+find it filled (a ``CheckpointError``). ckpt-plan plans and trains it with the cache off, as
+Hugging Face's own checkpointing does (``apply_plan`` turns ``config.use_cache`` off);
+tests/data/t5_cache_in_call.py asks for the cache in the call and keeps the hazard.
+The encoder blocks are ``encoder.block.0`` ...
 ``encoder.block.{NUM_LAYERS-1}``, the decoder blocks ``decoder.block.0`` ... Weights and
 batch come from torch's global RNG; the caller seeds it.
 """

@@ -464,7 +464,7 @@ def test_the_batchnorm_cnn_example_plan_trains_identically() -> None:
 @pytest.mark.hf
 def test_the_t5_example_plan_trains_identically_once_cached_attention_is_excluded() -> None:
     pytest.importorskip("transformers")
-    path = EXAMPLES / "hf_t5.py"
+    path = DATA / "t5_cache_in_call.py"  # the cache asked for in the call: not planned off
     profile, workload = _profile(path)
     # The profiler excludes the decoder's cache fillers up front; the probe agrees.
     up_front = {
@@ -491,7 +491,7 @@ def test_the_t5_example_plan_trains_identically_once_cached_attention_is_exclude
 def test_t5_cross_attention_with_a_cache_raises_checkpoint_error_when_checkpointed() -> None:
     pytest.importorskip("transformers")
     with pytest.raises(CheckpointError, match="different number of tensors"):
-        _planned_loss(EXAMPLES / "hf_t5.py", ["decoder.block.0.layer.1"])
+        _planned_loss(DATA / "t5_cache_in_call.py", ["decoder.block.0.layer.1"])
 
 
 def test_profile_excludes_cache_filling_modules_it_chose_and_the_plan_trains() -> None:
