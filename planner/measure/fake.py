@@ -24,16 +24,17 @@ Design notes
   keeps a real copy (its shadow); an op whose inputs all have shadows (or none: ``ones``)
   and whose outputs are that small computes its shadows too (``arange``, comparisons,
   ``all``), so ``.item()`` or ``bool()`` of such a tensor answers as the real step would.
+  Big tensors (activations, weights) have no values: an op whose output depends on them
+  (``.item()`` of a loss, ``nonzero`` of activations) cannot run, and
+  :class:`FakeExecutionError` names it and where the model file called it. The caller may
+  then fall back to a real step, only where one fits.
 * **Routing is assumed.** A mixture-of-experts router's top-k pick over fake scores gets
   the values of an assumed routing (:func:`planner.model_switches.assumed_routing`:
   balanced, or a busiest expert at ``expert_load`` times its share), so experts that run
   on the tokens routed to them (``nonzero``/``where`` per expert) run with known sizes.
   Values derived from it are marked: only where one decides a shape or a value is the
   routing an assumption of the plan (``FakeSession.expert_load_used``); grouped experts
-  (``grouped_mm`` over all tokens) need none. Big tensors (activations, weights) have no values:
-  an op whose output depends on them (``.item()`` of a loss, ``nonzero`` of activations)
-  cannot run, and :class:`FakeExecutionError` names it and where the model file called it.
-  The caller may then fall back to a real step, only where one fits.
+  (``grouped_mm`` over all tokens) need none.
 * **Libraries that look for fake tensors.** Hugging Face ``transformers`` takes a fake
   tensor as a sign of tracing (``torch.compile``, export) and then builds another step (a
   materialized causal mask instead of SDPA's ``is_causal``); inside a session its test
