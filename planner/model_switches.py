@@ -7,7 +7,6 @@ functions so that the step it records is the step ``apply_plan`` leaves.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import sys
 from typing import Any
@@ -23,10 +22,9 @@ __all__ = [
     "cache_owners",
     "is_routing_choice",
     "routing_as_planned",
+    "routing_for_choice",
     "switch_off_caches",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 def _is_hugging_face_model(module: torch.nn.Module) -> bool:
@@ -124,8 +122,15 @@ def is_routing_choice(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     )
 
 
-def topk_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    return int(args[1] if len(args) > 1 else kwargs["k"])
+def routing_for_choice(
+    args: tuple[Any, ...], kwargs: dict[str, Any], expert_load: float
+) -> torch.Tensor:
+    """The assumed routing (:func:`assumed_routing`, on CPU) for a router's top-k pick
+    called with ``args``/``kwargs`` (:func:`is_routing_choice`): its scores' leading
+    dimensions are the tokens, its last the experts."""
+    scores = args[0]
+    k = int(args[1] if len(args) > 1 else kwargs["k"])
+    return assumed_routing(tuple(scores.shape[:-1]), scores.shape[-1], k, expert_load)
 
 
 class RoutingAsPlanned(TorchDispatchMode):
@@ -145,16 +150,10 @@ class RoutingAsPlanned(TorchDispatchMode):
         out = func(*args, **kwargs)
         if is_routing_choice(func, args, kwargs):
             values, indices = out
-            scores = args[0]
-            routing = assumed_routing(
-                tuple(scores.shape[:-1]),
-                scores.shape[-1],
-                topk_size(args, kwargs),
-                self.expert_load,
-            ).to(indices.device)
+            routing = routing_for_choice(args, kwargs, self.expert_load).to(indices.device)
             # In place: the step keeps the storages it would have had.
             indices.copy_(routing)
-            values.copy_(torch.gather(scores, -1, routing))
+            values.copy_(torch.gather(args[0], -1, routing))
         return out
 
 

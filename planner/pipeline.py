@@ -339,6 +339,12 @@ def _probe(
     return find_recompute_mismatches(workload, names, seed=seed)
 
 
+def _workload_here(source: str | Path) -> bool:
+    """Whether a profile's workload can be built here: a Hugging Face source, or a model
+    file that exists."""
+    return is_hf_source(source) or Path(source).is_file()
+
+
 def _timed(
     profile: Profile,
     budget_bytes: int,
@@ -348,7 +354,7 @@ def _timed(
     progress: ProgressCallback | None,
 ) -> Profile:
     source = model_path if model_path is not None else profile.model_file
-    if not is_hf_source(source) and not Path(source).is_file():
+    if not _workload_here(source):
         raise ProfileFileError(
             f"this profile holds no times (it was saved when no plan fit its budget) and its "
             f"model file {source} is not there: pass the model file (--check MODEL.py) to time it"
@@ -378,7 +384,7 @@ def with_times(
     if profile.cost_source is not CostSource.NONE:
         return profile
     source = model_path if model_path is not None else profile.model_file
-    if is_hf_source(source) or Path(source).is_file():
+    if _workload_here(source):
         floor = Solver(profile).lowest_peak()[1]
         return _timed(profile, floor, model_path=source, seed=seed, progress=progress)
     estimated = estimated_costs(profile, profile.device)

@@ -86,10 +86,9 @@ from planner.measure.workload import (
     switch_off_own_checkpointing,
 )
 from planner.model_switches import (
-    assumed_routing,
     is_routing_choice,
+    routing_for_choice,
     switch_off_caches,
-    topk_size,
 )
 
 __all__ = [
@@ -195,14 +194,8 @@ class _ValueShadows(TorchDispatchMode):
         """A router's top-k pick over fake scores: the fake op, with the indices given the
         assumed routing's values (planner.model_switches.assumed_routing)."""
         values, indices = func(*args, **kwargs)
-        scores = args[0]
         with torch._C._DisableTorchDispatch():  # real values, made outside the fake mode
-            routing = assumed_routing(
-                tuple(scores.shape[:-1]),
-                scores.shape[-1],
-                topk_size(args, kwargs),
-                self.expert_load,
-            )
+            routing = routing_for_choice(args, kwargs, self.expert_load)
         self.attach(indices, routing, assumed=True)
         self.routing_seen = True
         return values, indices
@@ -479,13 +472,10 @@ def _fake_limitation(error: BaseException, model_file: ModelFile) -> FakeExecuti
     )
 
 
-# Ops whose fake (meta) kernel accepts fewer dtypes than the devices' real kernels: the op,
-# and the dtypes its CPU and CUDA kernels run (torch 2.13: grouped_mm's meta kernel checks
-# for bf16 only, the CUDA fast path's dtype, while the CPU kernel and CUDA's fallback run
-# fp32 and fp16 too; Hugging Face mixture-of-experts layers call it in the model's dtype).
-_NARROW_FAKE_KERNELS: dict[str, tuple[torch.dtype, ...]] = {
-    "_grouped_mm.default": (torch.float32, torch.float16, torch.bfloat16),
-}
+# The dtypes grouped_mm's real kernels run: torch 2.13's fake (meta) kernel checks for bf16
+# only, the CUDA fast path's dtype, while the CPU kernel and CUDA's fallback run fp32 and
+# fp16 too; Hugging Face mixture-of-experts layers call it in the model's dtype.
+_GROUPED_MM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _grouped_mm_output(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwargs: Any) -> Any:
@@ -499,11 +489,10 @@ def _grouped_mm_output(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwarg
     offs = args[2] if len(args) > 2 else kwargs.get("offs")
     out_dtype = args[4] if len(args) > 4 else kwargs.get("out_dtype")
     bias = args[3] if len(args) > 3 else kwargs.get("bias")
-    accepted = _NARROW_FAKE_KERNELS["_grouped_mm.default"]
     if (
         mat_a.dtype == torch.bfloat16
         or mat_a.dtype != mat_b.dtype
-        or mat_a.dtype not in accepted
+        or mat_a.dtype not in _GROUPED_MM_DTYPES
         or out_dtype not in (None, mat_a.dtype)
         or bias is not None
     ):
@@ -516,8 +505,8 @@ def _grouped_mm_output(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwarg
 
 @contextlib.contextmanager
 def _device_kernel_dtypes(replaced: set[str]) -> Iterator[None]:
-    """Inside the session, ops in :data:`_NARROW_FAKE_KERNELS` run on fake tensors in every
-    dtype their real kernels run, so the fake step runs what the real step runs (without
+    """Inside the session, ``grouped_mm`` runs on fake tensors in every dtype its real
+    kernels run (:data:`_GROUPED_MM_DTYPES`), so the fake step runs what the real step runs (without
     patching the library that calls them). Scoped: outside it, torch's rules are back."""
     from torch._subclasses import fake_impls
 
