@@ -6,8 +6,8 @@ The batch is a tuple ``(images, labels)`` and ``training_step(model, batch)`` co
 the loss, so the model itself takes only images. Convolution activations at full
 resolution dwarf the few hundred thousand weights. The blocks use BatchNorm2d: in
 training mode its running statistics are a forward side effect, updated twice if a
-block is recomputed (see DESIGN.md). Weights and batch come from torch's global RNG;
-the caller seeds it.
+block is recomputed (see docs/architecture.md, "Correctness rules from the checkpoint
+API"). Weights and batch come from torch's global RNG; the caller seeds it.
 """
 
 import torch

@@ -88,7 +88,8 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(N_EMBD)
         self.lm_head = nn.Linear(N_EMBD, VOCAB_SIZE, bias=False)
         # weight tying: the head and the token embedding share one Parameter, so the
-        # planner sees a weight used twice in one step (see DESIGN.md, memory model)
+        # planner sees a weight used twice in one step (docs/architecture.md, "The memory
+        # model")
         self.lm_head.weight = self.wte.weight
         # GPT-2 init: nn.Embedding's default N(0, 1) through the tied head would give
         # huge logits (initial loss ~80 instead of ~ln(VOCAB_SIZE) = 6.2)

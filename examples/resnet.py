@@ -10,9 +10,9 @@ module names are the ones a torchvision user checkpoints by hand: ``layer2.1``,
 default, ``Bottleneck, (2, 2, 2, 2)``, is resnet26's layout (``BasicBlock, (2, 2, 2, 2)`` is
 resnet18's, ``Bottleneck, (3, 4, 6, 3)`` resnet50's). Widths are half of torchvision's and
 images 128x128, so one step takes a fraction of a second on a CPU. BatchNorm's running
-statistics are a forward side effect (see DESIGN.md). The batch is ``(images, labels)`` and
-``training_step`` computes the loss. Weights and batch come from torch's global RNG; the
-caller seeds it.
+statistics are a forward side effect (see docs/architecture.md, "Correctness rules from the
+checkpoint API"). The batch is ``(images, labels)`` and ``training_step`` computes the loss.
+Weights and batch come from torch's global RNG; the caller seeds it.
 """
 
 import torch

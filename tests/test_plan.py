@@ -1,4 +1,5 @@
-"""Plan JSON: round trip, the DESIGN.md contract, and errors for files we cannot trust."""
+"""Plan JSON: round trip, the contract (docs/architecture.md, "Plan JSON"), and errors for
+files we cannot trust."""
 
 from __future__ import annotations
 
@@ -233,7 +234,7 @@ def test_load_with_a_module_entry_without_a_name(tmp_path: Path, sample_plan: Pl
 
 
 def test_unknown_extra_fields_are_ignored(tmp_path: Path, sample_plan: Plan) -> None:
-    # "a new field is fine" (DESIGN.md): an older reader ignores it.
+    # "a new field is fine" (docs/architecture.md, "Plan JSON"): an older reader ignores it.
     data = plan_to_dict(sample_plan)
     data["some_future_field"] = {"x": 1}
     path = _write_json(tmp_path / "plan.json", data)

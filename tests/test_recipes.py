@@ -114,7 +114,7 @@ def test_lightning_with_a_plan_for_its_loop_trains_within_the_budget(
 
 
 def test_compiled_planned_loop_trains_with_the_compiled_unplanned_losses() -> None:
-    """The compiled planned step's peak is documented (recipe docstring, README), not
+    """The compiled planned step's peak is documented (recipe docstring, docs/results.md), not
     asserted to fit: the plan's figures are for the eager step. Asserted: the losses equal
     the compiled unplanned run's, and the steps ran compiled code (TorchDynamo made graphs;
     under the storage tracker's dispatch mode it would have run them eagerly)."""

@@ -17,9 +17,9 @@ accelerate's data loader collates each batch into new tensors and fetches the ne
 a step runs: two collated batches are alive in a step where the plan counted one batch, so
 the plan is made for the budget less two batches (32 KiB here; see ``loader_room_bytes``).
 
-Measured (``python benchmarks/recipes.py``; README "Recipes"): 31.53 MiB of live tensor
-storages over the whole run, against the 32 MiB budget (74.06 MiB without the plan), with
-the unplanned run's losses, step for step.
+Measured (``python benchmarks/recipes.py``; docs/results.md, "Recipes"): 31.53 MiB of live
+tensor storages over the whole run, against the 32 MiB budget (74.06 MiB without the plan),
+with the unplanned run's losses, step for step.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ compiling changes what the step keeps alive (fused kernels save fewer, different
 so the plan's prediction is not the compiled step's peak. Measured on this tiny GPT-2 at a
 40 MiB budget (``python benchmarks/recipes.py``: torch 2.13 CPU, 3 steps, whole run; peaks
 from the CPU allocator's accounting, because compiled kernels allocate below the dispatcher
-the storage tracker watches; README "Recipes"), with a plan predicted at 39.32 MiB:
+the storage tracker watches; docs/results.md, "Recipes"), with a plan predicted at 39.32 MiB:
 
 =====================================  =========
 run                                    peak

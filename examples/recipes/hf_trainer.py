@@ -24,9 +24,9 @@ one before a step runs: two collated batches are alive in a step where the plan 
 batch, so the plan is made for the budget less two batches (16 KiB here; see
 ``loader_room_bytes``).
 
-Measured (``python benchmarks/recipes.py``; README "Recipes"): 39.83 MiB of live tensor
-storages over the whole run, against the 40 MiB budget (59.58 MiB without the plan), with
-the unplanned run's losses, step for step.
+Measured (``python benchmarks/recipes.py``; docs/results.md, "Recipes"): 39.83 MiB of live
+tensor storages over the whole run, against the 40 MiB budget (59.58 MiB without the plan),
+with the unplanned run's losses, step for step.
 """
 
 from __future__ import annotations

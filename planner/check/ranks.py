@@ -1,5 +1,5 @@
 """Check a plan for a ``torchrun`` job on real ranks: every rank within the budget, every
-rank's step unchanged (DESIGN.md, "On more than one machine").
+rank's step unchanged (docs/architecture.md, "On more than one machine").
 
 :func:`check_plan_on_ranks` launches ``python -m torch.distributed.run --standalone
 --nproc-per-node N -m planner.check.ranks ...`` (gloo on CPU, NCCL on GPUs: one GPU per

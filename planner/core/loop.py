@@ -1,5 +1,5 @@
 """The training loop's shape: where gradients are zeroed, how many micro-batches a step
-accumulates (DESIGN.md, "The loop's shape").
+accumulates (docs/architecture.md, "The loop's shape").
 
 The step a plan describes must be the step the user runs. Frameworks run the same forward,
 backward and optimizer step in different orders, and the order decides which gradients are

@@ -1,5 +1,5 @@
-"""The parallel layout a step is planned for: one rank of a ``torchrun`` job (DESIGN.md, "On
-more than one machine").
+"""The parallel layout a step is planned for: one rank of a ``torchrun`` job
+(docs/architecture.md, "On more than one machine").
 
 A plan made for a job of N ranks describes ONE rank's step: its budget is each rank's peak.
 What a rank holds depends on how the job is laid out:

@@ -7,9 +7,9 @@ order: a storage allocated or freed, a module forward entered or left, a saved t
 or unpacked. Events order things; they are not a clock.
 
 Two words are kept apart: *saved* is what autograd saves for backward (``saved_bytes``,
-``saved_tensors``); *saving* (DESIGN.md's word) or *freed* is what checkpointing a module
-frees between its forward and its backward (``checkpoint_saving_bytes``, a plan's
-``saving_bytes``, reports' ``freed_bytes_*``).
+``saved_tensors``); *saving* (docs/architecture.md, "The memory model") or *freed* is what
+checkpointing a module frees between its forward and its backward
+(``checkpoint_saving_bytes``, a plan's ``saving_bytes``, reports' ``freed_bytes_*``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ PROFILE_SCHEMA_VERSION = 1
 
 
 class MemorySource(str, enum.Enum):
-    """How the memory timeline was recorded (DESIGN.md, "Where each figure comes from")."""
+    """How the memory timeline was recorded (docs/architecture.md, "Where each figure comes
+    from")."""
 
     FAKE = "fake"
     """On fake tensors (``FakeTensorMode``): exact sizes and lifetimes, no storage."""

@@ -1,7 +1,8 @@
 """Human byte units, parsed and printed here and nowhere else.
 
 ``GB``/``MB``/``KB`` are powers of 10, ``GiB``/``MiB``/``KiB`` powers of 2, a bare number is
-bytes (DESIGN.md, "Budget"). Everything inside the library is an ``int`` of bytes.
+bytes (docs/architecture.md, "Budget meaning"). Everything inside the library is an ``int``
+of bytes.
 """
 
 from __future__ import annotations

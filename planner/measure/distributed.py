@@ -1,5 +1,6 @@
-"""One rank of a ``torchrun`` job, simulated in one process or run for real (DESIGN.md, "On
-more than one machine"; :mod:`planner.core.parallel` for what a rank holds).
+"""One rank of a ``torchrun`` job, simulated in one process or run for real
+(docs/architecture.md, "On more than one machine"; docs/distributed.md;
+:mod:`planner.core.parallel` for what a rank holds).
 
 Design notes
 ------------

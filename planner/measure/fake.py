@@ -4,7 +4,7 @@ A fake tensor (``torch._subclasses.fake_tensor.FakeTensorMode``) has a shape, a 
 device and a storage identity, but no data: ops compute only their outputs' metadata. The
 profiler's recorder sees the same storages made and freed, the same module calls and the
 same saved tensors as in a real step, so the memory timeline it records is the real one
-(the README's "Predictions against measurement" compares both), while the process holds
+(docs/results.md, "Predictions against measurement" compares both), while the process holds
 no activation, parameter or optimizer-state memory at all. That is what lets a model be
 planned on a machine that could never run its unplanned step.
 

@@ -5,20 +5,16 @@ On Linux, glibc's ``malloc`` gives freed memory back to the operating system: la
 one by one, and the top of the heap is trimmed when enough of it is free. A training step
 frees tens of MiB of activations and allocates them again in the next step, so every step
 takes page faults for memory it had a moment ago, and how many depends on where the heap
-happened to end up. Measured here (``benchmarks/host_allocator.py``, unplanned steps from
-the third on, one process each): the MLP example took a median of 3,584 minor faults per
-step (up to 22,497) and its step time spread over 31.5% of its median; the ViT example
-6,178 faults (up to 16,418), a spread of 17.9%. Timed that way, a recomputation costs what
-the faults of that moment cost, and the same MLP plan's overhead measured +1.8% in one
-process and +8.2% in another.
+happened to end up: timed that way, a recomputation costs what the faults of that moment
+cost, and the same plan's overhead differs from one process to the next.
 
 :func:`steady_host_allocator` keeps freed memory in the process while times are taken: no
 trimming, and ``mmap`` only above glibc's largest threshold (32 MiB), so that once the
-heap has grown the same blocks are reused: in the same benchmark the MLP example then took
-a median of 32 faults per step and spread over 18.6%, the ViT example 0 faults and 13.2%.
-That is how CUDA's caching allocator behaves on a GPU, and what the tcmalloc or jemalloc
-that PyTorch's CPU performance guide recommends do; a step's compute, not the operating
-system's bookkeeping, is then what the times compare (``benchmarks/plan_stability.py``).
+heap has grown the same blocks are reused. That is how CUDA's caching allocator behaves on
+a GPU, and what the tcmalloc or jemalloc that PyTorch's CPU performance guide recommends
+do; a step's compute, not the operating system's bookkeeping, is then what the times
+compare. The measured faults and spreads, with glibc's defaults and with this allocator:
+docs/results.md, "The host allocator" (``benchmarks/host_allocator.py``).
 
 Design notes
 ------------

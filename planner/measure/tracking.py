@@ -1,11 +1,12 @@
 """Memory tracking: live tensor storages on CPU, the caching allocator's counters on CUDA.
 
-The budget (DESIGN.md) is the peak memory of one training step. On CUDA that is what
-``torch.cuda.max_memory_allocated()`` reports. On CPU there is no such counter, so we
-track it the same way: the bytes held by live tensor storages, each storage counted once
-however many tensors view it. A :class:`~torch.utils._python_dispatch.TorchDispatchMode`
-sees every tensor an op makes (forward, backward, recomputation and the optimizer step all
-run ops through it) and a weak reference on each new storage tells us when it is freed.
+The budget (docs/architecture.md, "Budget meaning") is the peak memory of one training step.
+On CUDA that is what ``torch.cuda.max_memory_allocated()`` reports. On CPU there is no such
+counter, so we track it the same way: the bytes held by live tensor storages, each storage
+counted once however many tensors view it. A
+:class:`~torch.utils._python_dispatch.TorchDispatchMode` sees every tensor an op makes
+(forward, backward, recomputation and the optimizer step all run ops through it) and a weak
+reference on each new storage tells us when it is freed.
 
 :class:`StorageWatcher` is the mechanism; :class:`PeakMemoryTracker` is the small interface
 used to *measure* a step (independently of the profiler's own bookkeeping), with the same

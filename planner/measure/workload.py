@@ -1,4 +1,4 @@
-"""Load a model file and run training steps on it (DESIGN.md, "Model file").
+"""Load a model file and run training steps on it (docs/architecture.md, "Model file").
 
 A model file defines ``build_model()`` and ``sample_batch()``, and optionally
 ``training_step(model, batch)``, ``loss_fn(output, batch)`` and

@@ -1,9 +1,9 @@
 """The plan: which modules to checkpoint and how, and its versioned JSON file.
 
-Pure Python (no torch). The JSON contract is fixed in DESIGN.md ("Plan JSON"): a new field
-is fine, a renamed one needs a ``schema_version`` bump. :func:`load_plan` rejects files it
-cannot trust (missing, empty, corrupt, written by a newer schema) with a
-:class:`PlanFileError` that says what to do.
+Pure Python (no torch). The JSON contract is fixed in docs/architecture.md ("Plan JSON";
+every field: docs/formats.md, "Plan file"): a new field is fine, a renamed one needs a
+``schema_version`` bump. :func:`load_plan` rejects files it cannot trust (missing, empty,
+corrupt, written by a newer schema) with a :class:`PlanFileError` that says what to do.
 """
 
 from __future__ import annotations
