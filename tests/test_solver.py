@@ -523,6 +523,7 @@ def test_the_integer_program_matches_brute_force(seed: int) -> None:
     program = solver.integer_program()
     lowest_names = program.lowest_peak()
     assert solver.peak(lowest_names) == min(peak for _, peak, _ in plans)
+    assert program.lowest_bound_bytes == solver.peak(lowest_names)  # proven
     _assert_antichain(lowest_names)
     peaks = sorted({peak for _, peak, _ in plans})
     for budget in peaks[:: max(1, len(peaks) // 6)]:
@@ -532,6 +533,42 @@ def test_the_integer_program_matches_brute_force(seed: int) -> None:
         assert solver.peak(names) <= budget
         _assert_antichain(names)
         assert solver.cost(names) == pytest.approx(best, abs=0.005 * len(names) + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_stalled_lowest_peak_search_keeps_a_true_bound_and_agrees_with_solve(
+    seed: int,
+) -> None:
+    """Where the integer program's lowest-peak bound stops rising (blocks of one shape can
+    keep it still for hundreds of rounds), the search stops with the best plan found and
+    the bound proven so far; a budget below that plan is refused, naming both."""
+    profile = random_profile(seed)
+    plans = _brute_force(profile)
+    true_lowest = min(peak for _, peak, _ in plans)
+    solver = Solver(profile, exhaustive_evaluations=0, nesting=False)
+    program = solver.integer_program()
+    program.stall_rounds = 0  # stop at the first round that proves nothing
+    names = program.lowest_peak()
+    _assert_antichain(names)
+    assert program.lowest_bound_bytes <= true_lowest <= solver.peak(names)
+    # Through the solver: a plan that fits at the found lowest, and no plan below it.
+    solver = Solver(profile, exhaustive_evaluations=0, nesting=False)
+    solver._integer_program = program
+    solver._tree_program = None
+    solver.tree_program = _incompatible  # type: ignore[method-assign]
+    _, found = solver.lowest_peak()
+    assert found == solver.peak(names) and solver.lowest_bound_bytes == program.lowest_bound_bytes
+    assert solver.solve(found).predicted_peak_bytes <= found
+    if found > 0:
+        with pytest.raises(InfeasibleBudgetError) as refused:
+            solver.solve(found - 1)
+        assert refused.value.min_budget_bytes == found
+        if solver.lowest_bound_bytes < found:
+            assert "the lowest found, and no plan peaks below" in str(refused.value)
+
+
+def _incompatible() -> None:
+    raise Incompatible(("point", 0, -1))
 
 
 def _tree_program_cases(seed: int, shared_input: bool = False) -> tuple[int, int, int]:

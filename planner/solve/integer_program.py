@@ -80,6 +80,15 @@ class IntegerProgram:
         self.scale = float(memory_rows.base.max()) or 1.0
         self.rounds = 0
         self.time_limit_s = 20.0
+        # Rows added per round: every stretch of the replay above the bound, up to this many.
+        self.rows_per_round = 32
+        # Rounds without a rise of the lowest-peak bound before that search stops.
+        self.stall_rounds = 12
+        # Rounds of a budget's search before it stops without a plan (the solver then
+        # falls back on the lowest-peak plan, which fits any budget it is asked for).
+        self.max_rounds = 100
+        # The proven lower bound of the last lowest_peak (its answer's peak when proven).
+        self.lowest_bound_bytes = 0
         self.timed_out = False
 
     # -- solving -------------------------------------------------------------------------
@@ -148,22 +157,24 @@ class IntegerProgram:
         self.timed_out = False
         exact = True
         chosen: tuple[str, ...] = ()
-        for _ in range(500):
-            if violation in added:
+        violations = [violation]
+        for _ in range(self.max_rounds):
+            fresh = [v for v in violations if v not in added]
+            if not fresh:
                 # Cannot happen with exact rows; kept as a safety net: cut off this plan.
                 exact = False
                 rows.append(({self.tree.index[u]: 1.0 for u in chosen}, len(chosen) - 1.0))
-            else:
-                added.add(violation)
-                rows.append(self._scaled(*self.memory_rows.row_for(violation, budget)))
+            for new in fresh:
+                added.add(new)
+                rows.append(self._scaled(*self.memory_rows.row_for(new, budget)))
             x = self._milp(self.cost, rows)
             if x is None:
                 return None, exact and not self.timed_out
             chosen = self._chosen(x)
-            violation = self.memory_rows.violation(chosen, budget)
-            if violation is None:
+            violations = self.memory_rows.violations(chosen, budget, self.rows_per_round)
+            if not violations:
                 return chosen, exact and not self.timed_out
-        logger.warning("integer program did not converge; no plan returned")
+        logger.debug("integer program: no plan within %d rounds", self.max_rounds)
         return None, False
 
     def lowest_peak(self) -> tuple[str, ...]:
@@ -180,15 +191,16 @@ class IntegerProgram:
         cuts: list[tuple[dict[int, float], float]] = []
         added: set[Violation] = set()
         best: tuple[int, tuple[str, ...]] = (self.peaks(()), ())
-        violation: Violation | None = ("point", int(self.memory_rows.base.argmax()), -1)
+        violations: list[Violation] = [("point", int(self.memory_rows.base.argmax()), -1)]
         chosen: tuple[str, ...] = ()
+        floor, stalled = 0.0, 0
         for _ in range(200):
-            assert violation is not None
-            if violation in added:  # safety net, as in solve()
+            fresh = [v for v in violations if v not in added]
+            if not fresh:  # safety net, as in solve()
                 cuts.append(({self.tree.index[u]: 1.0 for u in chosen}, len(chosen) - 1.0))
-            else:
-                added.add(violation)
-                peak_rows.append(self._scaled(*self.memory_rows.row_for(violation, 0.0)))
+            for new in fresh:
+                added.add(new)
+                peak_rows.append(self._scaled(*self.memory_rows.row_for(new, 0.0)))
             peak_column = count + len(self.memory_rows.helpers)
             rows = [({**row, peak_column: -1.0}, bound) for row, bound in peak_rows] + cuts
             x = self._milp(objective, rows, peak_column=True)
@@ -200,8 +212,18 @@ class IntegerProgram:
             if peak < best[0]:
                 best = (peak, chosen)
             if best[0] <= lower + 0.5:
+                floor = best[0]
                 break
-            violation = self.memory_rows.violation(chosen, lower + 0.5)
-            if violation is None:
+            # Blocks of one shape give many plans at the same bound, each peaking at its own
+            # event: the bound can stay put for hundreds of rounds. Stop when it has not
+            # risen for a while, with the best plan found and the bound proven so far.
+            stalled = stalled + 1 if lower <= floor + 0.5 else 0
+            floor = max(floor, lower)
+            if stalled >= self.stall_rounds:
+                logger.debug("lowest peak: bound stalled at %d bytes, best %d", floor, best[0])
                 break
+            violations = self.memory_rows.violations(chosen, lower + 0.5, self.rows_per_round)
+            if not violations:
+                break
+        self.lowest_bound_bytes = min(best[0], int(floor))
         return best[1]

@@ -197,13 +197,34 @@ class MemoryRows:
 
     def violation(self, chosen: Sequence[str], budget: float) -> Violation | None:
         """Where the exact replay of ``chosen`` exceeds ``budget`` the most, or None."""
+        worst = self.violations(chosen, budget, limit=1)
+        return worst[0] if worst else None
+
+    def violations(self, chosen: Sequence[str], budget: float, limit: int) -> list[Violation]:
+        """Up to ``limit`` places where the exact replay of ``chosen`` exceeds ``budget``,
+        the worst first: the highest point of each stretch of the curve above the budget,
+        and each recompute spike above it. The worst one (first) is the highest of all.
+
+        The integer program adds all of them in one round: blocks of one shape peak at
+        different events, and a round per event would take hundreds of rounds."""
         curve = self.memory.memory_curve(chosen)
+        found: list[tuple[float, Violation]] = []
         worst_point = int(curve.argmax())
-        worst: tuple[float, Violation] = (float(curve[worst_point]), ("point", worst_point, -1))
+        found.append((float(curve[worst_point]), ("point", worst_point, -1)))
+        if limit > 1:
+            above = np.flatnonzero(curve > budget)
+            if len(above):
+                # Stretches of consecutive indices above the budget; the top of each.
+                breaks = np.flatnonzero(np.diff(above) > 1) + 1
+                for stretch in np.split(above, breaks):
+                    top = int(stretch[int(curve[stretch].argmax())])
+                    if top != worst_point:
+                        found.append((float(curve[top]), ("point", top, -1)))
         for unit in chosen:
             index = self.tree.index[unit]
             for event, spike in self.spikes[index]:
                 value = float(curve[event]) + spike
-                if value > worst[0]:
-                    worst = (value, ("spike", event, index))
-        return worst[1] if worst[0] > budget else None
+                if value > budget or value > found[0][0]:
+                    found.append((value, ("spike", event, index)))
+        found.sort(key=lambda item: -item[0])
+        return [violation for value, violation in found[:limit] if value > budget]

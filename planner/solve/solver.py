@@ -81,6 +81,9 @@ class Solver:
         self._integer_program: IntegerProgram | None = None
         self._tree_program: TreeDP | None = None
         self._known: list[tuple[int, float, tuple[str, ...]]] = []
+        self._lowest: tuple[tuple[str, ...], int] | None = None
+        # No plan's peak is below this (the lowest peak itself once that is proven).
+        self.lowest_bound_bytes = 1 << 62
 
     @property
     def evaluations(self) -> int:
@@ -134,15 +137,23 @@ class Solver:
 
     def lowest_peak(self) -> tuple[tuple[str, ...], int]:
         """The plan with the lowest predicted peak (ties: the cheapest; and a plan without
-        nesting where one reaches it: nesting is the last resort, see :meth:`solve`)."""
-        if self._without_nesting is not None:
-            plain, plain_peak = self._without_nesting.lowest_peak()
-            nested, nested_peak = self._lowest_peak()
-            if nested_peak < plain_peak:
-                return nested, nested_peak
-            self._remember(plain)
-            return plain, plain_peak
-        return self._lowest_peak()
+        nesting where one reaches it: nesting is the last resort, see :meth:`solve`).
+
+        Proven lowest, except where the integer program's bound stalls (see
+        :meth:`IntegerProgram.lowest_peak`): then the best plan found, and
+        :attr:`lowest_bound_bytes` is the peak no plan goes below."""
+        if self._lowest is None:
+            if self._without_nesting is not None:
+                plain, plain_peak = self._without_nesting.lowest_peak()
+                nested, nested_peak = self._lowest_peak()
+                if nested_peak < plain_peak:
+                    self._lowest = (nested, nested_peak)
+                else:
+                    self._remember(plain)
+                    self._lowest = (plain, plain_peak)
+            else:
+                self._lowest = self._lowest_peak()
+        return self._lowest
 
     def _lowest_peak(self) -> tuple[tuple[str, ...], int]:
         best, finished = None, False
@@ -158,8 +169,10 @@ class Solver:
                 best = best if cheapest is None else cheapest
             except Incompatible:
                 best = self.integer_program().lowest_peak()
+                self.lowest_bound_bytes = self.integer_program().lowest_bound_bytes
         assert best is not None
         self._remember(best)
+        self.lowest_bound_bytes = min(self.lowest_bound_bytes, self.peak(best))
         return best, self.peak(best)
 
     def solve(self, budget_bytes: int, max_evaluations: int | None = None) -> Solution:
@@ -186,17 +199,26 @@ class Solver:
             except Incompatible as error:
                 logger.debug("tree DP cannot take row %s; solving the integer program", error)
                 self.integer_program_used = True
-                best, proven = self.integer_program().solve(budget_bytes)
+                # Below the lowest peak no plan fits (proven, or the lowest found where
+                # that search stalled: the two answers agree).
+                if budget_bytes >= self.lowest_peak()[1]:
+                    best, proven = self.integer_program().solve(budget_bytes)
         if best is None:
             names, lowest = self.lowest_peak()
             if lowest <= budget_bytes:  # cannot happen with a finished search; be safe
                 best, proven = names, False
         if best is None:
             budget_text, lowest_text = format_bytes_apart(budget_bytes, lowest)
+            unproven = ""
+            if self.lowest_bound_bytes < lowest:
+                unproven = (
+                    "; the lowest found, and no plan peaks below "
+                    f"{format_bytes(self.lowest_bound_bytes)}"
+                )
             raise InfeasibleBudgetError(
                 f"no checkpointing plan fits {budget_text}: the smallest budget "
                 f"that fits is {lowest_text} ({lowest} bytes, checkpointing "
-                f"{len(names)} module{'s' if len(names) != 1 else ''}); "
+                f"{len(names)} module{'s' if len(names) != 1 else ''}{unproven}); "
                 + self._floor_explanation(names)
                 + (f"; {note}" if (note := self.profile.excluded_blocks_note()) else ""),
                 budget_bytes=budget_bytes,
