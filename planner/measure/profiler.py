@@ -52,7 +52,7 @@ from planner.core.records import (
     forward_totals_by_call,
 )
 from planner.core.switches import StepSwitches
-from planner.measure.timing import Clock, summed_ms, timed_module_calls
+from planner.measure.clock import Clock, summed_ms, timed_module_calls
 from planner.measure.tracking import (
     PeakMemoryTracker,
     StorageWatcher,
