@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import halfway_budget, markdown_table  # noqa: E402
 from planner.core.fileio import atomic_write_text  # noqa: E402
-from planner.measure import profiler  # noqa: E402
+from planner.measure import clock, profiler, recorder  # noqa: E402
 from planner.measure.fake import build_fake_workload  # noqa: E402
 from planner.measure.timing import measure_costs  # noqa: E402
 from planner.measure.tracking import StorageWatcher  # noqa: E402
@@ -81,7 +81,7 @@ def time_part(model: Path, repeats: int) -> str:
         bare_s.append(time.perf_counter() - started)
         started = time.perf_counter()
         with session.running():
-            timeline, _ = profiler._record_step(fake_workload, seed=0)
+            timeline, _ = recorder._record_step(fake_workload, seed=0)
         profiler._module_profiles(fake_workload.model, timeline, {}, MemoryModel(timeline))
         fake_s.append(time.perf_counter() - started)
         # The timing step (unplanned here: no budget), after its warm-up.
@@ -96,8 +96,8 @@ def time_part(model: Path, repeats: int) -> str:
         timing_s.append(time.perf_counter() - started)
         # The all-real profile it replaces.
         started = time.perf_counter()
-        forward_ms = profiler._time_forward(workload, 1, 0, None)
-        real_timeline, _ = profiler._record_step(workload, seed=0)
+        forward_ms = clock._time_forward(workload, 1, 0, None)
+        real_timeline, _ = recorder._record_step(workload, seed=0)
         profiler._module_profiles(workload.model, real_timeline, forward_ms)
         real_s.append(time.perf_counter() - started)
         print(

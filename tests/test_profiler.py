@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from planner.apply import apply_plan
-from planner.measure.profiler import find_blocks, profile_workload
+from planner.measure.candidates import find_blocks
+from planner.measure.profiler import profile_workload
 from planner.measure.step import measure_step
 from planner.measure.workload import build_workload, load_model_file
 from planner.plan.memory_model import MemoryModel

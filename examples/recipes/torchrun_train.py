@@ -33,7 +33,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from planner import apply_plan, load_plan
-from planner.measure.profiler import find_blocks
+from planner.measure.candidates import find_blocks
 from planner.measure.workload import compute_loss, load_model_file
 
 EXAMPLES = Path(__file__).resolve().parent.parent

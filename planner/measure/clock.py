@@ -1,19 +1,25 @@
 """Time a model's module calls on its device: a clock (``perf_counter`` on CPU, CUDA events
 on CUDA) and forward hooks on every module that time each call, telling the forward's calls
 from recomputations during backward. The costs are measured with them
-(:mod:`planner.measure.timing`), and so is the all-real profile
-(:func:`planner.measure.profiler.profile_workload`).
+(:mod:`planner.measure.timing`), and so are the forward times of the all-real profile
+(:func:`_time_forward`, for :func:`planner.measure.profiler.profile_workload`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from planner.measure.workload import Workload, compute_loss, user_code_errors
+
+if TYPE_CHECKING:
+    from planner.measure.profiler import ProgressCallback
 
 __all__ = [
     "Clock",
@@ -81,3 +87,27 @@ def summed_ms(
     for name, in_backward, start, stop in spans:
         (backward_ms if in_backward else forward_ms)[name] += clock.elapsed_ms(start, stop)
     return dict(forward_ms), dict(backward_ms)
+
+
+def _time_forward(
+    workload: Workload, passes: int, seed: int, progress: ProgressCallback | None
+) -> dict[str, float]:
+    """Per module, the median over ``passes`` forward passes of its summed forward time.
+
+    Recomputation is a forward with grad enabled, so that is what we time: forward and loss
+    only (the graph is dropped), about a third of a step, so medians are cheap.
+    """
+    clock = Clock(workload.device)
+    names = [name for name, _ in workload.model.named_modules()]
+    per_pass: list[dict[str, float]] = []
+    with timed_module_calls(workload.model, clock) as spans:
+        for index in range(passes):
+            if progress:
+                progress("timing module forwards", index, passes)
+            spans.clear()
+            torch.manual_seed(seed)
+            with user_code_errors(workload):
+                loss = compute_loss(workload.model_file, workload.model, workload.batch)
+            del loss
+            per_pass.append(summed_ms(spans, clock)[0])
+    return {name: statistics.median(sample.get(name, 0.0) for sample in per_pass) for name in names}

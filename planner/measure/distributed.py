@@ -62,6 +62,7 @@ from planner.core.errors import ModelFileError, ParallelLayoutError, ProfilingEr
 from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.parallel import ParallelLayout, ParallelStrategy
 from planner.core.records import Profile
+from planner.measure.candidates import find_blocks
 from planner.measure.workload import ModelFile, Workload, build_optimizer
 
 if TYPE_CHECKING:
@@ -142,13 +143,11 @@ def _default_parallelize(
     model: torch.nn.Module, layout: ParallelLayout, mesh: Any
 ) -> torch.nn.Module:
     """Without the model file's ``parallelize``: ``fully_shard`` on each block
-    (:func:`~planner.measure.profiler.find_blocks`) and then the root, or DDP with its
+    (:func:`~planner.measure.candidates.find_blocks`) and then the root, or DDP with its
     default buckets."""
     if layout.strategy is ParallelStrategy.DDP:
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard
-
-    from planner.measure.profiler import find_blocks
 
     for name in find_blocks(model):
         fully_shard(model.get_submodule(name), mesh=mesh)
