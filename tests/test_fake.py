@@ -11,8 +11,9 @@ from torch import nn
 
 from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
 from planner.core.records import MemorySource, Profile
-from planner.measure.fake import FakeExecutionError, build_fake_workload, is_fake
+from planner.measure.fake import FakeExecutionError, build_fake_workload
 from planner.measure.profiler import profile_workload, record_memory
+from planner.measure.shadows import is_fake
 from planner.measure.tracking import allocated_bytes
 from planner.measure.workload import build_workload, load_model_file
 from tests.models import model_file, stack_file, tricky_file
@@ -272,7 +273,7 @@ def test_index_tensors_made_from_python_lists_keep_their_values() -> None:
     the fake mode; its values are known, so the membership test on the result runs."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from planner.measure.fake import _ValueShadows
+    from planner.measure.shadows import _ValueShadows
 
     ids = torch.tensor([[5, 1, 2, 0], [3, 4, 0, 7]])
     mode = FakeTensorMode(allow_non_fake_inputs=True)

@@ -62,7 +62,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.core.errors import ProfilingError
 from planner.core.records import Profile
-from planner.measure.fake import FakeSession, is_fake
+from planner.measure.fake import FakeSession
+from planner.measure.shadows import is_fake
 from planner.measure.tracking import iter_tensors, written_arguments
 from planner.measure.workload import Workload, compute_loss, user_code_errors
 

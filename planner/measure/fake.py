@@ -8,6 +8,12 @@ same saved tensors as in a real step, so the memory timeline it records is the r
 no activation, parameter or optimizer-state memory at all. That is what lets a model be
 planned on a machine that could never run its unplanned step.
 
+The session (:class:`FakeSession`) is the fake mode with what runs inside it: small
+tensors' real values and the assumed routing (:mod:`planner.measure.shadows`), and the
+planned device's kernels, CUDA emulated where this torch cannot run it
+(:mod:`planner.measure.cuda_emulation`). This module builds the workload on fake tensors
+and runs the session.
+
 Design notes
 ------------
 * **Building.** ``build_model()`` runs with ``torch.device("meta")`` as the default device:
@@ -18,37 +24,10 @@ Design notes
   weights, views) still share one. A model file that names a device explicitly (``.to
   ("cpu")`` inside ``build_model``) cannot build on meta; it is built under
   ``FakeTensorMode`` instead. The batch and the optimizer are made under the fake mode.
-* **Small tensors keep their values.** Training code tests small tensors (is any token
-  padded? are these position ids packed sequences? is this all-ones mask all ones?). The
-  batch is made for real and every tensor of it of at most ``SHADOW_NUMEL_LIMIT`` elements
-  keeps a real copy (its shadow); an op whose inputs all have shadows (or none: ``ones``)
-  and whose outputs are that small computes its shadows too (``arange``, comparisons,
-  ``all``), so ``.item()`` or ``bool()`` of such a tensor answers as the real step would.
-  Big tensors (activations, weights) have no values: an op whose output depends on them
-  (``.item()`` of a loss, ``nonzero`` of activations) cannot run, and
-  :class:`FakeExecutionError` names it and where the model file called it. The caller may
-  then fall back to a real step, only where one fits.
-* **Routing is assumed.** A mixture-of-experts router's top-k pick over fake scores gets
-  the values of an assumed routing (:func:`planner.model_switches.assumed_routing`:
-  balanced, or a busiest expert at ``expert_load`` times its share), so experts that run
-  on the tokens routed to them (``nonzero``/``where`` per expert) run with known sizes.
-  Values derived from it are marked: only where one decides a shape or a value is the
-  routing an assumption of the plan (``FakeSession.expert_load_used``); grouped experts
-  (``grouped_mm`` over all tokens) need none.
 * **Libraries that look for fake tensors.** Hugging Face ``transformers`` takes a fake
   tensor as a sign of tracing (``torch.compile``, export) and then builds another step (a
   materialized causal mask instead of SDPA's ``is_causal``); inside a session its test
   answers "not fake", so the eager step is the one planned.
-* **Planning for a device this torch cannot run.** Autograd on fake CUDA tensors needs
-  torch's CUDA runtime (a CPU-only build aborts the process), so where CUDA is not
-  available a CUDA step is *emulated* on fake CPU tensors: storages are charged as CUDA's
-  allocator charges them (whole 512-byte blocks), and the kernels whose saved tensors differ
-  by device are replaced by the ones CUDA runs: scaled-dot-product attention uses the flash
-  kernel for fp16/bf16 without a mask and the memory-efficient kernel otherwise (CPU's
-  flash kernel saves a different log-sum-exp), dropout uses the fused kernel that keeps a
-  1-byte mask (CPU keeps a mask of the input's dtype), and ``autocast("cuda")`` regions
-  run as CPU autocast with CUDA's dtype. Each replacement made is listed in
-  :attr:`FakeSession.assumptions`, which the profile records.
 * **Optimizers as on the device.** On CUDA, ``torch.optim`` defaults to its ``foreach``
   implementation, which allocates whole-model temporaries during the step; it decides by
   the parameters' class, which a fake tensor is not, so the fake optimizer is told
@@ -59,22 +38,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from planner.core.errors import ProfilingError
 from planner.core.loop import PLAIN_LOOP, LoopShape
-from planner.measure.tracking import writes_in_place, written_arguments
+from planner.measure.cuda_emulation import (
+    _autocast_emulated,
+    _CudaKernels,
+    _device_kernel_dtypes,
+    fake_tensor_device,
+)
+from planner.measure.shadows import _VALUE_ERRORS, _ValueShadows, is_fake
 from planner.measure.workload import (
     ModelFile,
     Workload,
@@ -85,19 +65,12 @@ from planner.measure.workload import (
     map_tensors,
     switch_off_own_checkpointing,
 )
-from planner.model_switches import (
-    is_routing_choice,
-    routing_for_choice,
-    switch_off_caches,
-)
+from planner.model_switches import switch_off_caches
 
 __all__ = [
-    "SHADOW_NUMEL_LIMIT",
     "FakeExecutionError",
     "FakeSession",
     "build_fake_workload",
-    "fake_tensor_device",
-    "is_fake",
 ]
 
 logger = logging.getLogger(__name__)
@@ -110,245 +83,6 @@ class FakeExecutionError(ProfilingError):
     def __init__(self, message: str, *, op: str) -> None:
         super().__init__(message)
         self.op = op
-
-
-SHADOW_NUMEL_LIMIT = 1 << 20
-"""Integer and boolean tensors of at most this many elements keep real values on fake runs
-(see the design notes)."""
-
-
-def is_fake(tensor: torch.Tensor) -> bool:
-    return isinstance(tensor, fake_tensor.FakeTensor)
-
-
-_VALUE_ERRORS = (
-    fake_tensor.DataDependentOutputException,
-    fake_tensor.DynamicOutputShapeException,
-)
-
-
-class _ValueShadows(TorchDispatchMode):
-    """Real values (shadows) of small fake tensors, kept through the ops that make them
-    (see the module's design notes). Sits above the fake mode: each op runs fake first;
-    its shadows are computed, on CPU, when all its tensor inputs have one."""
-
-    def __init__(self, limit: int = SHADOW_NUMEL_LIMIT, expert_load: float = 1.0) -> None:
-        super().__init__()
-        self.limit = limit
-        # id(fake tensor) -> (weak reference to it, its real CPU values, whether the values
-        # come from the routing assumption rather than from the batch)
-        self._shadows: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor, bool]] = {}
-        self._stale_storages: set[int] = set()
-        self.expert_load = expert_load
-        self.routing_seen = False  # a router's top-k pick got assumed values
-        self.routing_decided = False  # ... and a shape or a value of the step depended on them
-
-    def attach(self, fake: torch.Tensor, real: torch.Tensor, *, assumed: bool = False) -> None:
-        if real.numel() > self.limit or real.is_complex():
-            return
-        key = id(fake)
-
-        def forget(reference: weakref.ref[torch.Tensor]) -> None:
-            entry = self._shadows.get(key)
-            if entry is not None and entry[0] is reference:
-                del self._shadows[key]
-
-        with torch._C._DisableTorchDispatch():
-            value = real.detach().to("cpu")
-        self._shadows[key] = (weakref.ref(fake, forget), value, assumed)
-        self._stale_storages.discard(id(fake.untyped_storage()))
-
-    def release(self) -> None:
-        self._shadows.clear()
-        self._stale_storages.clear()
-
-    def shadow(self, tensor: torch.Tensor) -> torch.Tensor | None:
-        entry = self._shadows.get(id(tensor))
-        if entry is None or entry[0]() is not tensor:
-            # A real tensor is its own value: ``x[:, [-1, 0]]`` makes its index tensor from
-            # Python data and lifts it into the fake mode (``lift_fresh``). Only a plain
-            # tensor: a wrapper subclass (DTensor) holds no values of its own.
-            if (
-                type(tensor) in (torch.Tensor, torch.nn.Parameter)
-                and not is_fake(tensor)
-                and tensor.device.type == "cpu"
-                and tensor.numel() <= self.limit
-                and not tensor.is_complex()
-            ):
-                return tensor
-            return None
-        if id(tensor.untyped_storage()) in self._stale_storages:
-            return None
-        return entry[1]
-
-    def _assumed(self, flat: list[Any]) -> bool:
-        """Whether a tensor among ``flat`` has values from the routing assumption."""
-        for value in flat:
-            if isinstance(value, torch.Tensor):
-                entry = self._shadows.get(id(value))
-                if entry is not None and entry[2] and entry[0]() is value:
-                    return True
-        return False
-
-    def _routing_choice(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        """A router's top-k pick over fake scores: the fake op, with the indices given the
-        assumed routing's values (planner.model_switches.assumed_routing)."""
-        values, indices = func(*args, **kwargs)
-        with torch._C._DisableTorchDispatch():  # real values, made outside the fake mode
-            routing = routing_for_choice(args, kwargs, self.expert_load)
-        self.attach(indices, routing, assumed=True)
-        self.routing_seen = True
-        return values, indices
-
-    def _on_shadows(self, flat: list[Any], spec: Any, func: Any) -> Any:
-        cpu = torch.device("cpu")
-        real_flat = [
-            self.shadow(x)
-            if isinstance(x, torch.Tensor)
-            else cpu
-            if isinstance(x, torch.device)
-            else x
-            for x in flat
-        ]
-        real_args, real_kwargs = tree_unflatten(real_flat, spec)
-        with torch._C._DisableTorchDispatch():
-            return func(*real_args, **real_kwargs)
-
-    def _all_known(self, values: Any) -> bool:
-        """Whether every tensor among ``values`` (one level of lists) has a shadow. Most ops
-        touch a big tensor first, so this usually answers at the first argument."""
-        for value in values:
-            if isinstance(value, torch.Tensor):
-                if self.shadow(value) is None:
-                    return False
-            elif isinstance(value, (list, tuple)) and not self._all_known(value):
-                return False
-        return True
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        if is_routing_choice(func, args, kwargs) and self.shadow(args[0]) is None:
-            return self._routing_choice(func, args, kwargs)
-        known = (
-            torch.Tag.nondeterministic_seeded not in func.tags
-            and self._all_known(args)
-            and self._all_known(kwargs.values())
-        )
-        if not known:
-            out = func(*args, **kwargs)
-            if writes_in_place(func):
-                # Written without known values: the storage's shadows (its views') are stale.
-                for written in written_arguments(func, args, kwargs):
-                    self._stale_storages.add(id(written.untyped_storage()))
-            return out
-        flat, spec = tree_flatten((args, kwargs))
-        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
-        try:
-            out = func(*args, **kwargs)
-        except _VALUE_ERRORS:
-            if not tensors:
-                raise
-            # The output depends on values we have: compute it, and fake its tensors.
-            assumed = self._assumed(flat)
-            self.routing_decided |= assumed
-            real = self._on_shadows(flat, spec, func)
-            real_flat, real_spec = tree_flatten(real)
-            faked = []
-            for value in real_flat:
-                if isinstance(value, torch.Tensor):
-                    fake = torch.empty_strided(
-                        value.shape, value.stride(), dtype=value.dtype, device=tensors[0].device
-                    )
-                    self.attach(fake, value, assumed=assumed)
-                    value = fake
-                faked.append(value)
-            return tree_unflatten(faked, real_spec)
-        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if outputs and all(t.numel() <= self.limit and not t.is_complex() for t in outputs):
-            real = self._on_shadows(flat, spec, func)
-            real_outputs = [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)]
-            assumed = self._assumed(flat)
-            for fake, value in zip(outputs, real_outputs, strict=False):
-                self.attach(fake, value, assumed=assumed)
-        elif writes_in_place(func):
-            for written in written_arguments(func, args, kwargs):
-                self._stale_storages.add(id(written.untyped_storage()))
-        return out
-
-
-def fake_tensor_device(device_type: str) -> str:
-    """The device fake tensors carry for a step planned on ``device_type``: the device
-    itself where torch can run autograd on it here, else ``cpu`` (emulation; see notes)."""
-    if device_type == "cuda" and not torch.cuda.is_available():
-        return "cpu"
-    return device_type
-
-
-# -- the fake mode and its emulation of CUDA kernels on CPU fakes --------------------------
-def _sdpa_as_on_cuda(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> tuple[torch.Tensor, str]:
-    """CUDA's choice of attention kernel, run on fake tensors: flash for fp16/bf16 without
-    a mask and head size <= 256, memory-efficient otherwise. Returns the output and the
-    kernel's name."""
-    aten = torch.ops.aten
-    if (
-        attn_mask is None
-        and query.dtype in (torch.float16, torch.bfloat16)
-        and query.shape[-1] <= 256
-    ):
-        # The flash kernel reads grouped key/value heads as they are.
-        output = aten._scaled_dot_product_flash_attention(
-            query, key, value, dropout_p, is_causal, False, scale=scale
-        )[0]
-        return output, "flash"
-    if enable_gqa and key.shape[-3] != query.shape[-3]:
-        repeats = query.shape[-3] // key.shape[-3]
-        key = key.repeat_interleave(repeats, dim=-3)
-        value = value.repeat_interleave(repeats, dim=-3)
-    bias = attn_mask
-    if bias is not None and bias.dtype == torch.bool:
-        bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill(~bias, float("-inf"))
-    output = aten._scaled_dot_product_efficient_attention(
-        query, key, value, bias, True, dropout_p, is_causal, scale=scale
-    )[0]
-    return output, "memory-efficient"
-
-
-class _CudaKernels(TorchFunctionMode):
-    """Replaces, on CPU fake tensors, the functions whose CUDA kernels save other tensors
-    than their CPU kernels (see the module's design notes). Records what it replaced."""
-
-    def __init__(self, used: set[str]) -> None:
-        super().__init__()
-        self.used = used
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            output, kernel = _sdpa_as_on_cuda(*args, **kwargs)
-            self.used.add(
-                f"scaled_dot_product_attention: CUDA's {kernel} kernel (its saved tensors)"
-            )
-            return output
-        if func in (F.dropout, torch.dropout, torch.nn.functional.dropout):
-            tensor = args[0]
-            p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
-            training = args[2] if len(args) > 2 else kwargs.get("training", kwargs.get("train"))
-            inplace = args[3] if len(args) > 3 else kwargs.get("inplace", False)
-            if training is None:
-                training = True
-            if training and 0 < p < 1 and not inplace and tensor.numel() > 0:
-                self.used.add("dropout: CUDA's fused kernel (a 1-byte mask per element)")
-                return torch.native_dropout(tensor, p, True)[0]
-        return func(*args, **kwargs)
 
 
 @dataclass
@@ -472,67 +206,6 @@ def _fake_limitation(error: BaseException, model_file: ModelFile) -> FakeExecuti
     )
 
 
-# The dtypes grouped_mm's real kernels run: torch 2.13's fake (meta) kernel checks for bf16
-# only, the CUDA fast path's dtype, while the CPU kernel and CUDA's fallback run fp32 and
-# fp16 too; Hugging Face mixture-of-experts layers call it in the model's dtype.
-_GROUPED_MM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _grouped_mm_output(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwargs: Any) -> Any:
-    """``aten._grouped_mm``'s output on fake tensors for the dtypes its real kernels run
-    (``NotImplemented``, so torch's own fake kernel runs and reports, for anything else).
-    The output's shape rule is torch's own (``_create_grouped_mm_output_tensor``)."""
-    from torch._meta_registrations import _create_grouped_mm_output_tensor
-    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
-
-    mat_a, mat_b = args[0], args[1]
-    offs = args[2] if len(args) > 2 else kwargs.get("offs")
-    out_dtype = args[4] if len(args) > 4 else kwargs.get("out_dtype")
-    bias = args[3] if len(args) > 3 else kwargs.get("bias")
-    if (
-        mat_a.dtype == torch.bfloat16
-        or mat_a.dtype != mat_b.dtype
-        or mat_a.dtype not in _GROUPED_MM_DTYPES
-        or out_dtype not in (None, mat_a.dtype)
-        or bias is not None
-    ):
-        return NotImplemented
-    device = mat_a.device
-    with in_kernel_invocation_manager(fake_mode):
-        output = _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
-    return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, output, device)
-
-
-@contextlib.contextmanager
-def _device_kernel_dtypes(replaced: set[str]) -> Iterator[None]:
-    """Inside the session, ``grouped_mm`` runs on fake tensors in every dtype its real
-    kernels run (:data:`_GROUPED_MM_DTYPES`), so the fake step runs what the real step runs (without
-    patching the library that calls them). Scoped: outside it, torch's rules are back."""
-    from torch._subclasses import fake_impls
-
-    grouped_mm = torch.ops.aten._grouped_mm.default
-
-    def is_grouped_mm(func: Any) -> bool:
-        return func is grouped_mm
-
-    def output(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwargs: Any) -> Any:
-        result = _grouped_mm_output(fake_mode, func, *args, **kwargs)
-        if result is not NotImplemented:
-            replaced.add(
-                f"grouped_mm in {args[0].dtype}: run as the device's kernel runs it "
-                "(torch's fake kernel accepts bf16 only)"
-            )
-        return result
-
-    entry = (is_grouped_mm, output)
-    fake_impls.op_implementations_checks.insert(0, entry)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(ValueError):
-            fake_impls.op_implementations_checks.remove(entry)
-
-
 @contextlib.contextmanager
 def _quiet(logger_name: str) -> Iterator[None]:
     quieted = logging.getLogger(logger_name)
@@ -562,29 +235,6 @@ def _libraries_see_eager_tensors(session: FakeSession) -> Iterator[None]:
         yield
     finally:
         setattr(module, "is_fake_tensor", original)  # noqa: B010
-
-
-@contextlib.contextmanager
-def _autocast_emulated(device_type: str, replaced: set[str]) -> Iterator[None]:
-    """Inside the emulation, ``torch.autocast("cuda", ...)`` becomes CPU autocast with the
-    same dtype (the fake tensors are CPU tensors, which CUDA autocast would not touch)."""
-    original_init = torch.amp.autocast_mode.autocast.__init__
-
-    def init(self: Any, device_type_: str, *args: Any, **kwargs: Any) -> None:
-        if device_type_ == device_type:
-            replaced.add(
-                f'autocast("{device_type}"): emulated by CPU autocast with the same dtype '
-                "(CPU's lists of ops it casts)"
-            )
-            device_type_ = "cpu"
-        original_init(self, device_type_, *args, **kwargs)
-
-    autocast = torch.amp.autocast_mode.autocast
-    setattr(autocast, "__init__", init)  # noqa: B010
-    try:
-        yield
-    finally:
-        setattr(autocast, "__init__", original_init)  # noqa: B010
 
 
 # -- building the workload on fake tensors -----------------------------------------------
