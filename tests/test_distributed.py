@@ -31,14 +31,8 @@ from planner.core.parallel import (
     parallel_from_dict,
     parallel_to_dict,
 )
-from planner.measure.distributed import (
-    DdpOptions,
-    ddp_bucket_bytes,
-    ddp_options,
-    device_mesh,
-    record_rank_memory,
-    simulated_ranks,
-)
+from planner.measure.ddp import DdpOptions, ddp_bucket_bytes, ddp_options
+from planner.measure.distributed import device_mesh, record_rank_memory, simulated_ranks
 from planner.measure.fake import build_fake_workload
 from planner.measure.profiler import record_memory
 from planner.measure.step import StepMeasurement

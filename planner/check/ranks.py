@@ -10,7 +10,7 @@ steps: DDP rebuilds its buckets after its first), measures the peak of the next 
 :func:`planner.measure.step.measure_step` does, and compares loss, its gradient shards and
 its buffers with the unplanned step's, bit for bit. DDP's gradient buckets are held by its
 Reducer, out of the tracker's sight: the rank's DDP all-reduces through
-:func:`planner.measure.distributed.keep_bucket_buffers` (the default hook's arithmetic, in
+:func:`planner.measure.ddp.keep_bucket_buffers` (the default hook's arithmetic, in
 Python), which hands the bucket buffers to the tracker, counted from the step's start. With
 ``cross_check`` each rank also measures its planned step by the CPU allocator's accounting.
 Every rank writes one JSON file; the caller reads them all.
@@ -164,13 +164,14 @@ def _laid_out_workload(model_path: str, plan: Plan, *, planned: bool, device: st
     """A fresh workload made as training makes it: seeded, the plan applied (if
     ``planned``), laid out for the plan's job, its optimizer over the shards. Returns it, the
     module inside DDP (or the model), DDP's bucket buffers as they are kept (see
-    :func:`~planner.measure.distributed.keep_bucket_buffers`) and the bytes of buckets that
+    :func:`~planner.measure.ddp.keep_bucket_buffers`) and the bytes of buckets that
     could not be kept (a hook of the model file's own: counted by size)."""
     import torch
 
     from planner.apply import apply_plan
     from planner.core.parallel import ParallelStrategy
-    from planner.measure.distributed import ddp_bucket_bytes, keep_bucket_buffers, parallelized
+    from planner.measure.ddp import ddp_bucket_bytes, keep_bucket_buffers
+    from planner.measure.distributed import parallelized
     from planner.measure.workload import build_workload, load_model_file
 
     assert plan.parallel is not None

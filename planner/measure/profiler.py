@@ -219,11 +219,11 @@ def record_memory(
     (:class:`~planner.measure.tracking.MemoryLimitExceeded`). ``workspace_bytes`` is memory the
     device's libraries hold for the whole step (cuBLAS workspaces on CUDA): it is added to
     the timeline as one storage alive throughout, so every predicted peak includes it.
-    ``bucket_bytes``: DDP's gradient buckets (:func:`planner.measure.distributed.ddp_bucket_bytes`),
+    ``bucket_bytes``: DDP's gradient buckets (:func:`planner.measure.ddp.ddp_bucket_bytes`),
     made when DDP was built and alive throughout: one gradient storage the same way.
     ``around_steps``: a context entered (on the session's tensors) around the steps, yielding
     tensors the step's objects hold out of sight (with DDP's ``gradient_as_bucket_view``,
-    its buckets: :func:`planner.measure.distributed.gradients_into_buckets`), which the
+    its buckets: :func:`planner.measure.ddp.gradients_into_buckets`), which the
     recording does not count when an op returns a view of them: ``bucket_bytes`` counts them."""
     running = session.running if session is not None else contextlib.nullcontext
     device_type = session.device_type if session is not None else workload.device.type
