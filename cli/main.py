@@ -592,10 +592,10 @@ def verify(
                     nproc=nproc,
                 )
         except errors.PlanCheckError as error:
-            # With --debug the message is one line, a blank line, then checkpoint's trace.
-            summary, _, trace = str(error).partition("\n\n")
-            if trace:
-                stderr.out(trace, highlight=False)
+            # With --debug the error's trace is checkpoint's log of both runs.
+            summary = str(error)
+            if error.trace:
+                stderr.out(error.trace, highlight=False)
             elif not debug:
                 summary += "; run again with --debug to trace the recomputation"
             raise errors.PlanCheckError(summary) from error

@@ -319,7 +319,7 @@ def run_check(
     ``reference`` picks what the planned step is compared with (module docstring).
     ``limit_bytes`` (CPU) stops a step whose live memory passes it. ``debug`` turns on
     ``torch.utils.checkpoint``'s debug mode for the planned step; if that step fails, the
-    :class:`PlanCheckError`'s message is one line, a blank line, then the whole of torch's
+    :class:`PlanCheckError`'s message is one line and its ``trace`` the whole of torch's
     error (the traced operations of the forward and the recomputation).
     """
     from planner.model_switches import routing_as_planned
@@ -406,10 +406,10 @@ def _run_check(
     except ProfilingError as error:
         # The unplanned step ran: the plan is what breaks it. The first paragraph says so on
         # one line; with debug, checkpoint's trace of both runs follows it.
-        message = f"the planned step fails where the unplanned one runs: {_summary(str(error))}"
-        if debug:
-            message += "\n\n" + str(error.__cause__ or error)
-        raise PlanCheckError(message) from error
+        raise PlanCheckError(
+            f"the planned step fails where the unplanned one runs: {_summary(str(error))}",
+            trace=str(error.__cause__ or error) if debug else "",
+        ) from error
 
     if reference_run is None:
         recomputation_equal, state_equal, compared, mismatched, why = comparison.compare()
@@ -556,7 +556,7 @@ def check_plan(
     if "error" in data:
         kind = getattr(errors, str(data.get("error_type")), None)
         if kind in (PlanCheckError, errors.PlanMismatchError, errors.PlanFileError):
-            raise kind(data["error"])
+            raise kind(data["error"], trace=data.get("trace", ""))
         if kind is errors.ModelFileError:
             raise errors.ModelFileError(f"checking the plan failed: {data['error']}")
         raise ProfilingError(f"checking the plan failed: {data['error']}")
@@ -589,7 +589,11 @@ def _main(argv: list[str] | None = None) -> int:
                 limit_bytes=arguments.limit_bytes,
             )
     except PlannerError as error:
-        print(json.dumps({"error": str(error), "error_type": type(error).__name__}))
+        print(
+            json.dumps(
+                {"error": str(error), "error_type": type(error).__name__, "trace": error.trace}
+            )
+        )
         return 0
     print(json.dumps(asdict(result)))
     return 0
