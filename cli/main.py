@@ -641,7 +641,7 @@ def verify(
                         check.gradients_equal,
                         f"max difference {check.max_gradient_difference:.3g}"
                         if check.gradients_equal is not None
-                        else next(iter(check.differences), ""),
+                        else str(next(iter(check.differences), "")),
                     ),
                 ),
                 ("buffers", verdict(check.buffers_equal)),

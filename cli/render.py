@@ -207,6 +207,6 @@ def rank_table(ranks: Any) -> Table:
             "within" if rank.within_budget else "OVER",
             "bit-identical"
             if rank.training_unchanged
-            else "DIFFERENT: " + ", ".join(rank.differences[:2]),
+            else "DIFFERENT: " + ", ".join(map(str, rank.differences[:2])),
         )
     return table
