@@ -47,11 +47,10 @@ from cli.options import (
     target_and_device,
     workload_source,
 )
-from cli.render import print_fit, print_plan_summary, rank_table, warn_own_checkpointing
+from cli.render import print_fit, print_plan_summary, print_verification, warn_own_checkpointing
 from planner.core import errors
 from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.records import CostSource, MemorySource, Profile
-from planner.core.units import format_bytes
 from planner.measure.hf import workload_in_command
 
 app = typer.Typer(
@@ -567,9 +566,7 @@ def verify(
         fail("pass the plan: ckpt-plan verify [MODEL.py] PLAN", 2)
     with errors_to_exit_codes(verbose):
         require_device(device)
-        from rich.markup import escape
-
-        from planner.check.compare import CheckReference
+        from planner.check.result import CheckReference
         from planner.check.verify import verify_plan
         from planner.plan.plan_file import load_plan
 
@@ -599,87 +596,7 @@ def verify(
             elif not debug:
                 summary += "; run again with --debug to trace the recomputation"
             raise errors.PlanCheckError(summary) from error
-        check, plan = result.check, result.plan
-
-        def verdict(equal: bool | None, detail: str = "") -> str:
-            if equal is None:
-                return "not compared directly" + (f" ({detail})" if detail else "")
-            return ("equal" if equal else "DIFFERENT") + (f" ({detail})" if detail else "")
-
-        if check.reference == "recomputation":
-            rows = [
-                (
-                    "reference",
-                    "recomputation (the unplanned step was not run; every recomputation is "
-                    "compared with its forward)",
-                ),
-                (
-                    "recomputations",
-                    verdict(check.recomputation_equal, f"{check.recomputed_ops} ops compared"),
-                ),
-                ("buffers and RNG", verdict(check.buffers_equal, "after backward")),
-                (
-                    "loss and gradients",
-                    "follow: the forward is unchanged and backward reads what it made"
-                    if check.training_unchanged
-                    else "DIFFERENT: a recomputation differs from its forward",
-                ),
-            ]
-        else:
-            rows = [
-                (
-                    "reference",
-                    f"the unplanned distributed step on each of {len(result.ranks.ranks)} "
-                    "real ranks, from the same seed"
-                    if result.ranks is not None
-                    else "the unplanned step, run from the same seed",
-                ),
-                ("loss", verdict(check.loss_equal)),
-                (
-                    "gradients",
-                    verdict(
-                        check.gradients_equal,
-                        f"max difference {check.max_gradient_difference:.3g}"
-                        if check.gradients_equal is not None
-                        else str(next(iter(check.differences), "")),
-                    ),
-                ),
-                ("buffers", verdict(check.buffers_equal)),
-            ]
-        rows += [
-            ("training loop", f"as the plan records it: {plan.loop.describe()}"),
-            ("state_dict keys", "unchanged" if check.state_dict_keys_equal else "CHANGED"),
-            (
-                "peak with plan (measured)",
-                f"{format_bytes(check.measured_peak_bytes)} "
-                + ("<=" if check.within_budget else "OVER")
-                + f" budget {format_bytes(plan.budget_bytes)}",
-            ),
-            (
-                "peak with plan (predicted)",
-                f"{format_bytes(plan.predicted_peak_bytes)} "
-                f"(measured differs by {result.prediction_error:+.2%})",
-            ),
-        ]
-        if check.unplanned_peak_bytes is not None:
-            rows.append(("unplanned peak (measured)", format_bytes(check.unplanned_peak_bytes)))
-        summary_table = Table(
-            title=escape(
-                f"verify {plan_path} on {result.model_path} ({result.device}, seed {seed}, "
-                f"{len(plan.modules)} modules checkpointed)"
-            ),
-            title_justify="left",
-            show_header=False,
-            box=None,
-            pad_edge=False,
-        )
-        summary_table.add_column(style="bold")
-        summary_table.add_column()
-        for key, value in rows:
-            summary_table.add_row(key, value)
-        stdout.print(summary_table)
-        if result.ranks is not None:
-            stdout.print(rank_table(result.ranks))
+        print_verification(result)
         failures = result.failures()
         if failures:
             raise errors.PlanCheckError("the plan failed verification: " + "; ".join(failures))
