@@ -53,6 +53,18 @@ from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.records import CostSource, MemorySource, Profile
 from planner.measure.hf import workload_in_command
 
+
+def _plan_path(model_name: str, file_name: str = "plan.json") -> Path:
+    """Where a command writes a plan when not told: ``profiles/<model name>/plan.json`` (the
+    profile beside it)."""
+    return Path("profiles") / model_name / file_name
+
+
+def _report_folder(model_name: str) -> Path:
+    """Where a command writes a report when not told: ``reports/<model name>/``."""
+    return Path("reports") / model_name
+
+
 app = typer.Typer(
     name="ckpt-plan",
     help="Plan activation checkpointing for PyTorch training under a memory budget.",
@@ -151,7 +163,7 @@ def profile(
             # Keep what was measured: re-solving at a budget that fits needs no new profile.
             if isinstance(error.profile, Profile):
                 warn_own_checkpointing(error.profile)
-                plan_path = out or Path("profiles") / error.profile.model_name / "plan.json"
+                plan_path = out or _plan_path(error.profile.model_name)
                 saved = save_profile(error.profile, plan_path.parent / "profile.json")
                 stdout.print(f"wrote {saved} (the profile; no plan, none fits the budget)")
                 run_with = (
@@ -168,8 +180,8 @@ def profile(
             raise
         warn_own_checkpointing(result.profile)
         name = result.profile.model_name
-        plan_path = out or Path("profiles") / name / "plan.json"
-        charts = report_dir or Path("reports") / name
+        plan_path = out or _plan_path(name)
+        charts = report_dir or _report_folder(name)
         wrote = [
             save_profile(result.profile, plan_path.parent / "profile.json"),
             save_profile_table(result.profile, plan_path.parent / "profile.csv"),
@@ -290,7 +302,7 @@ def fit(
         print_fit(result)
         name = result.planned.profile.model_name
         short = "batch" if dimension == "batch_size" else "seq"
-        plan_path = out or Path("profiles") / name / f"plan-{short}{result.largest}.json"
+        plan_path = out or _plan_path(name, f"plan-{short}{result.largest}.json")
         print_plan_summary(result.planned, [save_plan(result.planned.plan, plan_path)])
 
 
@@ -345,7 +357,7 @@ def report(
         loaded, plan = load_report_inputs(
             source, profile_path=profile_path, budget_bytes=budget_bytes
         )
-        folder = out_dir or Path("reports") / loaded.model_name
+        folder = out_dir or _report_folder(loaded.model_name)
         with progress_line() as progress:
             progress("solving budgets for the trade-off curve and drawing", 0, 0)
             wrote = write_report(loaded, plan, folder, formats=("png", "svg") if svg else ("png",))
