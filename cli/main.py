@@ -47,12 +47,23 @@ from cli.options import (
     target_and_device,
     workload_source,
 )
-from cli.render import print_fit, print_plan_summary, rank_table, warn_own_checkpointing
+from cli.render import print_fit, print_plan_summary, print_verification, warn_own_checkpointing
 from planner.core import errors
 from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.records import CostSource, MemorySource, Profile
-from planner.core.units import format_bytes
 from planner.measure.hf import workload_in_command
+
+
+def _plan_path(model_name: str, file_name: str = "plan.json") -> Path:
+    """Where a command writes a plan when not told: ``profiles/<model name>/plan.json`` (the
+    profile beside it)."""
+    return Path("profiles") / model_name / file_name
+
+
+def _report_folder(model_name: str) -> Path:
+    """Where a command writes a report when not told: ``reports/<model name>/``."""
+    return Path("reports") / model_name
+
 
 app = typer.Typer(
     name="ckpt-plan",
@@ -152,7 +163,7 @@ def profile(
             # Keep what was measured: re-solving at a budget that fits needs no new profile.
             if isinstance(error.profile, Profile):
                 warn_own_checkpointing(error.profile)
-                plan_path = out or Path("profiles") / error.profile.model_name / "plan.json"
+                plan_path = out or _plan_path(error.profile.model_name)
                 saved = save_profile(error.profile, plan_path.parent / "profile.json")
                 stdout.print(f"wrote {saved} (the profile; no plan, none fits the budget)")
                 run_with = (
@@ -169,8 +180,8 @@ def profile(
             raise
         warn_own_checkpointing(result.profile)
         name = result.profile.model_name
-        plan_path = out or Path("profiles") / name / "plan.json"
-        charts = report_dir or Path("reports") / name
+        plan_path = out or _plan_path(name)
+        charts = report_dir or _report_folder(name)
         wrote = [
             save_profile(result.profile, plan_path.parent / "profile.json"),
             save_profile_table(result.profile, plan_path.parent / "profile.csv"),
@@ -291,7 +302,7 @@ def fit(
         print_fit(result)
         name = result.planned.profile.model_name
         short = "batch" if dimension == "batch_size" else "seq"
-        plan_path = out or Path("profiles") / name / f"plan-{short}{result.largest}.json"
+        plan_path = out or _plan_path(name, f"plan-{short}{result.largest}.json")
         print_plan_summary(result.planned, [save_plan(result.planned.plan, plan_path)])
 
 
@@ -346,7 +357,7 @@ def report(
         loaded, plan = load_report_inputs(
             source, profile_path=profile_path, budget_bytes=budget_bytes
         )
-        folder = out_dir or Path("reports") / loaded.model_name
+        folder = out_dir or _report_folder(loaded.model_name)
         with progress_line() as progress:
             progress("solving budgets for the trade-off curve and drawing", 0, 0)
             wrote = write_report(loaded, plan, folder, formats=("png", "svg") if svg else ("png",))
@@ -567,9 +578,7 @@ def verify(
         fail("pass the plan: ckpt-plan verify [MODEL.py] PLAN", 2)
     with errors_to_exit_codes(verbose):
         require_device(device)
-        from rich.markup import escape
-
-        from planner.check.compare import CheckReference
+        from planner.check.result import CheckReference
         from planner.check.verify import verify_plan
         from planner.plan.plan_file import load_plan
 
@@ -592,94 +601,14 @@ def verify(
                     nproc=nproc,
                 )
         except errors.PlanCheckError as error:
-            # With --debug the message is one line, a blank line, then checkpoint's trace.
-            summary, _, trace = str(error).partition("\n\n")
-            if trace:
-                stderr.out(trace, highlight=False)
+            # With --debug the error's trace is checkpoint's log of both runs.
+            summary = str(error)
+            if error.trace:
+                stderr.out(error.trace, highlight=False)
             elif not debug:
                 summary += "; run again with --debug to trace the recomputation"
             raise errors.PlanCheckError(summary) from error
-        check, plan = result.check, result.plan
-
-        def verdict(equal: bool | None, detail: str = "") -> str:
-            if equal is None:
-                return "not compared directly" + (f" ({detail})" if detail else "")
-            return ("equal" if equal else "DIFFERENT") + (f" ({detail})" if detail else "")
-
-        if check.reference == "recomputation":
-            rows = [
-                (
-                    "reference",
-                    "recomputation (the unplanned step was not run; every recomputation is "
-                    "compared with its forward)",
-                ),
-                (
-                    "recomputations",
-                    verdict(check.recomputation_equal, f"{check.recomputed_ops} ops compared"),
-                ),
-                ("buffers and RNG", verdict(check.buffers_equal, "after backward")),
-                (
-                    "loss and gradients",
-                    "follow: the forward is unchanged and backward reads what it made"
-                    if check.training_unchanged
-                    else "DIFFERENT: a recomputation differs from its forward",
-                ),
-            ]
-        else:
-            rows = [
-                (
-                    "reference",
-                    f"the unplanned distributed step on each of {len(result.ranks.ranks)} "
-                    "real ranks, from the same seed"
-                    if result.ranks is not None
-                    else "the unplanned step, run from the same seed",
-                ),
-                ("loss", verdict(check.loss_equal)),
-                (
-                    "gradients",
-                    verdict(
-                        check.gradients_equal,
-                        f"max difference {check.max_gradient_difference:.3g}"
-                        if check.gradients_equal is not None
-                        else next(iter(check.differences), ""),
-                    ),
-                ),
-                ("buffers", verdict(check.buffers_equal)),
-            ]
-        rows += [
-            ("training loop", f"as the plan records it: {plan.loop.describe()}"),
-            ("state_dict keys", "unchanged" if check.state_dict_keys_equal else "CHANGED"),
-            (
-                "peak with plan (measured)",
-                f"{format_bytes(check.measured_peak_bytes)} "
-                + ("<=" if check.within_budget else "OVER")
-                + f" budget {format_bytes(plan.budget_bytes)}",
-            ),
-            (
-                "peak with plan (predicted)",
-                f"{format_bytes(plan.predicted_peak_bytes)} "
-                f"(measured differs by {result.prediction_error:+.2%})",
-            ),
-        ]
-        if check.unplanned_peak_bytes is not None:
-            rows.append(("unplanned peak (measured)", format_bytes(check.unplanned_peak_bytes)))
-        summary_table = Table(
-            title=escape(
-                f"verify {plan_path} on {result.model_path} ({result.device}, seed {seed}, "
-                f"{len(plan.modules)} modules checkpointed)"
-            ),
-            title_justify="left",
-            show_header=False,
-            box=None,
-            pad_edge=False,
-        )
-        summary_table.add_column(style="bold")
-        summary_table.add_column()
-        for key, value in rows:
-            summary_table.add_row(key, value)
-        stdout.print(summary_table)
-        if result.ranks is not None:
-            stdout.print(rank_table(result.ranks))
+        print_verification(result)
         failures = result.failures()
         if failures:
             raise errors.PlanCheckError("the plan failed verification: " + "; ".join(failures))

@@ -1,17 +1,26 @@
-"""What the commands print: the plan summary and notes about the profile."""
+"""What the commands print: the plan summary, notes about the profile, fit's sizes and
+verify's report."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from cli.boundary import stdout, warn
+from planner.check.result import CheckReference
 from planner.core.records import Profile
 from planner.core.units import format_bytes
 
-__all__ = ["print_fit", "print_plan_summary", "rank_table", "warn_own_checkpointing"]
+__all__ = [
+    "print_fit",
+    "print_plan_summary",
+    "print_verification",
+    "rank_table",
+    "warn_own_checkpointing",
+]
 
 
 def warn_own_checkpointing(profile: Profile) -> None:
@@ -95,7 +104,7 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
         summary.add_row(key, value)
     stdout.print(summary)
     check = result.check
-    if check is not None and check.reference == "recomputation":
+    if check is not None and check.reference is CheckReference.RECOMPUTATION:
         stdout.print(
             "checked by running it in a separate process, within the budget: every "
             f"recomputation bit-identical to its forward ({check.recomputed_ops} ops), buffers "
@@ -207,6 +216,93 @@ def rank_table(ranks: Any) -> Table:
             "within" if rank.within_budget else "OVER",
             "bit-identical"
             if rank.training_unchanged
-            else "DIFFERENT: " + ", ".join(rank.differences[:2]),
+            else "DIFFERENT: " + ", ".join(map(str, rank.differences[:2])),
         )
     return table
+
+
+def print_verification(result: Any) -> None:
+    """``verify``'s report of a plan run against its model file (a
+    :class:`planner.check.verify.Verification`): what it was compared with and how that
+    went, its peaks, and each rank's check for a torchrun job."""
+    check, plan = result.check, result.plan
+
+    def verdict(equal: bool | None, detail: str = "") -> str:
+        if equal is None:
+            return "not compared directly" + (f" ({detail})" if detail else "")
+        return ("equal" if equal else "DIFFERENT") + (f" ({detail})" if detail else "")
+
+    if check.reference is CheckReference.RECOMPUTATION:
+        rows = [
+            (
+                "reference",
+                "recomputation (the unplanned step was not run; every recomputation is "
+                "compared with its forward)",
+            ),
+            (
+                "recomputations",
+                verdict(check.recomputation_equal, f"{check.recomputed_ops} ops compared"),
+            ),
+            ("buffers and RNG", verdict(check.buffers_equal, "after backward")),
+            (
+                "loss and gradients",
+                "follow: the forward is unchanged and backward reads what it made"
+                if check.training_unchanged
+                else "DIFFERENT: a recomputation differs from its forward",
+            ),
+        ]
+    else:
+        rows = [
+            (
+                "reference",
+                f"the unplanned distributed step on each of {len(result.ranks.ranks)} "
+                "real ranks, from the same seed"
+                if result.ranks is not None
+                else "the unplanned step, run from the same seed",
+            ),
+            ("loss", verdict(check.loss_equal)),
+            (
+                "gradients",
+                verdict(
+                    check.gradients_equal,
+                    f"max difference {check.max_gradient_difference:.3g}"
+                    if check.gradients_equal is not None
+                    else str(next(iter(check.differences), "")),
+                ),
+            ),
+            ("buffers", verdict(check.buffers_equal)),
+        ]
+    rows += [
+        ("training loop", f"as the plan records it: {plan.loop.describe()}"),
+        ("state_dict keys", "unchanged" if check.state_dict_keys_equal else "CHANGED"),
+        (
+            "peak with plan (measured)",
+            f"{format_bytes(check.measured_peak_bytes)} "
+            + ("<=" if check.within_budget else "OVER")
+            + f" budget {format_bytes(plan.budget_bytes)}",
+        ),
+        (
+            "peak with plan (predicted)",
+            f"{format_bytes(plan.predicted_peak_bytes)} "
+            f"(measured differs by {result.prediction_error:+.2%})",
+        ),
+    ]
+    if check.unplanned_peak_bytes is not None:
+        rows.append(("unplanned peak (measured)", format_bytes(check.unplanned_peak_bytes)))
+    table = Table(
+        title=escape(
+            f"verify {result.plan_path} on {result.model_path} ({result.device}, seed "
+            f"{result.seed}, {len(plan.modules)} modules checkpointed)"
+        ),
+        title_justify="left",
+        show_header=False,
+        box=None,
+        pad_edge=False,
+    )
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    stdout.print(table)
+    if result.ranks is not None:
+        stdout.print(rank_table(result.ranks))

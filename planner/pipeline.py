@@ -469,7 +469,9 @@ def plan_checked(
                 limit_bytes=budget_bytes if device == "cpu" else None,
             )
         if check.recompute_mismatches:
-            reasons = dict(zip(check.recompute_mismatches, check.mismatch_reasons, strict=True))
+            reasons = dict(
+                zip(check.recompute_mismatches, map(str, check.mismatch_reasons), strict=True)
+            )
             logger.warning("excluding %s: %s", ", ".join(reasons), "; ".join(reasons.values()))
             profile = exclude_modules(profile, reasons)
             solver = Solver(profile, solver.memory)
@@ -478,7 +480,7 @@ def plan_checked(
         if not check.training_unchanged:
             raise PlanCheckError(
                 "the plan changes the training step ("
-                + "; ".join(check.differences[:3])
+                + "; ".join(map(str, check.differences[:3]))
                 + "); please report this with your model file"
             )
         if not check.state_dict_keys_equal:

@@ -462,7 +462,7 @@ def test_a_failing_rank_is_named_with_its_error_and_stops_the_others(
 
     plan, _ = plan_for_budget(fsdp2_profiles[2], fsdp2_profiles[2].measured_peak_bytes)
     monkeypatch.setenv("CKPT_PLAN_TEST_RANK_FAILURE", failure)
-    caplog.set_level(logging.INFO, logger="planner.check.ranks")
+    caplog.set_level(logging.INFO, logger="planner.check")  # the rank check and its child
     with pytest.raises(PlannerError, match=said) as raised:
         check_plan_on_ranks(DATA / "failing_rank.py", plan, timeout_s=300)
     assert "\n" not in str(raised.value) and "ChildFailedError" not in str(raised.value)

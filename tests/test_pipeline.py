@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from planner import pipeline
-from planner.check.compare import PlanCheck
+from planner.check.result import Difference, DifferenceKind, PlanCheck
 from planner.core.errors import InfeasibleBudgetError, PlanCheckError
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import build_workload
@@ -69,7 +69,10 @@ def test_a_plan_that_changes_training_is_refused(profile, monkeypatch) -> None: 
         pipeline,
         "check_plan",
         lambda model_path, plan, **kw: _check(
-            0, budget, gradients_equal=False, differences=("gradient of w",)
+            0,
+            budget,
+            gradients_equal=False,
+            differences=(Difference(DifferenceKind.GRADIENT, "w"),),
         ),
     )
     with pytest.raises(PlanCheckError, match="gradient of w"):

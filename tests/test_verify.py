@@ -294,7 +294,7 @@ def test_ctrl_c_while_the_plan_is_checked_exits_130_and_writes_nothing(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("planner.check.compare.subprocess.run", interrupted)
+    monkeypatch.setattr("planner.check.child.subprocess.run", interrupted)
     result = _profile(runner, SMALL_CNN, "360KiB")
     assert result.exit_code == 130, result.output
     _error_line(result, "interrupted")

@@ -13,7 +13,8 @@ Reducer, out of the tracker's sight: the rank's DDP all-reduces through
 :func:`planner.measure.ddp.keep_bucket_buffers` (the default hook's arithmetic, in
 Python), which hands the bucket buffers to the tracker, counted from the step's start. With
 ``cross_check`` each rank also measures its planned step by the CPU allocator's accounting.
-Every rank writes one JSON file; the caller reads them all.
+Every rank answers in its own JSON file (:mod:`planner.check.child`); the caller reads them
+all.
 
 Design note: a peak another thread held
 ---------------------------------------
@@ -65,24 +66,21 @@ ends its children: it has nothing left to finalize.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
+import dataclasses
 import logging
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
-import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from planner.check.compare import PlanCheck
+from planner.check.child import ChildFailure, answer, log_output, read_reply, run_child
+from planner.check.compare import compare_steps
+from planner.check.result import Difference, PlanCheck
 from planner.core import errors
-from planner.core.errors import PlannerError, ProfilingError
-from planner.core.fileio import atomic_write_text
+from planner.core.errors import ProfilingError
 from planner.plan.plan_file import Plan, load_plan, save_plan
 
 if TYPE_CHECKING:
@@ -111,7 +109,7 @@ class RankCheck:
     loss_equal: bool
     gradients_equal: bool
     buffers_equal: bool
-    differences: tuple[str, ...] = field(default_factory=tuple)
+    differences: tuple[Difference, ...] = field(default_factory=tuple)
     allocator_peak_bytes: int | None = None
 
     @property
@@ -121,6 +119,11 @@ class RankCheck:
     @property
     def training_unchanged(self) -> bool:
         return self.loss_equal and self.gradients_equal and self.buffers_equal
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RankCheck:
+        """The rank's check as :func:`dataclasses.asdict` and JSON left it (its answer)."""
+        return cls(**{**data, "differences": tuple(map(Difference.from_json, data["differences"]))})
 
 
 @dataclass(frozen=True)
@@ -145,9 +148,7 @@ class RanksCheck:
             buffers_equal=all(rank.buffers_equal for rank in ranks),
             max_gradient_difference=0.0,
             differences=tuple(
-                f"rank {rank.rank}: {difference}"
-                for rank in ranks
-                for difference in rank.differences
+                difference.on_rank(rank.rank) for rank in ranks for difference in rank.differences
             ),
             state_dict_keys_equal=True,
         )
@@ -190,8 +191,9 @@ def _laid_out_workload(model_path: str, plan: Plan, *, planned: bool, device: st
 
 def _rank_step(
     model_path: str, plan: Plan, *, planned: bool, device: str, seed: int
-) -> tuple[int, Any, dict[str, Any], dict[str, Any]]:
-    """(peak bytes, loss, gradient shards, buffers) of one measured step on this rank."""
+) -> tuple[int, StepMeasurement]:
+    """The peak bytes of one measured step on this rank, and the step with this rank's
+    gradient shards and buffers."""
     from planner.measure.step import measure_step
     from planner.model_switches import routing_as_planned
 
@@ -210,7 +212,7 @@ def _rank_step(
     }
     buffers = {name: _local(buffer) for name, buffer in inner.named_buffers()}
     peak = _own_peak_bytes(workload, measured, seed=seed, resident=kept)
-    return peak + unkept, measured.loss_tensor, gradients, buffers
+    return peak + unkept, dataclasses.replace(measured, gradients=gradients, buffers=buffers)
 
 
 def _any_rank(flag: bool) -> bool:
@@ -292,31 +294,15 @@ def run_rank(
     """This rank's check (see the module docstring), inside a running process group. With
     ``cross_check`` the planned step is also measured by the CPU allocator
     (``RankCheck.allocator_peak_bytes``)."""
-    import torch
     import torch.distributed as dist
 
     plan = load_plan(plan_path)
     rank = dist.get_rank()
-    unplanned_peak, unplanned_loss, unplanned_gradients, unplanned_buffers = _rank_step(
+    unplanned_peak, unplanned = _rank_step(
         model_path, plan, planned=False, device=device, seed=seed
     )
-    peak, loss, gradients, buffers = _rank_step(
-        model_path, plan, planned=True, device=device, seed=seed
-    )
-    differences = []
-    loss_equal = bool(torch.equal(loss, unplanned_loss))
-    if not loss_equal:
-        differences.append(f"loss {float(loss)!r} != unplanned {float(unplanned_loss)!r}")
-    gradients_equal = gradients.keys() == unplanned_gradients.keys()
-    for name, gradient in unplanned_gradients.items():
-        if name not in gradients or not torch.equal(gradient, gradients[name]):
-            gradients_equal = False
-            differences.append(f"gradient of {name}")
-    buffers_equal = buffers.keys() == unplanned_buffers.keys() and all(
-        torch.equal(buffer, buffers[name]) for name, buffer in unplanned_buffers.items()
-    )
-    if not buffers_equal:
-        differences.append("buffers")
+    peak, planned = _rank_step(model_path, plan, planned=True, device=device, seed=seed)
+    steps = compare_steps(unplanned, planned)
     allocator_peak = (
         _allocator_peak(model_path, plan, device=device, seed=seed) if cross_check else None
     )
@@ -327,10 +313,10 @@ def run_rank(
         predicted_peak_bytes=plan.predicted_peak_bytes,
         measured_peak_bytes=peak,
         unplanned_peak_bytes=unplanned_peak,
-        loss_equal=loss_equal,
-        gradients_equal=gradients_equal,
-        buffers_equal=buffers_equal,
-        differences=tuple(differences[:8]),
+        loss_equal=steps.loss_equal,
+        gradients_equal=steps.gradients_equal,
+        buffers_equal=steps.buffers_equal,
+        differences=steps.differences[:8],
     )
 
 
@@ -386,37 +372,29 @@ def check_plan_on_ranks(
             str(seed),
             *(["--cross-check"] if cross_check else []),
         ]
-        environment = dict(os.environ)
-        root = str(Path(__file__).resolve().parent.parent.parent)
-        environment["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [root, environment.get("PYTHONPATH")])
+        # The ranks share this machine's cores: one thread each.
+        result = run_child(
+            command,
+            what=f"checking the plan on {nproc} ranks",
+            output_of="torchrun",
+            timeout_s=timeout_s,
+            threads=1,
         )
-        environment.setdefault("OMP_NUM_THREADS", "1")
-        logger.info("checking the plan on %d ranks: %s", nproc, " ".join(command))
-        try:
-            result = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                env=environment,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as timeout:
-            _log_output("torchrun", timeout.stderr)
-            raise ProfilingError(
-                f"checking the plan on {nproc} ranks did not finish in {timeout_s:.0f} s "
-                "(re-run with --verbose for torchrun's output)"
-            ) from None
-        outputs = [Path(folder) / f"rank{rank}.json" for rank in range(nproc)]
-        found = [json.loads(path.read_text()) for path in outputs if path.is_file()]
-    failed = sorted((data for data in found if "error" in data), key=_failed_first)
-    silent = _silent_failures(result.stderr, {data["rank"] for data in found})
-    if failed or silent or result.returncode != 0 or len(found) != nproc:
-        _log_output("torchrun", result.stderr)
-    for data in failed:
-        if data.get("traceback"):
-            logger.info("rank %d's traceback:\n%s", data["rank"], data["traceback"].rstrip())
+        replies = {
+            rank: reply
+            for rank in range(nproc)
+            if (reply := read_reply(_reply_path(folder, rank))) is not None
+        }
+    failed = sorted(
+        ((rank, reply) for rank, reply in replies.items() if isinstance(reply, ChildFailure)),
+        key=_failed_first,
+    )
+    silent = _silent_failures(result.stderr, set(replies))
+    if failed or silent or result.returncode != 0 or len(replies) != nproc:
+        log_output("torchrun", result.stderr)
+    for rank, failure in failed:
+        if failure.traceback:
+            logger.info("rank %d's traceback:\n%s", rank, failure.traceback.rstrip())
     if silent:
         raise ProfilingError(
             f"checking the plan on {nproc} ranks failed: "
@@ -424,36 +402,32 @@ def check_plan_on_ranks(
             "torchrun's output)"
         )
     if failed:
-        data = failed[0]
-        kind = getattr(errors, str(data.get("error_type")), None)
-        if not (isinstance(kind, type) and issubclass(kind, PlannerError)):
-            kind = ProfilingError
-        raise kind(f"checking the plan on rank {data['rank']} failed: {data['error']}")
-    if result.returncode != 0 or len(found) != nproc:
-        written = ", after every rank had written its result" if len(found) == nproc else ""
+        rank, failure = failed[0]
+        raise failure.rebuilt(f"checking the plan on rank {rank} failed: ")
+    if result.returncode != 0 or len(replies) != nproc:
+        written = ", after every rank had written its result" if len(replies) == nproc else ""
         raise ProfilingError(
             f"checking the plan on {nproc} ranks failed: {torchrun_failure(result.stderr)}"
             f"{written} (re-run with --verbose for torchrun's output)"
         )
-    ranks = tuple(
-        RankCheck(**{**data, "differences": tuple(data["differences"])})
-        for data in sorted(found, key=lambda item: item["rank"])
+    return RanksCheck(
+        tuple(
+            RankCheck.from_json(reply)
+            for _, reply in sorted(replies.items())
+            if not isinstance(reply, ChildFailure)
+        )
     )
-    return RanksCheck(ranks)
 
 
-def _failed_first(data: dict[str, Any]) -> tuple[float, int]:
-    """Sort key of failed ranks' results: the first to fail (the others may have failed only
-    because it left their collectives), then the lowest rank."""
-    return (float(data.get("failed_at", 0.0)), int(data["rank"]))
+def _reply_path(folder: str | Path, rank: int) -> Path:
+    return Path(folder) / f"rank{rank}.json"
 
 
-def _log_output(what: str, output: str | bytes | None) -> None:
-    """Log a child's whole stderr at INFO (``--verbose``): the summary is one line."""
-    if isinstance(output, bytes):
-        output = output.decode(errors="replace")
-    if output and output.strip():
-        logger.info("%s's output:\n%s", what, output.rstrip())
+def _failed_first(item: tuple[int, ChildFailure]) -> tuple[float, int]:
+    """Sort key of failed ranks: the first to fail (the others may have failed only because
+    it left their collectives), then the lowest rank."""
+    rank, failure = item
+    return (failure.failed_at, rank)
 
 
 # torchrun's summary of a failed job lists each failed rank ("rank : 1 (local_rank: 1)"),
@@ -554,27 +528,9 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cross-check", action="store_true")
     arguments = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
-    try:
-        checked = _checked_rank(arguments)
-        result: dict[str, Any] = asdict(checked)
-    except Exception as error:  # any: the caller names this rank and says what it raised
-        result = {
-            "rank": rank,
-            "error": str(error) if isinstance(error, PlannerError) else _one_line(error),
-            "error_type": type(error).__name__,
-            "traceback": traceback.format_exc(),
-            "failed_at": time.time(),
-        }
-    atomic_write_text(Path(arguments.out) / f"rank{rank}.json", json.dumps(result))
     # A failed rank exits non-zero: torchrun then stops the others, which may be waiting in
     # a collective for it (gloo's timeout is 30 minutes).
-    return 1 if "error" in result else 0
-
-
-def _one_line(error: BaseException) -> str:
-    """``KeyError: 12``: an exception's type and the first line of its message."""
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0][:300]}" if lines else type(error).__name__
+    return answer(_reply_path(arguments.out, rank), lambda: _checked_rank(arguments))
 
 
 def _checked_rank(arguments: argparse.Namespace) -> RankCheck:
@@ -589,14 +545,13 @@ def _checked_rank(arguments: argparse.Namespace) -> RankCheck:
         device = f"cuda:{local_rank}"
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     try:
-        with contextlib.redirect_stdout(sys.stderr):
-            return run_rank(
-                arguments.model_path,
-                arguments.plan_path,
-                device=device,
-                seed=arguments.seed,
-                cross_check=arguments.cross_check,
-            )
+        return run_rank(
+            arguments.model_path,
+            arguments.plan_path,
+            device=device,
+            seed=arguments.seed,
+            cross_check=arguments.cross_check,
+        )
     finally:
         dist.destroy_process_group()
 

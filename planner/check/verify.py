@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.check.compare import CheckReference, PlanCheck, check_plan
+from planner.check.compare import check_plan
 from planner.check.ranks import RanksCheck, check_plan_on_ranks
+from planner.check.result import CheckReference, Difference, DifferenceKind, PlanCheck
 from planner.core.errors import ModelFileError, PlanMismatchError, PlannerError
 from planner.core.units import format_bytes
 from planner.measure.workload import _user_code, describe_batch, load_model_file
@@ -56,26 +57,29 @@ class Verification:
         check = self.check
         found = []
         if check.recomputation_equal is False:
+            recomputations = _of_kind(check.differences, DifferenceKind.RECOMPUTATION)
             found.append(
                 "recomputation differs from the forward: "
                 + _some(list(check.recompute_mismatches))
                 + " ("
-                + "; ".join(d for d in check.differences if d.startswith("recomputation"))[:300]
+                + "; ".join(map(str, recomputations))[:300]
                 + ")"
             )
         if check.loss_equal is False:
-            losses = [d for d in check.differences if d.startswith("loss ")]
+            losses = _of_kind(check.differences, DifferenceKind.LOSS)
             found.append(f"the loss differs ({losses[0]})" if losses else "the loss differs")
         if check.gradients_equal is False:
+            gradients = _of_kind(check.differences, DifferenceKind.GRADIENT)
             found.append(
                 f"gradients differ (max difference {check.max_gradient_difference:.3g}): "
-                + _some(_named(check.differences, "gradient of "))
+                + _some([difference.name for difference in gradients])
             )
         if check.buffers_equal is False:
-            found.append("buffers differ: " + _some(_named(check.differences, "buffer ")))
-            if check.reference == CheckReference.RECOMPUTATION.value:
+            buffers = _of_kind(check.differences, DifferenceKind.BUFFER)
+            found.append("buffers differ: " + _some([difference.name for difference in buffers]))
+            if check.reference is CheckReference.RECOMPUTATION:
                 found[-1] = "buffers or RNG state changed during backward: " + "; ".join(
-                    d for d in check.differences if not d.startswith("recomputation")
+                    str(d) for d in check.differences if d.kind is not DifferenceKind.RECOMPUTATION
                 )
         if not check.state_dict_keys_equal:
             found.append("applying the plan changed the state_dict keys")
@@ -88,9 +92,8 @@ class Verification:
         return tuple(found)
 
 
-def _named(differences: tuple[str, ...], prefix: str) -> list[str]:
-    """The names in ``PlanCheck.differences`` entries that start with ``prefix``."""
-    return [d.removeprefix(prefix) for d in differences if d.startswith(prefix)]
+def _of_kind(differences: tuple[Difference, ...], kind: DifferenceKind) -> list[Difference]:
+    return [difference for difference in differences if difference.kind is kind]
 
 
 def _some(names: list[str], shown: int = 3) -> str:

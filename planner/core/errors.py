@@ -12,6 +12,7 @@ __all__ = [
     "InfeasibleBudgetError",
     "LoopShapeError",
     "ModelFileError",
+    "ParallelLayoutError",
     "PlanCheckError",
     "PlanFileError",
     "PlanMismatchError",
@@ -23,7 +24,15 @@ __all__ = [
 
 
 class PlannerError(Exception):
-    """Base class of every error the planner reports to a user."""
+    """Base class of every error the planner reports to a user.
+
+    ``str(error)`` is the message, one line where it can be. ``trace`` is what a person may
+    want beside it but not in it (``torch.utils.checkpoint``'s log of both runs of a
+    recomputation that differs, under ``--debug``); empty where there is none."""
+
+    def __init__(self, *args: object, trace: str = "") -> None:
+        super().__init__(*args)
+        self.trace = trace
 
 
 class ModelFileError(PlannerError):
