@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from planner.apply import apply_plan
+from planner.core.records import Unit
 from planner.measure.profiler import find_blocks, profile_workload
 from planner.measure.step import measure_step
 from planner.measure.workload import build_workload, load_model_file
@@ -25,9 +26,14 @@ from tests.models import (
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+def _units(names: tuple[str, ...]) -> tuple[Unit, ...]:
+    """The whole-module units of ``names``."""
+    return tuple(Unit(name) for name in names)
+
+
 def _measured_peak(file, names, profile) -> int:  # type: ignore[no-untyped-def]
     workload = build_workload(file, seed=0)
-    apply_plan(workload.model, build_plan(profile, names, 0, strategy="test"))
+    apply_plan(workload.model, build_plan(profile, _units(names), 0, strategy="test"))
     return measure_step(workload, seed=0).peak_bytes
 
 
@@ -91,7 +97,7 @@ def test_dropout_is_detected_as_random(stack_profile) -> None:  # type: ignore[n
 )
 def test_predicted_peak_matches_a_measured_step(stack_profile, names) -> None:  # type: ignore[no-untyped-def]
     file, profile = stack_profile
-    predicted = MemoryModel(profile.timeline).peak_bytes(names)
+    predicted = MemoryModel(profile.timeline).peak_bytes(_units(names))
     measured = _measured_peak(file, names, profile)
     assert abs(predicted - measured) <= 0.01 * measured, (predicted, measured)
 
@@ -100,7 +106,7 @@ def test_wrapping_a_block_lowers_the_measured_peak_by_the_predicted_amount(stack
     file, profile = stack_profile
     memory = MemoryModel(profile.timeline)
     names = ("blocks.0", "blocks.1")
-    predicted_drop = memory.peak_bytes(()) - memory.peak_bytes(names)
+    predicted_drop = memory.peak_bytes(()) - memory.peak_bytes(_units(names))
     measured_drop = _measured_peak(file, (), profile) - _measured_peak(file, names, profile)
     assert predicted_drop > 0
     assert abs(predicted_drop - measured_drop) <= 0.01 * predicted_drop
@@ -120,7 +126,7 @@ def test_shared_block_runs_twice_and_tied_weights_count_once() -> None:
     }
     assert profile.parameter_bytes == sum(unique.values())
     for names in [("shared",), ("shared", "last")]:
-        predicted = MemoryModel(profile.timeline).peak_bytes(names)
+        predicted = MemoryModel(profile.timeline).peak_bytes(_units(names))
         measured = _measured_peak(file, names, profile)
         assert abs(predicted - measured) <= 0.01 * measured, (names, predicted, measured)
 
@@ -237,7 +243,7 @@ def test_predictions_hold_for_awkward_modules_and_each_optimizer(
         ("blocks.1", "blocks.2"),
         ("blocks.0", "blocks.1", "blocks.2"),
     ]:
-        predicted = memory.peak_bytes(names)
+        predicted = memory.peak_bytes(_units(names))
         measured = _measured_peak(file, names, profile)
         assert abs(predicted - measured) <= 0.02 * measured, (optimizer, names, predicted, measured)
     assert profile.module("blocks.0").checkpoint_saving_bytes > 0

@@ -149,10 +149,11 @@ def test_a_checkpoint_sequential_unit_pays_checkpointing_once_per_segment() -> N
     modules = tuple(dataclasses.replace(m, forward_ms=1.0) for m in profile.modules)
     profile = dataclasses.replace(profile, modules=modules, checkpoint_call_ms=0.25)
     solver = Solver(profile)
-    units = [unit for unit in solver.names if unit.startswith("blocks#")]
+    units = [unit for unit in solver.names if unit.module == "blocks" and unit.segments]
     assert units, "the 8-block Sequential has checkpoint_sequential units"
     for unit in units:
-        segments = int(unit.partition("#")[2])
+        segments = unit.segments
+        assert segments is not None
         size = 8 // segments
         children = size * (segments - 1)  # the last segment is not checkpointed
         expected = children * 1.0 - 0.25 * (children - (segments - 1))
@@ -161,7 +162,8 @@ def test_a_checkpoint_sequential_unit_pays_checkpointing_once_per_segment() -> N
     # without a measured per-call cost (roofline times) nothing is taken off
     plain = dataclasses.replace(profile, checkpoint_call_ms=0.0)
     for unit in units:
-        segments = int(unit.partition("#")[2])
+        segments = unit.segments
+        assert segments is not None
         assert unit_cost_ms(plain, unit) == pytest.approx((8 // segments) * (segments - 1))
     # roofline times (a --target) carry no measured per-call cost
     assert roofline_costs(profile, load_spec("h100-80gb")).checkpoint_call_ms == 0.0

@@ -38,10 +38,8 @@ __all__ = [
     "SavedTensor",
     "StorageKind",
     "StorageLifetime",
+    "Unit",
     "forward_totals_by_call",
-    "parse_unit",
-    "unit_name",
-    "unit_option",
 ]
 
 PROFILE_SCHEMA_VERSION = 1
@@ -107,31 +105,42 @@ STATIC_KINDS = frozenset(
 )
 
 
-def unit_name(module_name: str, segments: int | None = None, option: str | None = None) -> str:
-    """A *unit* is what a plan checkpoints, as the memory model and the solver name it: a
-    module (``"blocks.3"``: wrap it in ``checkpoint``); with ``segments``, ``"blocks#3"``:
-    ``checkpoint_sequential`` over the children of ``blocks`` in 3 segments; with
-    ``option``, ``"blocks.3@save-matmuls"``: ``checkpoint`` with a selective policy
-    (:mod:`planner.plan.policies`) or nested checkpointing. :func:`parse_unit` and
-    :func:`unit_option` read it back."""
-    if option is not None:
-        return f"{module_name}@{option}"
-    return module_name if segments is None else f"{module_name}#{segments}"
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """What a plan checkpoints, as the memory model and the solver name it: a module
+    (``Unit("blocks.3")``: wrap it in ``checkpoint``); with ``segments``,
+    ``checkpoint_sequential`` over the children of ``module`` in that many segments; with
+    ``option``, ``checkpoint`` under a selective policy (:mod:`planner.plan.policies`) or
+    nested checkpointing (``"nested"``). Never both.
 
+    Printed as ``blocks.3``, ``blocks#3`` and ``blocks.3@save-matmuls``, for people (tables,
+    logs, the trade-off CSV). Units sort as they print, the order plans list their modules
+    in."""
 
-def parse_unit(unit: str) -> tuple[str, int | None]:
-    """``"blocks"`` -> ("blocks", None); ``"blocks#3"`` -> ("blocks", 3);
-    ``"blocks.3@save-matmuls"`` -> ("blocks.3", None) (see :func:`unit_name`)."""
-    unit = unit.partition("@")[0]
-    name, _, segments = unit.partition("#")
-    return name, int(segments) if segments else None
+    module: str
+    segments: int | None = None
+    option: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.segments is not None and self.option is not None:
+            raise ValueError(f"a unit has segments or an option, not both: {self!r}")
 
-def unit_option(unit: str) -> str | None:
-    """``"blocks.3@save-matmuls"`` -> "save-matmuls"; None for a whole-module or
-    ``checkpoint_sequential`` unit (see :func:`unit_name`)."""
-    _, at, option = unit.partition("@")
-    return option if at else None
+    def __str__(self) -> str:
+        if self.option is not None:
+            return f"{self.module}@{self.option}"
+        return self.module if self.segments is None else f"{self.module}#{self.segments}"
+
+    def __lt__(self, other: Unit) -> bool:
+        return str(self) < str(other)
+
+    def __le__(self, other: Unit) -> bool:
+        return str(self) <= str(other)
+
+    def __gt__(self, other: Unit) -> bool:
+        return str(self) > str(other)
+
+    def __ge__(self, other: Unit) -> bool:
+        return str(self) >= str(other)
 
 
 class Phase(Name):

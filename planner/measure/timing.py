@@ -60,7 +60,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils.checkpoint import checkpoint
 
 from planner.apply import apply_plan, observing_recomputation, selective_contexts
-from planner.core.records import CostSource, ModuleProfile, OptionCost, Profile, StorageKind
+from planner.core.records import CostSource, ModuleProfile, OptionCost, Profile, StorageKind, Unit
 from planner.measure.host_allocator import steady_host_allocator
 from planner.measure.tracking import MemoryLimitExceeded, PeakMemoryTracker, workload_tensors
 from planner.measure.workload import (
@@ -585,8 +585,8 @@ def saved_tensor_counts(profile: Profile) -> dict[str, int]:
 def with_measured_costs(
     profile: Profile,
     costs: MeasuredCosts,
-    timing_units: tuple[str, ...],
-    unit_cost_ms: Callable[[Profile, str], float],
+    timing_units: tuple[Unit, ...],
+    unit_cost_ms: Callable[[Profile, Unit], float],
 ) -> Profile:
     """``profile`` with its times replaced by measured ones. The unplanned step's time is
     the measured step's less the recomputation of ``timing_units`` (the timing plan's),

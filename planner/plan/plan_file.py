@@ -18,7 +18,7 @@ from planner.core.errors import LoopShapeError, ParallelLayoutError, PlanFileErr
 from planner.core.fileio import atomic_write_text
 from planner.core.loop import PLAIN_LOOP, LoopShape, loop_from_dict, loop_to_dict
 from planner.core.parallel import ParallelLayout, parallel_from_dict, parallel_to_dict
-from planner.core.records import unit_name
+from planner.core.records import Unit
 from planner.core.switches import NO_SWITCHES, StepSwitches, switches_from_dict, switches_to_dict
 from planner.plan.policies import NESTED
 
@@ -139,15 +139,14 @@ class Plan:
         return tuple(decision.module_name for decision in self.modules)
 
     @property
-    def units(self) -> tuple[str, ...]:
-        """The plan as the memory model reads it: module names, ``"name#k"`` for
-        ``checkpoint_sequential`` over ``name``'s children in ``k`` segments, and
-        ``"name@policy"`` for a selective policy."""
+    def units(self) -> tuple[Unit, ...]:
+        """The plan as the memory model reads it: one unit per decision not nested in
+        another (a nesting module's unit has the option ``nested``)."""
         outers = {d.nested_in for d in self.modules if d.nested_in is not None}
         return tuple(
-            unit_name(d.module_name, d.segments)
+            Unit(d.module_name, segments=d.segments)
             if d.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL
-            else unit_name(d.module_name, option=NESTED if d.module_name in outers else d.policy)
+            else Unit(d.module_name, option=NESTED if d.module_name in outers else d.policy)
             for d in self.modules
             if d.nested_in is None
         )

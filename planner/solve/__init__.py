@@ -10,9 +10,10 @@ recomputes.
 
 What is chosen
 --------------
-A plan is a set of *units*. A unit is a candidate module (``"blocks.3"``: wrap it in
-``checkpoint``) or, for a candidate ``nn.Sequential`` with at least three children,
-``"name#k"``: ``checkpoint_sequential`` over its children in ``k`` segments. Every unit sits
+A plan is a set of *units* (:class:`~planner.core.records.Unit`). A unit is a candidate
+module (``blocks.3``: wrap it in ``checkpoint``), one of its options (a selective policy,
+nesting) or, for a candidate ``nn.Sequential`` with at least three children, ``name#k``:
+``checkpoint_sequential`` over its children in ``k`` segments. Every unit sits
 on one node of the module tree; a plan uses at most one unit per root-to-leaf path (never a
 module together with its ancestor: wrapping a parent already recomputes its children).
 
