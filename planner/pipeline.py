@@ -39,7 +39,7 @@ from planner.core.errors import (
 )
 from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.parallel import ParallelLayout
-from planner.core.records import CostSource, MemorySource, Profile
+from planner.core.records import CostSource, MemorySource, Note, NoteTopic, Profile
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.measure.distributed import record_rank_memory
 from planner.measure.fake import FakeExecutionError, build_fake_workload
@@ -267,9 +267,12 @@ def estimated_costs(profile: Profile, device: str) -> Profile:
     """``profile`` with its recomputation times estimated for this ``device`` from its
     recorded ops (FLOPs and bytes), not timed; ``cost_source`` ``roofline``."""
     estimated = provisional_costs(profile, device)
-    line = "recomputation times estimated from each op's FLOPs and bytes (not timed here)"
+    note = Note(
+        NoteTopic.GENERAL,
+        "recomputation times estimated from each op's FLOPs and bytes (not timed here)",
+    )
     return dataclasses.replace(
-        estimated, cost_source=CostSource.ROOFLINE, assumptions=(*estimated.assumptions, line)
+        estimated, cost_source=CostSource.ROOFLINE, assumptions=(*estimated.assumptions, note)
     )
 
 
@@ -388,8 +391,11 @@ def with_times(
         floor = Solver(profile).lowest_peak()[1]
         return _timed(profile, floor, model_path=source, seed=seed, progress=progress)
     estimated = estimated_costs(profile, profile.device)
-    line = f"times estimated, not measured: the model file {source} is not here to time it"
-    return dataclasses.replace(estimated, assumptions=(*estimated.assumptions, line))
+    note = Note(
+        NoteTopic.GENERAL,
+        f"times estimated, not measured: the model file {source} is not here to time it",
+    )
+    return dataclasses.replace(estimated, assumptions=(*estimated.assumptions, note))
 
 
 def plan_checked(
@@ -580,10 +586,11 @@ def marked_unchecked_ranks(
     """``result`` with a note that its plan for more ranks than run here is not checked, and
     the command that checks it on the job's machines."""
     command = f"ckpt-plan verify {workload_in_command(source)} PLAN"
-    note = (
-        f"unchecked: made for {parallel.world_size} ranks, more than are launched here; "
+    note = Note(
+        NoteTopic.UNCHECKED,
+        f"made for {parallel.world_size} ranks, more than are launched here; "
         f"run `{command} --nproc {parallel.world_size}` on the job's machines before "
-        "training"
+        "training",
     )
     plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
     return dataclasses.replace(result, plan=plan)
@@ -596,9 +603,10 @@ MAX_CHECKED_RANKS = 4
 def marked_unchecked(result: PlanningResult, target: DeviceSpec, source: str) -> PlanningResult:
     """``result`` with its plan noted as unchecked: made for ``target``, which is not here,
     to be run by ``ckpt-plan verify`` on the workload of ``source`` there before training."""
-    note = (
-        f"unchecked: made for {target.name}, which is not here; run `ckpt-plan verify "
-        f"{workload_in_command(source)} PLAN` on it before training"
+    note = Note(
+        NoteTopic.UNCHECKED,
+        f"made for {target.name}, which is not here; run `ckpt-plan verify "
+        f"{workload_in_command(source)} PLAN` on it before training",
     )
     plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
     return dataclasses.replace(result, plan=plan)

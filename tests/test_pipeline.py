@@ -94,5 +94,5 @@ def test_with_times_estimates_where_the_model_file_is_gone(profile) -> None:  # 
     )
     estimated = pipeline.with_times(untimed)
     assert estimated.cost_source is CostSource.ROOFLINE
-    assert any("/nonexistent/model.py is not here" in line for line in estimated.assumptions)
+    assert any("/nonexistent/model.py is not here" in note.text for note in estimated.assumptions)
     assert pipeline.with_times(profile) is profile  # already timed: as it is

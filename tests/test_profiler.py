@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from planner.apply import apply_plan
-from planner.core.records import Unit
+from planner.core.records import NoteTopic, Unit
 from planner.measure.profiler import find_blocks, profile_workload
 from planner.measure.step import measure_step
 from planner.measure.workload import build_workload, load_model_file
@@ -274,7 +274,10 @@ def test_a_model_that_checkpoints_itself_behind_a_flag_is_profiled_with_it_off()
     timm_style = load_model_file(DATA / "timm_flag.py")
     workload, session = build_fake_workload(timm_style)
     profile = record_memory(workload, session=session)
-    assert any("grad_checkpointing on" in line for line in profile.assumptions)
+    assert any(
+        note.topic is NoteTopic.OWN_CHECKPOINTING and "grad_checkpointing on" in note.text
+        for note in profile.assumptions
+    )
     assert profile.module("blocks.0").checkpoint_saving_bytes > 0  # a candidate again
     on = build_workload(timm_style, seed=0)
     off_peak = measure_step(on, seed=0).peak_bytes  # built with the flag switched off
@@ -292,7 +295,8 @@ def test_checkpoint_calls_in_the_model_code_are_seen_and_counted(stack_profile) 
     profile = record_memory(workload, session=session)
     assert recomputed_in_backward(profile.timeline) == ("blocks.0", "blocks.1")
     (note,) = profile.assumptions
-    assert "checkpoints blocks.0, blocks.1 itself" in note
+    assert note.topic is NoteTopic.OWN_CHECKPOINTING
+    assert "checkpoints blocks.0, blocks.1 itself" in str(note)
     assert "cannot be switched off here, so the plan counts it" in note
     # Counted: the recorded step is the real one, recomputation included.
     assert profile.measured_peak_bytes == measure_step(build_workload(own, seed=0)).peak_bytes

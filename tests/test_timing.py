@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner.core.errors import InfeasibleBudgetError
-from planner.core.records import CostSource, MemorySource
+from planner.core.records import CostSource, MemorySource, NoteTopic
 from planner.core.units import format_bytes
 from planner.measure.fake import build_fake_workload
 from planner.measure.profiler import record_memory
@@ -92,7 +92,10 @@ def test_a_plan_for_a_target_device_is_estimated_and_left_unchecked() -> None:
     assert result.check is None and not plan.checked and plan.measured_peak_bytes is None
     assert plan.device == "cuda" and plan.target == "h100-80gb" and plan.cost_source == "roofline"
     assert profile.memory_source is MemorySource.FAKE and profile.workspace_bytes == 65 * 2**20
-    assert any(note.startswith("unchecked: made for h100-80gb") for note in plan.notes)
+    assert any(
+        note.topic is NoteTopic.UNCHECKED and note.text.startswith("made for h100-80gb")
+        for note in plan.notes
+    )
     assert profile.step_ms > 0
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from planner.core.loop import PLAIN_LOOP, LoopShape
@@ -31,6 +31,8 @@ __all__ = [
     "ModuleCall",
     "ModuleProfile",
     "Name",
+    "Note",
+    "NoteTopic",
     "OpCost",
     "OptionCost",
     "Phase",
@@ -40,6 +42,8 @@ __all__ = [
     "StorageLifetime",
     "Unit",
     "forward_totals_by_call",
+    "general_notes",
+    "note_from_line",
 ]
 
 PROFILE_SCHEMA_VERSION = 1
@@ -141,6 +145,64 @@ class Unit:
 
     def __ge__(self, other: Unit) -> bool:
         return str(self) >= str(other)
+
+
+class NoteTopic(Name):
+    """What a note of a profile or a plan is about (:class:`Note`)."""
+
+    GENERAL = "general"
+    """How the step was recorded or modelled: the device, the optimizer, the workload."""
+    TIMES = "times"
+    """How the times were taken; a profile has one, replaced when times are taken again."""
+    OWN_CHECKPOINTING = "own-checkpointing"
+    """Checkpointing the model does itself: switched off to plan, or counted by the plan."""
+    SOLVER = "solver"
+    """How the plan was searched for."""
+    UNCHECKED = "unchecked"
+    """Why the plan was not run here, and the command that runs it where it can be."""
+
+
+# The words a note on each topic begins with, on screen and in files: ``str(note)`` is
+# ``lead + text``, and :func:`note_from_line` reads a file's line back by them.
+_NOTE_LEADS = {
+    NoteTopic.GENERAL: "",
+    NoteTopic.TIMES: "times: ",
+    NoteTopic.OWN_CHECKPOINTING: "the model checkpoints ",
+    NoteTopic.SOLVER: "solver: ",
+    NoteTopic.UNCHECKED: "unchecked: ",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """One line a profile or a plan says about itself (``Profile.assumptions``,
+    ``Plan.notes``), by topic, so that code picks notes by topic, never by their words.
+
+    ``text`` goes on from the words the topic's notes begin with, which ``str(note)``
+    puts in front: ``Note(NoteTopic.TIMES, "measured here in 5 step(s) ...")`` prints as
+    ``times: measured here in 5 step(s) ...``; ``Note(NoteTopic.OWN_CHECKPOINTING,
+    "itself (grad_checkpointing on) ...")`` as ``the model checkpoints itself ...``."""
+
+    topic: NoteTopic
+    text: str
+
+    def __str__(self) -> str:
+        return _NOTE_LEADS[self.topic] + self.text
+
+
+def general_notes(lines: Iterable[str]) -> tuple[Note, ...]:
+    """``lines`` as notes on the general topic, one each."""
+    return tuple(Note(NoteTopic.GENERAL, line) for line in lines)
+
+
+def note_from_line(line: str) -> Note:
+    """A note back from its line in a plan or profile file (``str(note)``): by the words
+    its topic's notes begin with; a line that begins with none is a general note. For the
+    file readers only: code reads ``Note.topic``."""
+    for topic, lead in _NOTE_LEADS.items():
+        if lead and line.startswith(lead):
+            return Note(topic, line[len(lead) :])
+    return Note(NoteTopic.GENERAL, line)
 
 
 class Phase(Name):
@@ -341,8 +403,9 @@ class Profile:
     """Everything measured about one training step of one model on one device.
 
     ``memory_source`` and ``cost_source`` say how the timeline and the times were obtained;
-    ``target`` names the device spec of a roofline estimate; ``assumptions`` lists how a
-    fake step modelled its device (see :mod:`planner.measure.fake`) and how times were taken;
+    ``target`` names the device spec of a roofline estimate; ``assumptions`` says how a
+    fake step modelled its device (see :mod:`planner.measure.fake`), how times were taken
+    and what the model does itself, as notes by topic;
     ``loop`` is the training loop's shape the step was recorded in (:mod:`planner.core.loop`);
     ``parallel`` the job layout of which the step is one rank's (:mod:`planner.core.parallel`;
     None: one process).
@@ -367,7 +430,7 @@ class Profile:
     memory_source: MemorySource = MemorySource.REAL
     cost_source: CostSource = CostSource.MEASURED
     target: str | None = None
-    assumptions: tuple[str, ...] = ()
+    assumptions: tuple[Note, ...] = ()
     # Memory the device's libraries hold throughout (cuBLAS workspaces), in every peak.
     workspace_bytes: int = 0
     # The training loop's shape the step was recorded in (planner.core.loop).

@@ -60,7 +60,16 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils.checkpoint import checkpoint
 
 from planner.apply import apply_plan, observing_recomputation, selective_contexts
-from planner.core.records import CostSource, ModuleProfile, OptionCost, Profile, StorageKind, Unit
+from planner.core.records import (
+    CostSource,
+    ModuleProfile,
+    Note,
+    NoteTopic,
+    OptionCost,
+    Profile,
+    StorageKind,
+    Unit,
+)
 from planner.measure.host_allocator import steady_host_allocator
 from planner.measure.tracking import MemoryLimitExceeded, PeakMemoryTracker, workload_tensors
 from planner.measure.workload import (
@@ -629,8 +638,9 @@ def with_measured_costs(
     recompute_ms = sum(unit_cost_ms(timed, unit) for unit in timing_units)
     # Noise cannot make the recomputation more than the step it is part of.
     step_ms = max(costs.planned_step_ms - recompute_ms, costs.planned_step_ms / 2)
-    how = (
-        f"times: measured here in {costs.timing_steps} step(s) with "
+    how = Note(
+        NoteTopic.TIMES,
+        f"measured here in {costs.timing_steps} step(s) with "
         f"{len(costs.timing_modules)} modules checkpointed (so the step fits the budget); "
         "identical modules share their median"
         + (
@@ -648,12 +658,12 @@ def with_measured_costs(
             "giving it back)"
             if costs.steady_host_allocator
             else ""
-        )
+        ),
     )
     return dataclasses.replace(
         timed,
         step_ms=step_ms,
         cost_source=CostSource.MEASURED,
         target=None,
-        assumptions=(*[a for a in profile.assumptions if not a.startswith("times:")], how),
+        assumptions=(*[a for a in profile.assumptions if a.topic is not NoteTopic.TIMES], how),
     )

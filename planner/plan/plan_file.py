@@ -18,7 +18,7 @@ from planner.core.errors import LoopShapeError, ParallelLayoutError, PlanFileErr
 from planner.core.fileio import atomic_write_text
 from planner.core.loop import PLAIN_LOOP, LoopShape, loop_from_dict, loop_to_dict
 from planner.core.parallel import ParallelLayout, parallel_from_dict, parallel_to_dict
-from planner.core.records import Unit
+from planner.core.records import Note, Unit, note_from_line
 from planner.core.switches import NO_SWITCHES, StepSwitches, switches_from_dict, switches_to_dict
 from planner.plan.policies import NESTED
 
@@ -123,12 +123,12 @@ class Plan:
     strategy: str = "optimal"
     measured_peak_bytes: int | None = None
     schema_version: int = PLAN_SCHEMA_VERSION
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    notes: tuple[Note, ...] = field(default_factory=tuple)
     memory_source: str = "real"
     cost_source: str = "measured"
     target: str | None = None
     checked: bool = False
-    assumptions: tuple[str, ...] = field(default_factory=tuple)
+    assumptions: tuple[Note, ...] = field(default_factory=tuple)
     model_file: str | None = None
     loop: LoopShape = PLAIN_LOOP
     parallel: ParallelLayout | None = None
@@ -164,8 +164,9 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         }
         for decision in plan.modules
     ]
-    data["notes"] = list(plan.notes)
-    data["assumptions"] = list(plan.assumptions)
+    # Notes are written as they print (``times: ...``), and read back by their first words.
+    data["notes"] = [str(note) for note in plan.notes]
+    data["assumptions"] = [str(note) for note in plan.assumptions]
     data["loop"] = loop_to_dict(plan.loop)
     data["parallel"] = parallel_to_dict(plan.parallel)
     data["switches"] = switches_to_dict(plan.switches)
@@ -218,8 +219,10 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         )
         values = {name: data[name] for name in known if name in data}
         values["modules"] = modules
-        values["notes"] = tuple(values.get("notes", ()))
-        values["assumptions"] = tuple(values.get("assumptions", ()))
+        values["notes"] = tuple(note_from_line(str(line)) for line in values.get("notes", ()))
+        values["assumptions"] = tuple(
+            note_from_line(str(line)) for line in values.get("assumptions", ())
+        )
         values["loop"] = loop_from_dict(data.get("loop"))  # absent: the plain loop
         values["parallel"] = parallel_from_dict(data.get("parallel"))  # absent: one process
         values["switches"] = switches_from_dict(data.get("switches"))  # absent: none

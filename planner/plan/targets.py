@@ -34,6 +34,8 @@ from planner.core.errors import BudgetError, PlannerError, TargetSpecError
 from planner.core.records import (
     CostSource,
     ModuleProfile,
+    Note,
+    NoteTopic,
     OpCost,
     OptionCost,
     Profile,
@@ -238,8 +240,11 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         target=spec.name,
         assumptions=(
             *profile.assumptions,
-            f"times: roofline on {spec.name} ({spec.source or 'user spec'}): each op "
-            "max(FLOPs / peak, bytes / bandwidth)",
+            Note(
+                NoteTopic.TIMES,
+                f"roofline on {spec.name} ({spec.source or 'user spec'}): each op "
+                "max(FLOPs / peak, bytes / bandwidth)",
+            ),
         ),
     )
 

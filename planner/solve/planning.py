@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from planner.core.records import Profile, Unit
+from planner.core.records import Note, NoteTopic, Profile, Unit
 from planner.plan.memory_model import MemoryModel, sequential_segments
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan
 from planner.plan.policies import NESTED, SelectivePolicy
@@ -149,7 +149,7 @@ def build_plan(
     *,
     strategy: str,
     memory: MemoryModel | None = None,
-    notes: tuple[str, ...] = (),
+    notes: tuple[Note, ...] = (),
 ) -> Plan:
     """A plan checkpointing ``units``, its prediction re-checked by the memory model."""
     memory = (memory or MemoryModel(profile.timeline)).include_nesting(profile)
@@ -198,10 +198,11 @@ def plan_for_budget(
     """
     solver = solver or Solver(profile)
     solution = solver.solve(plan_budget_bytes if plan_budget_bytes is not None else budget_bytes)
-    note = (
-        "solver: cheapest plan under the memory model (search finished)"
+    note = Note(
+        NoteTopic.SOLVER,
+        "cheapest plan under the memory model (search finished)"
         if solution.proven_optimal
-        else f"solver: best plan found in {solution.evaluations} evaluations (search cut short)"
+        else f"best plan found in {solution.evaluations} evaluations (search cut short)",
     )
     plan = build_plan(
         profile,
