@@ -30,6 +30,7 @@ from pathlib import Path
 from planner.check.compare import CheckReference, check_plan
 from planner.check.ranks import check_plan_on_ranks
 from planner.check.safety import exclude_modules, find_recompute_mismatches
+from planner.checked_plan import CheckedPlan
 from planner.core.errors import (
     InfeasibleBudgetError,
     ParallelLayoutError,
@@ -52,7 +53,6 @@ from planner.plan.plan_file import CheckpointMethod, Plan
 from planner.plan.targets import DeviceSpec, check_budget_fits, provisional_costs, roofline_costs
 from planner.solve import Solver
 from planner.solve.planning import (
-    PlanningResult,
     build_plan,
     plan_for_budget,
     recomputed_modules,
@@ -61,7 +61,7 @@ from planner.solve.planning import (
 
 __all__ = [
     "MAX_CHECKED_RANKS",
-    "PlanningResult",
+    "CheckedPlan",
     "estimated_costs",
     "marked_unchecked",
     "measure_profile_costs",
@@ -408,7 +408,7 @@ def plan_checked(
     max_attempts: int = 3,
     reference: CheckReference = CheckReference.RECOMPUTATION,
     progress: ProgressCallback | None = None,
-) -> PlanningResult:
+) -> CheckedPlan:
     """Solve for ``budget_bytes`` and, if ``model_path`` is given, check the plan by running
     it (against ``reference``; on CPU the run is stopped if it passes the budget).
 
@@ -437,7 +437,7 @@ def plan_checked(
                 f"plan fits the corrected target {target_text}; try a larger budget"
             ) from None
         if model_path is None:
-            return PlanningResult(profile, plan, solution, None, attempt)
+            return CheckedPlan(profile, plan, solution, None, attempt)
         # On fake tensors trying every candidate costs one step and no memory, and the
         # exclusions then do not depend on which plan came first (plans stay stable).
         wanted = (
@@ -493,7 +493,7 @@ def plan_checked(
             plan = dataclasses.replace(
                 plan, measured_peak_bytes=check.measured_peak_bytes, checked=True
             )
-            return PlanningResult(profile, plan, solution, check, attempt)
+            return CheckedPlan(profile, plan, solution, check, attempt)
         overshoot = check.measured_peak_bytes - budget_bytes
         logger.warning(
             "plan measured %d bytes over the budget (predicted %d, measured %d); re-planning",
@@ -521,7 +521,7 @@ def profile_and_plan(
     parallel: ParallelLayout | None = None,
     progress: ProgressCallback | None = None,
     expert_load: float = 1.0,
-) -> PlanningResult:
+) -> CheckedPlan:
     """Load the model file, profile one step, solve for the budget, check the plan (see
     the module docstring). With ``parallel`` the plan is for one rank of that ``torchrun``
     job (its budget is each rank's peak); it is checked on that many real ranks here where
@@ -581,8 +581,8 @@ def ranks_run_here(parallel: ParallelLayout | None, device: str) -> bool:
 
 
 def marked_unchecked_ranks(
-    result: PlanningResult, parallel: ParallelLayout, source: str
-) -> PlanningResult:
+    result: CheckedPlan, parallel: ParallelLayout, source: str
+) -> CheckedPlan:
     """``result`` with a note that its plan for more ranks than run here is not checked, and
     the command that checks it on the job's machines."""
     command = f"ckpt-plan verify {workload_in_command(source)} PLAN"
@@ -600,7 +600,7 @@ MAX_CHECKED_RANKS = 4
 """The most ranks ``profile`` launches on this machine to check a plan for a parallel job."""
 
 
-def marked_unchecked(result: PlanningResult, target: DeviceSpec, source: str) -> PlanningResult:
+def marked_unchecked(result: CheckedPlan, target: DeviceSpec, source: str) -> CheckedPlan:
     """``result`` with its plan noted as unchecked: made for ``target``, which is not here,
     to be run by ``ckpt-plan verify`` on the workload of ``source`` there before training."""
     note = Note(

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from planner.core.records import Note, NoteTopic, Profile, Unit
 from planner.plan.memory_model import MemoryModel, sequential_segments
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan
@@ -12,11 +9,7 @@ from planner.plan.policies import NESTED, SelectivePolicy
 from planner.solve import Solution, Solver
 from planner.solve.tree import segments_cost_ms
 
-if TYPE_CHECKING:
-    from planner.check.compare import PlanCheck
-
 __all__ = [
-    "PlanningResult",
     "baseline_every_block",
     "baseline_plans",
     "build_plan",
@@ -26,18 +19,6 @@ __all__ = [
     "unit_children",
     "unit_cost_ms",
 ]
-
-
-@dataclass(frozen=True)
-class PlanningResult:
-    """A solved plan, the profile it was solved on (with any modules excluded on the way),
-    and its check (None when it was not run)."""
-
-    profile: Profile
-    plan: Plan
-    solution: Solution
-    check: PlanCheck | None
-    attempts: int
 
 
 def unit_children(profile: Profile, name: str) -> list[str]:
