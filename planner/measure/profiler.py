@@ -55,6 +55,7 @@ from planner.core.records import (
     general_notes,
 )
 from planner.core.switches import StepSwitches
+from planner.core.text import and_more
 from planner.measure.timing import Clock, summed_ms, timed_module_calls
 from planner.measure.tracking import (
     PeakMemoryTracker,
@@ -841,8 +842,7 @@ def _own_checkpointing_seen(timeline: MemoryTimeline) -> tuple[Note, ...]:
     recomputed = recomputed_in_backward(timeline)
     if not recomputed:
         return ()
-    shown = ", ".join(name or "the root module" for name in recomputed[:4])
-    shown += f" and {len(recomputed) - 4} more" if len(recomputed) > 4 else ""
+    shown = and_more([name or "the root module" for name in recomputed], 4)
     return (
         Note(
             NoteTopic.OWN_CHECKPOINTING,

@@ -31,6 +31,7 @@ import torch
 from planner.core.errors import ModelFileError, ProfilingError
 from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
 from planner.core.records import Note, NoteTopic, Phase, general_notes
+from planner.core.text import and_more
 from planner.measure.hf import BATCH_SIZE_QUERY
 from planner.measure.tracking import iter_tensors
 from planner.model_switches import switch_off_caches
@@ -120,9 +121,7 @@ def own_checkpointing_flags(model: torch.nn.Module) -> list[tuple[str, str]]:
 
 
 def flag_names(flags: list[tuple[str, str]]) -> str:
-    names = [f"{name}.{flag}" if name else flag for name, flag in flags]
-    shown = ", ".join(names[:4])
-    return shown + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return and_more([f"{name}.{flag}" if name else flag for name, flag in flags], 4)
 
 
 def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[Note, ...]:
