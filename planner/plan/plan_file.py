@@ -96,7 +96,9 @@ class Plan:
     device that is not here (``target``) stays unchecked until ``ckpt-plan verify`` runs
     it there. ``memory_source`` and ``cost_source`` say how the profile's figures were
     obtained (``fake`` or ``real`` memory; ``measured`` or ``roofline`` times), and
-    ``assumptions`` what the profile assumed about the device. ``model_file`` is the
+    ``assumptions`` what the profile assumed about the device; ``notes`` say how the plan
+    was searched for and why it was not run (both by topic:
+    :class:`~planner.core.records.Note`). ``model_file`` is the
     profile's: the model file's path, or a Hugging Face workload's source
     (``hf:CONFIG?batch_size=...``), which ``ckpt-plan verify PLAN`` rebuilds; None in plans
     written before it was recorded. ``loop`` is the training loop's shape the step was
