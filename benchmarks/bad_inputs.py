@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.apply import apply_plan, model_fingerprint  # noqa: E402
 from planner.core.fileio import atomic_write_text  # noqa: E402
+from planner.core.records import Unit  # noqa: E402
 from planner.measure.profiler import profile_workload  # noqa: E402
 from planner.measure.workload import build_workload, describe_batch, load_model_file  # noqa: E402
 from planner.plan.plan_file import plan_to_dict, save_plan  # noqa: E402
@@ -366,7 +367,7 @@ def write_plans(folder: Path) -> None:
     """The plans the verify cases read: a good one for small_cnn.py and broken variants."""
     folder.mkdir(parents=True, exist_ok=True)
     profile = profile_workload(build_workload(load_model_file(SMALL_CNN)), timing_passes=1)
-    good = build_plan(profile, ["0", "1"], profile.measured_peak_bytes, strategy="test")
+    good = build_plan(profile, [Unit("0"), Unit("1")], profile.measured_peak_bytes, strategy="test")
     save_plan(good, folder / "good.json")
     data = plan_to_dict(good)
     (folder / "empty.json").write_text("")
@@ -394,7 +395,7 @@ def write_plans(folder: Path) -> None:
     save_plan(matching_broken, folder / "raising_forward.json")
     decoder = load_model_file(DATA / "cache_decoder.py")
     decoder_profile = profile_workload(build_workload(decoder), timing_passes=1)
-    cached = build_plan(decoder_profile, ["decoder.layers.0.cross"], 10**9, strategy="test")
+    cached = build_plan(decoder_profile, [Unit("decoder.layers.0.cross")], 10**9, strategy="test")
     save_plan(cached, folder / "cached_attention.json")
 
 

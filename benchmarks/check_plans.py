@@ -44,6 +44,7 @@ from benchmarks.common import markdown_table  # noqa: E402
 from planner.check.compare import CheckReference, check_plan  # noqa: E402
 from planner.core.errors import InfeasibleBudgetError, PlanCheckError  # noqa: E402
 from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
+from planner.core.records import Unit  # noqa: E402
 from planner.measure.profiler import profile_workload  # noqa: E402
 from planner.measure.workload import build_workload, load_model_file  # noqa: E402
 from planner.pipeline import plan_checked, profile_model_file  # noqa: E402
@@ -80,7 +81,10 @@ def check_model(
     every_block = baseline_every_block(profile)
     # The way starts at every block checkpointed, as predicted, even where some blocks
     # cannot be (a model that fills a cache in its layers): the budgets a user would try.
-    low, high = memory.peak_bytes(profile.block_names), profile.measured_peak_bytes
+    low, high = (
+        memory.peak_bytes(Unit(block) for block in profile.block_names),
+        profile.measured_peak_bytes,
+    )
     monotone = predicted_peak_is_monotone(solver, high)
     plans: list[tuple[str, Plan, dict[str, object]]] = []
     _, lowest = solver.lowest_peak()

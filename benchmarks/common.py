@@ -25,10 +25,11 @@ def markdown_table(frame: pd.DataFrame) -> str:
 def halfway_budget(profile: Profile) -> int:
     """Halfway from the peak with every block checkpointed (or, where some blocks cannot be,
     the smallest feasible peak: T5's decoder) to the unplanned peak."""
+    from planner.core.records import Unit
     from planner.plan.memory_model import MemoryModel
     from planner.solve import Solver
 
     model = MemoryModel.for_profile(profile)
     _, lowest = Solver(profile, model).lowest_peak()
-    low = max(model.peak_bytes(profile.block_names), lowest)
+    low = max(model.peak_bytes(Unit(block) for block in profile.block_names), lowest)
     return (low + profile.measured_peak_bytes) // 2

@@ -31,6 +31,7 @@ from benchmarks.common import markdown_table  # noqa: E402
 from benchmarks.zoo import one_line  # noqa: E402
 from planner.check.compare import CheckReference  # noqa: E402
 from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
+from planner.core.records import Unit  # noqa: E402
 from planner.measure.workload import load_model_file  # noqa: E402
 from planner.pipeline import plan_checked, profile_model_file  # noqa: E402
 from planner.plan.memory_model import MemoryModel  # noqa: E402
@@ -74,7 +75,7 @@ def sweep(name: str, folder: Path) -> list[dict[str, object]]:
     memory = MemoryModel.for_profile(profile)
     _, floor = Solver(profile, memory).lowest_peak()
     unplanned = profile.measured_peak_bytes
-    every_block = memory.peak_bytes(profile.block_names)
+    every_block = memory.peak_bytes(Unit(block) for block in profile.block_names)
     rows = []
     for fraction in FRACTIONS:
         budget = int(every_block + fraction * (unplanned - every_block))

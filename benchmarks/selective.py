@@ -43,7 +43,7 @@ from planner.apply import apply_plan  # noqa: E402
 from planner.check.compare import check_plan  # noqa: E402
 from planner.core.fileio import atomic_write_text  # noqa: E402
 from planner.core.loop import PLAIN_LOOP  # noqa: E402
-from planner.core.records import MemorySource, Profile, parse_unit, unit_name, unit_option  # noqa: E402
+from planner.core.records import MemorySource, Profile, Unit  # noqa: E402
 from planner.measure.workload import build_workload, load_model_file, run_training_step  # noqa: E402
 from planner.pipeline import measure_profile_costs, record_step_memory  # noqa: E402
 from planner.plan.memory_model import MemoryModel  # noqa: E402
@@ -71,11 +71,11 @@ def memory_profile(source: str, target: object = None) -> Profile:
     )
 
 
-def recompute_flops(profile: Profile, units: tuple[str, ...]) -> int:
+def recompute_flops(profile: Profile, units: tuple[Unit, ...]) -> int:
     total = 0
     for unit in units:
-        record = profile.module(parse_unit(unit)[0])
-        option = unit_option(unit)
+        record = profile.module(unit.module)
+        option = unit.option
         total += record.option_cost(option).recompute_flops if option else record.forward_flops
     return total
 
@@ -85,10 +85,10 @@ def step_flops(profile: Profile) -> int:
     return sum(op.flops for op in profile.timeline.op_costs)
 
 
-def label(units: tuple[str, ...]) -> str:
+def label(units: tuple[Unit, ...]) -> str:
     options: dict[str, int] = {}
     for unit in units:
-        key = unit_option(unit) or "whole"
+        key = unit.option or "whole"
         options[key] = options.get(key, 0) + 1
     return ", ".join(f"{count} {key}" for key, count in sorted(options.items())) or "none"
 
@@ -136,9 +136,9 @@ def accuracy_rows(source: str, profile: Profile, costs: str) -> list[dict[str, o
     return rows
 
 
-def uniform(profile: Profile, option: str) -> tuple[str, ...]:
+def uniform(profile: Profile, option: str) -> tuple[Unit, ...]:
     return tuple(
-        unit_name(block, option=option)
+        Unit(block, option=option)
         for block in profile.block_names
         if any(o.option == option for o in profile.module(block).options)
     )
@@ -233,7 +233,7 @@ def floor_rows() -> list[dict[str, object]]:
         target = load_spec("h100-80gb") if source.startswith("hf:") else None
         profile = memory_profile(source, target)
         every_block = MemoryModel(profile.timeline).peak_bytes(
-            [b for b in profile.block_names if profile.module(b).is_candidate]
+            [Unit(b) for b in profile.block_names if profile.module(b).is_candidate]
         )
         _, module_floor = Solver(profile, options=False).lowest_peak()
         units, floor = Solver(profile).lowest_peak()

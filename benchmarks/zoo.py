@@ -53,7 +53,7 @@ from planner.check.compare import CheckReference, check_plan  # noqa: E402
 from planner.core.errors import PlannerError  # noqa: E402
 from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.core.loop import PLAIN_LOOP  # noqa: E402
-from planner.core.records import MemorySource  # noqa: E402
+from planner.core.records import MemorySource, Unit  # noqa: E402
 from planner.measure.workload import ModelFile, load_model_file  # noqa: E402
 from planner.pipeline import plan_checked, profile_model_file, record_step_memory  # noqa: E402
 from planner.plan.memory_model import MemoryModel  # noqa: E402
@@ -144,7 +144,7 @@ def plan_architecture(name: str, folder: Path) -> list[dict[str, object]]:
     memory = MemoryModel.for_profile(profile)
     _, floor = Solver(profile, memory).lowest_peak()
     unplanned = profile.measured_peak_bytes
-    every_block = memory.peak_bytes(profile.block_names)
+    every_block = memory.peak_bytes(Unit(block) for block in profile.block_names)
     excluded = [block for block in profile.block_names if not profile.module(block).is_candidate]
     base.update(
         memory_source=profile.memory_source.value,

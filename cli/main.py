@@ -395,9 +395,10 @@ def solve(
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
+        from planner.checked_plan import CheckedPlan
         from planner.plan.plan_file import save_plan
         from planner.plan.profile_file import load_profile, save_profile
-        from planner.solve.planning import PlanningResult, plan_for_budget
+        from planner.solve.planning import plan_for_budget
 
         loaded = load_profile(profile_path)
         source = workload_source(
@@ -412,7 +413,7 @@ def solve(
         if source is None and loaded.cost_source is not CostSource.NONE:
             # Solving alone is pure Python: no torch to import, nothing to run.
             plan, solution = plan_for_budget(loaded, budget_bytes)
-            result = PlanningResult(loaded, plan, solution, None, 1)
+            result = CheckedPlan(loaded, plan, solution, None, 1)
         else:
             from planner.pipeline import plan_checked
 

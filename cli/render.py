@@ -11,7 +11,7 @@ from rich.table import Table
 
 from cli.boundary import stdout, warn
 from planner.check.result import CheckReference
-from planner.core.records import Profile
+from planner.core.records import NoteTopic, Profile
 from planner.core.units import format_bytes
 
 __all__ = [
@@ -25,10 +25,9 @@ __all__ = [
 
 def warn_own_checkpointing(profile: Profile) -> None:
     """Say, on stderr, what checkpointing the model does itself and how it was planned."""
-    from planner.measure.workload import own_checkpointing_notes
-
-    for note in own_checkpointing_notes(profile.assumptions):
-        warn(note)
+    for note in profile.assumptions:
+        if note.topic is NoteTopic.OWN_CHECKPOINTING:
+            warn(str(note))
 
 
 def print_plan_summary(result: Any, wrote: list[Path]) -> None:
@@ -131,8 +130,8 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
         )
     elif plan.parallel is not None:
         for note in plan.notes:
-            if note.startswith("unchecked:"):
-                stdout.print("not run: " + note.removeprefix("unchecked:").strip())
+            if note.topic is NoteTopic.UNCHECKED:
+                stdout.print("not run: " + note.text)
     for path in wrote:
         stdout.print(f"wrote {path}")
 

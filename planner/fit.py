@@ -46,7 +46,7 @@ from planner.measure.workload import (
     with_batch_size,
 )
 from planner.pipeline import (
-    PlanningResult,
+    CheckedPlan,
     estimated_costs,
     marked_unchecked,
     marked_unchecked_ranks,
@@ -103,7 +103,7 @@ class FitPoint:
 @dataclass(frozen=True)
 class FitResult:
     """The search's outcome: every size tried (ascending), the largest that fits, the
-    fastest among the timed ones, and the plan for the largest (a :class:`PlanningResult`,
+    fastest among the timed ones, and the plan for the largest (a :class:`CheckedPlan`,
     checked where it was run). ``capped``: the search stopped at ``max_size`` with that size
     still fitting."""
 
@@ -113,7 +113,7 @@ class FitResult:
     largest: int
     fastest: int
     capped: bool
-    planned: PlanningResult
+    planned: CheckedPlan
 
     @property
     def source(self) -> str:

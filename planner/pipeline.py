@@ -30,6 +30,7 @@ from pathlib import Path
 from planner.check.compare import CheckReference, check_plan
 from planner.check.ranks import check_plan_on_ranks
 from planner.check.safety import exclude_modules, find_recompute_mismatches
+from planner.checked_plan import CheckedPlan
 from planner.core.errors import (
     InfeasibleBudgetError,
     ParallelLayoutError,
@@ -39,7 +40,7 @@ from planner.core.errors import (
 )
 from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.parallel import ParallelLayout
-from planner.core.records import CostSource, MemorySource, Profile
+from planner.core.records import CostSource, MemorySource, Note, NoteTopic, Profile
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.measure.distributed import record_rank_memory
 from planner.measure.fake import FakeExecutionError, build_fake_workload
@@ -52,7 +53,6 @@ from planner.plan.plan_file import CheckpointMethod, Plan
 from planner.plan.targets import DeviceSpec, check_budget_fits, provisional_costs, roofline_costs
 from planner.solve import Solver
 from planner.solve.planning import (
-    PlanningResult,
     build_plan,
     plan_for_budget,
     recomputed_modules,
@@ -61,7 +61,7 @@ from planner.solve.planning import (
 
 __all__ = [
     "MAX_CHECKED_RANKS",
-    "PlanningResult",
+    "CheckedPlan",
     "estimated_costs",
     "marked_unchecked",
     "measure_profile_costs",
@@ -267,9 +267,12 @@ def estimated_costs(profile: Profile, device: str) -> Profile:
     """``profile`` with its recomputation times estimated for this ``device`` from its
     recorded ops (FLOPs and bytes), not timed; ``cost_source`` ``roofline``."""
     estimated = provisional_costs(profile, device)
-    line = "recomputation times estimated from each op's FLOPs and bytes (not timed here)"
+    note = Note(
+        NoteTopic.GENERAL,
+        "recomputation times estimated from each op's FLOPs and bytes (not timed here)",
+    )
     return dataclasses.replace(
-        estimated, cost_source=CostSource.ROOFLINE, assumptions=(*estimated.assumptions, line)
+        estimated, cost_source=CostSource.ROOFLINE, assumptions=(*estimated.assumptions, note)
     )
 
 
@@ -388,8 +391,11 @@ def with_times(
         floor = Solver(profile).lowest_peak()[1]
         return _timed(profile, floor, model_path=source, seed=seed, progress=progress)
     estimated = estimated_costs(profile, profile.device)
-    line = f"times estimated, not measured: the model file {source} is not here to time it"
-    return dataclasses.replace(estimated, assumptions=(*estimated.assumptions, line))
+    note = Note(
+        NoteTopic.GENERAL,
+        f"times estimated, not measured: the model file {source} is not here to time it",
+    )
+    return dataclasses.replace(estimated, assumptions=(*estimated.assumptions, note))
 
 
 def plan_checked(
@@ -402,7 +408,7 @@ def plan_checked(
     max_attempts: int = 3,
     reference: CheckReference = CheckReference.RECOMPUTATION,
     progress: ProgressCallback | None = None,
-) -> PlanningResult:
+) -> CheckedPlan:
     """Solve for ``budget_bytes`` and, if ``model_path`` is given, check the plan by running
     it (against ``reference``; on CPU the run is stopped if it passes the budget).
 
@@ -431,7 +437,7 @@ def plan_checked(
                 f"plan fits the corrected target {target_text}; try a larger budget"
             ) from None
         if model_path is None:
-            return PlanningResult(profile, plan, solution, None, attempt)
+            return CheckedPlan(profile, plan, solution, None, attempt)
         # On fake tensors trying every candidate costs one step and no memory, and the
         # exclusions then do not depend on which plan came first (plans stay stable).
         wanted = (
@@ -489,7 +495,7 @@ def plan_checked(
             plan = dataclasses.replace(
                 plan, measured_peak_bytes=check.measured_peak_bytes, checked=True
             )
-            return PlanningResult(profile, plan, solution, check, attempt)
+            return CheckedPlan(profile, plan, solution, check, attempt)
         overshoot = check.measured_peak_bytes - budget_bytes
         logger.warning(
             "plan measured %d bytes over the budget (predicted %d, measured %d); re-planning",
@@ -517,7 +523,7 @@ def profile_and_plan(
     parallel: ParallelLayout | None = None,
     progress: ProgressCallback | None = None,
     expert_load: float = 1.0,
-) -> PlanningResult:
+) -> CheckedPlan:
     """Load the model file, profile one step, solve for the budget, check the plan (see
     the module docstring). With ``parallel`` the plan is for one rank of that ``torchrun``
     job (its budget is each rank's peak); it is checked on that many real ranks here where
@@ -577,15 +583,16 @@ def ranks_run_here(parallel: ParallelLayout | None, device: str) -> bool:
 
 
 def marked_unchecked_ranks(
-    result: PlanningResult, parallel: ParallelLayout, source: str
-) -> PlanningResult:
+    result: CheckedPlan, parallel: ParallelLayout, source: str
+) -> CheckedPlan:
     """``result`` with a note that its plan for more ranks than run here is not checked, and
     the command that checks it on the job's machines."""
     command = f"ckpt-plan verify {workload_in_command(source)} PLAN"
-    note = (
-        f"unchecked: made for {parallel.world_size} ranks, more than are launched here; "
+    note = Note(
+        NoteTopic.UNCHECKED,
+        f"made for {parallel.world_size} ranks, more than are launched here; "
         f"run `{command} --nproc {parallel.world_size}` on the job's machines before "
-        "training"
+        "training",
     )
     plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
     return dataclasses.replace(result, plan=plan)
@@ -595,12 +602,13 @@ MAX_CHECKED_RANKS = 4
 """The most ranks ``profile`` launches on this machine to check a plan for a parallel job."""
 
 
-def marked_unchecked(result: PlanningResult, target: DeviceSpec, source: str) -> PlanningResult:
+def marked_unchecked(result: CheckedPlan, target: DeviceSpec, source: str) -> CheckedPlan:
     """``result`` with its plan noted as unchecked: made for ``target``, which is not here,
     to be run by ``ckpt-plan verify`` on the workload of ``source`` there before training."""
-    note = (
-        f"unchecked: made for {target.name}, which is not here; run `ckpt-plan verify "
-        f"{workload_in_command(source)} PLAN` on it before training"
+    note = Note(
+        NoteTopic.UNCHECKED,
+        f"made for {target.name}, which is not here; run `ckpt-plan verify "
+        f"{workload_in_command(source)} PLAN` on it before training",
     )
     plan = dataclasses.replace(result.plan, notes=(*result.plan.notes, note))
     return dataclasses.replace(result, plan=plan)

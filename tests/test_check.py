@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from planner.check.compare import CheckReference, check_plan, run_check
+from planner.core.records import Unit
 from planner.measure.workload import load_model_file
 from planner.pipeline import profile_model_file
 from planner.solve.planning import baseline_every_block, build_plan
@@ -19,7 +20,7 @@ GPT = Path(__file__).resolve().parent.parent / "examples" / "gpt.py"
 def test_a_plan_restoring_batchnorm_buffers_passes_and_one_that_does_not_is_caught() -> None:
     profile = profile_model_file(load_model_file(MODEL))
     assert "1.running_mean" in profile.module("0").mutated_buffers
-    plan = build_plan(profile, ["0", "1"], profile.measured_peak_bytes, strategy="test")
+    plan = build_plan(profile, [Unit("0"), Unit("1")], profile.measured_peak_bytes, strategy="test")
     assert all(decision.restore_buffers for decision in plan.modules)
 
     good = check_plan(MODEL, plan)
@@ -42,7 +43,7 @@ def test_the_recomputation_reference_passes_a_good_plan_without_running_the_unpl
     None
 ):
     profile = profile_model_file(load_model_file(MODEL))
-    plan = build_plan(profile, ["0", "1"], profile.measured_peak_bytes, strategy="test")
+    plan = build_plan(profile, [Unit("0"), Unit("1")], profile.measured_peak_bytes, strategy="test")
     check = check_plan(MODEL, plan, reference=CheckReference.RECOMPUTATION)
     assert check.passed and check.training_unchanged, check.differences
     assert check.reference == "recomputation" and check.unplanned_peak_bytes is None
@@ -52,7 +53,7 @@ def test_the_recomputation_reference_passes_a_good_plan_without_running_the_unpl
 
 def test_the_recomputation_reference_catches_batchnorm_statistics_updated_twice() -> None:
     profile = profile_model_file(load_model_file(MODEL))
-    plan = build_plan(profile, ["0", "1"], profile.measured_peak_bytes, strategy="test")
+    plan = build_plan(profile, [Unit("0"), Unit("1")], profile.measured_peak_bytes, strategy="test")
     careless = dataclasses.replace(
         plan, modules=tuple(dataclasses.replace(d, restore_buffers=()) for d in plan.modules)
     )
@@ -63,7 +64,9 @@ def test_the_recomputation_reference_catches_batchnorm_statistics_updated_twice(
 
 def test_the_recomputation_reference_catches_dropout_recomputed_without_its_rng_state() -> None:
     profile = profile_model_file(load_model_file(GPT))
-    plan = build_plan(profile, ["blocks.1", "blocks.3"], profile.measured_peak_bytes, strategy="t")
+    plan = build_plan(
+        profile, [Unit("blocks.1"), Unit("blocks.3")], profile.measured_peak_bytes, strategy="t"
+    )
     assert all(decision.preserve_rng_state for decision in plan.modules)
     assert run_check(GPT, plan, reference=CheckReference.RECOMPUTATION).passed
     careless = dataclasses.replace(

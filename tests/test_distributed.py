@@ -31,6 +31,7 @@ from planner.core.parallel import (
     parallel_from_dict,
     parallel_to_dict,
 )
+from planner.core.records import NoteTopic
 from planner.measure.ddp import DdpOptions, ddp_bucket_bytes, ddp_options
 from planner.measure.distributed import device_mesh, record_rank_memory, simulated_ranks
 from planner.measure.fake import build_fake_workload
@@ -182,7 +183,7 @@ def test_gradients_as_bucket_views_leave_only_the_buckets(single_profile) -> Non
     buckets = single_profile.parameter_bytes
     assert default.gradient_bytes == single_profile.gradient_bytes + buckets
     assert views.gradient_bytes == buckets
-    assert "gradients as views of the buckets" in views.assumptions[-1]
+    assert "gradients as views of the buckets" in views.assumptions[-1].text
 
     # each gradient the backward makes is copied into its bucket and dropped: none stays
     def made_in_step(profile):  # type: ignore[no-untyped-def]
@@ -567,7 +568,9 @@ def test_a_plan_for_more_ranks_than_run_here_is_marked_unchecked() -> None:
     plan = profile_and_plan(SMALL_GPT, budget, parallel=layout).plan
     assert not plan.checked and plan.measured_peak_bytes is None
     assert plan.parallel == layout
-    assert any("--nproc 8" in note and note.startswith("unchecked") for note in plan.notes)
+    assert any(
+        "--nproc 8" in note.text and note.topic is NoteTopic.UNCHECKED for note in plan.notes
+    )
 
 
 def test_a_rank_of_a_job_on_a_target_device_is_emulated_and_timed_by_its_roofline() -> None:

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from planner.core.loop import LoopShape, ZeroGrad
+from planner.core.records import NoteTopic
 from planner.core.units import parse_bytes
 from planner.measure.workload import build_workload, load_model_file, run_training_step
 from planner.plan.plan_file import load_plan
@@ -235,7 +236,9 @@ def test_profile_names_checkpointing_the_model_does_itself(
     result, plan = _checked_plan(tmp_path, DATA / f"{name}.py", budget)
     warnings = [line for line in result.stderr.splitlines() if "checkpoints" in line]
     assert len(warnings) == 1 and warnings[0].startswith("warning: ") and said in warnings[0]
-    assert any(said in line for line in plan.assumptions)  # recorded in the plan too
+    assert any(  # recorded in the plan too
+        note.topic is NoteTopic.OWN_CHECKPOINTING and said in note.text for note in plan.assumptions
+    )
 
 
 def test_profile_plans_and_checks_the_training_loop_it_is_given(tmp_path: Path) -> None:

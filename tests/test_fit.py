@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from planner.core.errors import InfeasibleBudgetError, ModelFileError
+from planner.core.records import NoteTopic
 from planner.fit import fit_largest
 from planner.measure.workload import load_model_file, with_batch_size
 from planner.plan.plan_file import load_plan
@@ -138,7 +139,9 @@ def test_fit_for_a_target_device_leaves_its_plan_unchecked_and_says_so() -> None
     result = fit_largest(model_file, 200 * MIB, target=load_spec("h100-80gb"), max_size=4)
     assert result.planned.check is None and not result.planned.plan.checked
     assert any(
-        note.startswith("unchecked: made for h100-80gb") and "--batch-size" in note
+        note.topic is NoteTopic.UNCHECKED
+        and note.text.startswith("made for h100-80gb")
+        and "--batch-size" in note.text
         for note in result.planned.plan.notes
     )
     assert result.source == result.point(result.largest).source

@@ -119,7 +119,7 @@ def test_a_workload_travels_as_one_string_and_builds_the_same_step(tmp_path: Pat
             "labels": (2, 16),
         }
         assert int(built.batch["input_ids"].max()) < TINY_LLAMA["vocab_size"]
-        assert built.notes and "synthetic batch of 2 x 16" in built.notes[0]
+        assert built.notes and "synthetic batch of 2 x 16" in built.notes[0].text
         losses.append(run_training_step(built, seed=0))
     assert losses[0].equal(losses[1])  # seeded: the same weights, batch and loss
 
@@ -158,7 +158,7 @@ def test_profile_a_tiny_gpt2_config_then_verify_it_with_hf(workdir: Path) -> Non
     assert plan.model_file == source and plan.model_name == "gpt2-tiny"
     assert set(plan.batch) == {"input_ids", "attention_mask", "labels"}
     assert plan.batch["input_ids"] == {"shape": [2, 32], "dtype": "int64"}
-    assert any("GPT2LMHeadModel" in line for line in plan.assumptions)
+    assert any("GPT2LMHeadModel" in note.text for note in plan.assumptions)
     assert load_profile(workdir / "profiles" / "gpt2-tiny" / "profile.json").model_file == source
     # verify takes the config again; the batch shape and dtype default to the plan's.
     plan_path = str(workdir / "profiles" / "gpt2-tiny" / "plan.json")

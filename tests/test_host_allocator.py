@@ -5,6 +5,7 @@ import sys
 import pytest
 import torch
 
+from planner.core.records import NoteTopic
 from planner.measure import host_allocator, timing
 from planner.measure.host_allocator import steady_host_allocator
 
@@ -81,5 +82,5 @@ def test_timing_steps_run_on_the_steady_allocator(monkeypatch: pytest.MonkeyPatc
     # ... and the profile says so, where it could be arranged.
     assert costs.steady_host_allocator is (host_allocator._glibc() is not None)
     timed = timing.with_measured_costs(profile, costs, (), lambda profile, unit: 0.0)
-    how = next(line for line in timed.assumptions if line.startswith("times:"))
-    assert ("kept freed memory" in how) is costs.steady_host_allocator
+    how = next(note for note in timed.assumptions if note.topic is NoteTopic.TIMES)
+    assert ("kept freed memory" in how.text) is costs.steady_host_allocator

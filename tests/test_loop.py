@@ -15,7 +15,7 @@ from planner.apply import apply_plan
 from planner.check.compare import CheckReference, check_plan
 from planner.core.errors import LoopShapeError
 from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad, loop_from_dict, loop_to_dict
-from planner.core.records import Profile
+from planner.core.records import Profile, Unit
 from planner.measure.fake import build_fake_workload
 from planner.measure.profiler import record_memory
 from planner.measure.tracking import PeakMemoryTracker, workload_tensors
@@ -121,7 +121,7 @@ def _fake_profile(loop: LoopShape) -> Profile:
 def test_the_predicted_peak_is_what_the_hand_written_loop_measures(loop: LoopShape) -> None:
     profile = _fake_profile(loop)
     assert profile.loop == loop
-    for units in ([], ["blocks.0"]):
+    for units in ([], [Unit("blocks.0")]):
         plan = build_plan(profile, units, profile.measured_peak_bytes, strategy="test")
         assert plan.loop == loop
         assert _measured_peak(plan, loop) == plan.predicted_peak_bytes, units
@@ -130,7 +130,7 @@ def test_the_predicted_peak_is_what_the_hand_written_loop_measures(loop: LoopSha
     # wrapping the last block it is 128 bytes high in every loop, the plain one included:
     # where the peak is in the forward, as it can be with gradients alive there, the
     # prediction may be above the measurement, never below it.
-    for units in (["blocks.1"], ["blocks.1.mlp"]):
+    for units in ([Unit("blocks.1")], [Unit("blocks.1.mlp")]):
         plan = build_plan(profile, units, profile.measured_peak_bytes, strategy="test")
         assert _measured_peak(plan, loop) <= plan.predicted_peak_bytes, units
 
@@ -139,7 +139,7 @@ def test_the_predicted_peak_is_what_the_hand_written_loop_measures(loop: LoopSha
 def test_a_plan_for_the_plain_loop_goes_over_its_budget_in_another_loop(loop: LoopShape) -> None:
     # blocks.0 wrapped: the peak is in the forward, where the other loops keep gradients.
     plain = _fake_profile(PLAIN_LOOP)
-    made_for_plain = build_plan(plain, ["blocks.0"], 0, strategy="test")
+    made_for_plain = build_plan(plain, [Unit("blocks.0")], 0, strategy="test")
     budget = made_for_plain.predicted_peak_bytes
     made_for_plain = dataclasses.replace(made_for_plain, budget_bytes=budget)
     assert made_for_plain.loop == PLAIN_LOOP
@@ -147,7 +147,7 @@ def test_a_plan_for_the_plain_loop_goes_over_its_budget_in_another_loop(loop: Lo
     over = _measured_peak(made_for_plain, loop)
     assert over > budget
     # Planned with the loop's shape, the same modules predict that peak.
-    made_for_loop = build_plan(_fake_profile(loop), ["blocks.0"], over, strategy="test")
+    made_for_loop = build_plan(_fake_profile(loop), [Unit("blocks.0")], over, strategy="test")
     assert made_for_loop.predicted_peak_bytes == over
 
 
@@ -155,7 +155,7 @@ def test_the_check_runs_the_loop_the_plan_records() -> None:
     # In its own process, from the plan file alone: the unplanned and the planned step of
     # the accumulation loop (the plain loop's peaks are lower: see the test above).
     profile = _fake_profile(ACCUMULATION)
-    plan = build_plan(profile, ["blocks.0"], profile.measured_peak_bytes, strategy="test")
+    plan = build_plan(profile, [Unit("blocks.0")], profile.measured_peak_bytes, strategy="test")
     checked = check_plan(GPT, plan, reference=CheckReference.UNPLANNED)
     assert checked.passed and checked.gradients_equal, checked.differences
     assert checked.measured_peak_bytes == plan.predicted_peak_bytes

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.core.records import MemoryTimeline, ModuleCall, StorageLifetime
+from planner.core.records import MemoryTimeline, ModuleCall, StorageLifetime, Unit
 from planner.plan.memory_model import MemoryModel, checkpoint_effects
 
 
@@ -129,15 +129,15 @@ def test_wrapping_block_0_drops_its_activation_until_its_first_unpack() -> None:
     # (event 20). The recompute of blocks.0 peaks at a0 + t0 + h0 = 170 above the level
     # before event 20 (1030): 1200, below the new curve peak 1370 - 100 = 1270 (event 14).
     memory = MemoryModel(timeline_a())
-    curve = memory.memory_curve(["blocks.0"])
+    curve = memory.memory_curve([Unit("blocks.0")])
     expected = list(UNPLANNED_A)
     for k in range(7 + 1, 20 + 1):  # after event 7 through after event 19
         expected[k] -= 100
     assert curve.tolist() == expected
     assert curve[7] == 1130 and curve[8] == 1030  # dropped at the end of blocks.0
     assert curve[20] == 1030 and curve[21] == 1130  # back at its unpack, event 20
-    assert memory.recompute_spikes(["blocks.0"]) == [(20, 1200)]
-    assert memory.peak_bytes(["blocks.0"]) == 1270
+    assert memory.recompute_spikes([Unit("blocks.0")]) == [(20, 1200)]
+    assert memory.peak_bytes([Unit("blocks.0")]) == 1270
 
 
 def test_recompute_spike_shows_up_in_the_peak() -> None:
@@ -146,11 +146,11 @@ def test_recompute_spike_shows_up_in_the_peak() -> None:
     # at event 16 starts from 1160 (after event 15) and rises by a1 + h1 = 230: 1390, which
     # is above both the curve and the unplanned peak (1370).
     memory = MemoryModel(timeline_a())
-    curve = memory.memory_curve(["blocks.1"])
+    curve = memory.memory_curve([Unit("blocks.1")])
     assert int(curve.max()) == 1360
     assert curve[16] == 1160
-    assert memory.recompute_spikes(["blocks.1"]) == [(16, 1390)]
-    assert memory.peak_bytes(["blocks.1"]) == 1390
+    assert memory.recompute_spikes([Unit("blocks.1")]) == [(16, 1390)]
+    assert memory.peak_bytes([Unit("blocks.1")]) == 1390
 
 
 def test_an_input_freed_early_is_kept_until_the_last_unpack() -> None:
@@ -158,7 +158,7 @@ def test_an_input_freed_early_is_kept_until_the_last_unpack() -> None:
     # blocks.1's last unpack (event 16).
     memory = MemoryModel(timeline_a())
     unplanned = memory.memory_curve()
-    planned = memory.memory_curve(["blocks.1"])
+    planned = memory.memory_curve([Unit("blocks.1")])
     assert unplanned[11] - unplanned[10] == -20  # h0 freed at event 10
     assert planned[11] - planned[10] == 0  # ... not under checkpoint
     # Difference from the unplanned curve: +20 for h0 from event 10 to 15, -200 for a1
@@ -173,11 +173,14 @@ def test_wrapping_both_blocks() -> None:
     # event 11 and after event 17. Spikes: blocks.1 at 16 from 1060 + 230 = 1290; blocks.0 at
     # 20 from 1030 + 170 = 1200.
     memory = MemoryModel(timeline_a())
-    assert int(memory.memory_curve(["blocks.0", "blocks.1"]).max()) == 1260
-    assert sorted(memory.recompute_spikes(["blocks.0", "blocks.1"])) == [(16, 1290), (20, 1200)]
-    assert memory.peak_bytes(["blocks.0", "blocks.1"]) == 1290
+    assert int(memory.memory_curve([Unit("blocks.0"), Unit("blocks.1")]).max()) == 1260
+    assert sorted(memory.recompute_spikes([Unit("blocks.0"), Unit("blocks.1")])) == [
+        (16, 1290),
+        (20, 1200),
+    ]
+    assert memory.peak_bytes([Unit("blocks.0"), Unit("blocks.1")]) == 1290
     # Order of the names does not matter.
-    assert memory.peak_bytes(["blocks.1", "blocks.0"]) == 1290
+    assert memory.peak_bytes([Unit("blocks.1"), Unit("blocks.0")]) == 1290
 
 
 def test_wrapping_the_root() -> None:
@@ -191,13 +194,13 @@ def test_wrapping_the_root() -> None:
     assert effect.retained == ((A0, 100, 7), (A1, 200, 12))
     assert (effect.recompute_event, effect.release_event) == (16, 20)
     assert effect.recompute_peak_bytes == 330
-    assert memory.recompute_spikes([""]) == [(16, 1370)]
-    assert memory.peak_bytes([""]) == 1370
+    assert memory.recompute_spikes([Unit("")]) == [(16, 1370)]
+    assert memory.peak_bytes([Unit("")]) == 1370
 
 
 def test_unknown_module_names_change_nothing() -> None:
     memory = MemoryModel(timeline_a())
-    assert memory.peak_bytes(["no.such.module"]) == 1370
+    assert memory.peak_bytes([Unit("no.such.module")]) == 1370
     assert memory.calls_of("no.such.module") == []
 
 
@@ -318,20 +321,20 @@ def test_nested_wrapping_the_parent() -> None:
     # still 1270 (after events 11 and 12); the recompute at 12 starts from 1270 - 140 = 1130
     # and adds 200: 1330.
     memory = MemoryModel(timeline_b())
-    difference = (memory.memory_curve(["block"]) - np.array(UNPLANNED_B)).tolist()
+    difference = (memory.memory_curve([Unit("block")]) - np.array(UNPLANNED_B)).tolist()
     assert difference == [0] * 7 + [-100] * 4 + [-140] * 2 + [0] * 9
-    assert memory.recompute_spikes(["block"]) == [(12, 1330)]
-    assert memory.peak_bytes(["block"]) == 1330
+    assert memory.recompute_spikes([Unit("block")]) == [(12, 1330)]
+    assert memory.peak_bytes([Unit("block")]) == 1330
 
 
 def test_nested_wrapping_the_child() -> None:
     # u is off the books from event 6 to 17 (back at 18). Curve max: 1270 - 100 = 1170;
     # recompute at 18 from 1050 + 140 = 1190.
     memory = MemoryModel(timeline_b())
-    difference = (memory.memory_curve(["block.inner"]) - np.array(UNPLANNED_B)).tolist()
+    difference = (memory.memory_curve([Unit("block.inner")]) - np.array(UNPLANNED_B)).tolist()
     assert difference == [0] * 7 + [-100] * 12 + [0] * 3
-    assert memory.recompute_spikes(["block.inner"]) == [(18, 1190)]
-    assert memory.peak_bytes(["block.inner"]) == 1190
+    assert memory.recompute_spikes([Unit("block.inner")]) == [(18, 1190)]
+    assert memory.peak_bytes([Unit("block.inner")]) == 1190
 
 
 # --------------------------------------------------------------------------------------
@@ -363,9 +366,9 @@ def test_a_module_called_twice_is_wrapped_in_both_calls() -> None:
     memory = MemoryModel(timeline_c())
     assert memory.calls_of("shared") == [0, 1]
     assert memory.peak_bytes() == 1230
-    assert int(memory.memory_curve(["shared"]).max()) == 1130
-    assert sorted(memory.recompute_spikes(["shared"])) == [(9, 1140), (12, 1130)]
-    assert memory.peak_bytes(["shared"]) == 1140
+    assert int(memory.memory_curve([Unit("shared")]).max()) == 1130
+    assert sorted(memory.recompute_spikes([Unit("shared")])) == [(9, 1140), (12, 1130)]
+    assert memory.peak_bytes([Unit("shared")]) == 1140
 
 
 def test_a_call_that_saves_nothing_changes_nothing() -> None:
@@ -376,8 +379,8 @@ def test_a_call_that_saves_nothing_changes_nothing() -> None:
     assert effect.recompute_event == -1
     assert effect.retained == ()
     memory = MemoryModel(timeline)
-    assert memory.peak_bytes(["leafish"]) == memory.peak_bytes() == 60
-    assert memory.recompute_spikes(["leafish"]) == []
+    assert memory.peak_bytes([Unit("leafish")]) == memory.peak_bytes() == 60
+    assert memory.recompute_spikes([Unit("leafish")]) == []
 
 
 @pytest.mark.parametrize("make_timeline", [timeline_a, timeline_b, timeline_c])

@@ -10,6 +10,7 @@ import pytest
 from planner import pipeline
 from planner.check.result import Difference, DifferenceKind, PlanCheck
 from planner.core.errors import InfeasibleBudgetError, PlanCheckError
+from planner.core.records import Unit
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import build_workload
 from planner.plan.memory_model import MemoryModel
@@ -45,7 +46,7 @@ def _check(measured: int, budget: int, **overrides: object) -> PlanCheck:
 
 def test_an_overshoot_makes_the_solver_aim_lower(profile, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     memory = MemoryModel(profile.timeline)
-    every = [n for n in profile.block_names]
+    every = [Unit(n) for n in profile.block_names]
     budget = (memory.peak_bytes(every) + profile.measured_peak_bytes) // 2
     seen = []
 
@@ -96,5 +97,5 @@ def test_with_times_estimates_where_the_model_file_is_gone(profile) -> None:  # 
     )
     estimated = pipeline.with_times(untimed)
     assert estimated.cost_source is CostSource.ROOFLINE
-    assert any("/nonexistent/model.py is not here" in line for line in estimated.assumptions)
+    assert any("/nonexistent/model.py is not here" in note.text for note in estimated.assumptions)
     assert pipeline.with_times(profile) is profile  # already timed: as it is

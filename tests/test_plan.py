@@ -11,6 +11,7 @@ import pytest
 
 from planner.core.errors import PlanFileError
 from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
+from planner.core.records import Note, NoteTopic, note_from_line
 from planner.plan.plan_file import (
     PLAN_SCHEMA_VERSION,
     CheckpointMethod,
@@ -65,7 +66,11 @@ def sample_plan() -> Plan:
         model_name="tiny",
         strategy="optimal",
         measured_peak_bytes=11_400_000_000,
-        notes=("solver: cheapest plan under the memory model (search finished)",),
+        notes=(Note(NoteTopic.SOLVER, "cheapest plan under the memory model (search finished)"),),
+        assumptions=(
+            Note(NoteTopic.GENERAL, "AdamW with foreach=True (torch's default on CUDA)"),
+            Note(NoteTopic.TIMES, "measured here in 5 step(s) with 2 modules checkpointed"),
+        ),
     )
 
 
@@ -82,6 +87,47 @@ def test_save_then_load_gives_the_same_plan(tmp_path: Path, sample_plan: Plan) -
     assert loaded.modules[1].method is CheckpointMethod.CHECKPOINT_SEQUENTIAL
     assert isinstance(loaded.modules, tuple)
     assert isinstance(loaded.notes, tuple)
+
+
+def test_notes_are_written_as_they_print_and_read_back_by_topic(
+    tmp_path: Path, sample_plan: Plan
+) -> None:
+    """The file holds each note as one line, as in every plan file so far ("times: ..."),
+    and reading it gives the note its topic back."""
+    unchecked = "made for h100-80gb, which is not here; run `ckpt-plan verify` on it"
+    own = "itself (grad_checkpointing on): switched off to plan as if it were not there"
+    plan = dataclasses.replace(
+        sample_plan,
+        notes=(*sample_plan.notes, Note(NoteTopic.UNCHECKED, unchecked)),
+        assumptions=(*sample_plan.assumptions, Note(NoteTopic.OWN_CHECKPOINTING, own)),
+    )
+    path = save_plan(plan, tmp_path / "plan.json")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["notes"] == [
+        "solver: cheapest plan under the memory model (search finished)",
+        f"unchecked: {unchecked}",
+    ]
+    assert data["assumptions"] == [
+        "AdamW with foreach=True (torch's default on CUDA)",
+        "times: measured here in 5 step(s) with 2 modules checkpointed",
+        f"the model checkpoints {own}",
+    ]
+    loaded = load_plan(path)
+    assert loaded == plan
+    assert [note.topic for note in loaded.assumptions] == [
+        NoteTopic.GENERAL,
+        NoteTopic.TIMES,
+        NoteTopic.OWN_CHECKPOINTING,
+    ]
+
+
+@pytest.mark.parametrize("topic", list(NoteTopic))
+def test_a_note_of_every_topic_reads_back_from_its_line(topic: NoteTopic) -> None:
+    note = Note(topic, "some text: with a colon")
+    assert note_from_line(str(note)) == note
+    assert str(note).endswith("some text: with a colon")
+    # A line no topic's words begin (a hand-edited file, say) is a general note.
+    assert note_from_line("times are hard") == Note(NoteTopic.GENERAL, "times are hard")
 
 
 def test_round_trip_of_a_plan_with_defaults(tmp_path: Path, sample_plan: Plan) -> None:

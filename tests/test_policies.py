@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.core.records import StorageKind, StorageLifetime, parse_unit, unit_name, unit_option
+from planner.core.records import StorageKind, StorageLifetime, Unit
 from planner.plan.policies import (
     NESTED,
     PolicyRule,
@@ -28,12 +28,29 @@ def storage(op: str, written: bool = False) -> StorageLifetime:
     return StorageLifetime(64, 1, 2, 0, StorageKind.ACTIVATION, op, written)
 
 
-def test_unit_names_carry_the_option() -> None:
-    unit = unit_name("blocks.3", option="save-matmuls")
-    assert unit == "blocks.3@save-matmuls"
-    assert parse_unit(unit) == ("blocks.3", None)
-    assert unit_option(unit) == "save-matmuls"
-    assert unit_option("blocks#3") is None and parse_unit("blocks#3") == ("blocks", 3)
+def test_units_carry_the_option_and_print_as_before() -> None:
+    unit = Unit("blocks.3", option="save-matmuls")
+    assert str(unit) == "blocks.3@save-matmuls"
+    assert (unit.module, unit.segments, unit.option) == ("blocks.3", None, "save-matmuls")
+    assert str(Unit("blocks", segments=3)) == "blocks#3" and str(Unit("blocks.3")) == "blocks.3"
+    assert unit != Unit("blocks.3") and unit == Unit("blocks.3", option="save-matmuls")
+    assert len({unit, Unit("blocks.3", option="save-matmuls"), Unit("blocks.3")}) == 2
+    with pytest.raises(ValueError, match="not both"):
+        Unit("blocks", segments=3, option="nested")
+
+
+def test_units_sort_as_they_print() -> None:
+    """The order plans list their modules in (``build_plan`` sorts its units)."""
+    units = [
+        Unit("blocks.10"),
+        Unit("blocks.1", option="nested"),
+        Unit("blocks", segments=10),
+        Unit("blocks", segments=2),
+        Unit("blocks.1"),
+        Unit("blocks"),
+    ]
+    assert [str(unit) for unit in sorted(units)] == sorted(str(unit) for unit in units)
+    assert Unit("blocks.10") < Unit("blocks.1", option="nested")
 
 
 def test_attention_ops_of_every_backend_are_recognised() -> None:
@@ -122,7 +139,7 @@ def test_every_option_is_predicted_to_the_byte_and_trains_identically(
     from planner.solve.planning import build_plan
 
     memory = MemoryModel.for_profile(sdpa_profile)
-    units = [unit_name(block, option=option) for block in sdpa_profile.block_names]
+    units = [Unit(block, option=option) for block in sdpa_profile.block_names]
     plan = build_plan(sdpa_profile, units, 0, strategy="test", memory=memory)
     plan = dataclasses.replace(plan, budget_bytes=plan.predicted_peak_bytes)
     assert plan.units == tuple(sorted(units))
@@ -145,7 +162,7 @@ def test_nesting_lowers_the_floor_below_every_block() -> None:
     _, module_only = Solver(profile, options=False).lowest_peak()
     units, with_options = Solver(profile).lowest_peak()
     assert with_options < module_only
-    assert any(unit_option(unit) == NESTED for unit in units)
+    assert any(unit.option == NESTED for unit in units)
 
 
 def test_the_solver_takes_an_option_only_where_it_is_cheaper(sdpa_profile) -> None:  # type: ignore[no-untyped-def]
@@ -179,6 +196,6 @@ def test_the_solver_takes_an_option_only_where_it_is_cheaper(sdpa_profile) -> No
             assert solution.predicted_peak_bytes <= budget
             assert solution.recompute_ms == pytest.approx(solver.cost(best))
     solver = Solver(cheap)
-    unit = "blocks.0@save-attention"
+    unit = Unit("blocks.0", option="save-attention")
     solution = solver.solve(solver.peak([unit]))
     assert solution.recompute_ms <= solver.cost([unit])

@@ -10,7 +10,7 @@ import pytest
 
 from planner.core.errors import ProfileFileError
 from planner.core.loop import PLAIN_LOOP, LoopShape
-from planner.core.records import Phase, StorageKind
+from planner.core.records import Phase, StorageKind, Unit
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import build_workload
 from planner.plan.memory_model import MemoryModel
@@ -27,7 +27,7 @@ def profile():  # type: ignore[no-untyped-def]
 def test_round_trip_keeps_the_profile_and_its_predictions(profile, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     loaded = load_profile(save_profile(profile, tmp_path / "profile.json"))
     assert loaded == profile
-    names = [m.module_name for m in profile.candidates][:2]
+    names = [Unit(m.module_name) for m in profile.candidates][:2]
     assert MemoryModel(loaded.timeline).peak_bytes(names) == MemoryModel(
         profile.timeline
     ).peak_bytes(names)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from planner.apply import apply_plan
+from planner.core.records import NoteTopic, Unit
 from planner.measure.candidates import find_blocks
 from planner.measure.profiler import profile_workload
 from planner.measure.step import measure_step
@@ -26,9 +27,14 @@ from tests.models import (
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+def _units(names: tuple[str, ...]) -> tuple[Unit, ...]:
+    """The whole-module units of ``names``."""
+    return tuple(Unit(name) for name in names)
+
+
 def _measured_peak(file, names, profile) -> int:  # type: ignore[no-untyped-def]
     workload = build_workload(file, seed=0)
-    apply_plan(workload.model, build_plan(profile, names, 0, strategy="test"))
+    apply_plan(workload.model, build_plan(profile, _units(names), 0, strategy="test"))
     return measure_step(workload, seed=0).peak_bytes
 
 
@@ -92,7 +98,7 @@ def test_dropout_is_detected_as_random(stack_profile) -> None:  # type: ignore[n
 )
 def test_predicted_peak_matches_a_measured_step(stack_profile, names) -> None:  # type: ignore[no-untyped-def]
     file, profile = stack_profile
-    predicted = MemoryModel(profile.timeline).peak_bytes(names)
+    predicted = MemoryModel(profile.timeline).peak_bytes(_units(names))
     measured = _measured_peak(file, names, profile)
     assert abs(predicted - measured) <= 0.01 * measured, (predicted, measured)
 
@@ -101,7 +107,7 @@ def test_wrapping_a_block_lowers_the_measured_peak_by_the_predicted_amount(stack
     file, profile = stack_profile
     memory = MemoryModel(profile.timeline)
     names = ("blocks.0", "blocks.1")
-    predicted_drop = memory.peak_bytes(()) - memory.peak_bytes(names)
+    predicted_drop = memory.peak_bytes(()) - memory.peak_bytes(_units(names))
     measured_drop = _measured_peak(file, (), profile) - _measured_peak(file, names, profile)
     assert predicted_drop > 0
     assert abs(predicted_drop - measured_drop) <= 0.01 * predicted_drop
@@ -121,7 +127,7 @@ def test_shared_block_runs_twice_and_tied_weights_count_once() -> None:
     }
     assert profile.parameter_bytes == sum(unique.values())
     for names in [("shared",), ("shared", "last")]:
-        predicted = MemoryModel(profile.timeline).peak_bytes(names)
+        predicted = MemoryModel(profile.timeline).peak_bytes(_units(names))
         measured = _measured_peak(file, names, profile)
         assert abs(predicted - measured) <= 0.01 * measured, (names, predicted, measured)
 
@@ -238,7 +244,7 @@ def test_predictions_hold_for_awkward_modules_and_each_optimizer(
         ("blocks.1", "blocks.2"),
         ("blocks.0", "blocks.1", "blocks.2"),
     ]:
-        predicted = memory.peak_bytes(names)
+        predicted = memory.peak_bytes(_units(names))
         measured = _measured_peak(file, names, profile)
         assert abs(predicted - measured) <= 0.02 * measured, (optimizer, names, predicted, measured)
     assert profile.module("blocks.0").checkpoint_saving_bytes > 0
@@ -269,7 +275,10 @@ def test_a_model_that_checkpoints_itself_behind_a_flag_is_profiled_with_it_off()
     timm_style = load_model_file(DATA / "timm_flag.py")
     workload, session = build_fake_workload(timm_style)
     profile = record_memory(workload, session=session)
-    assert any("grad_checkpointing on" in line for line in profile.assumptions)
+    assert any(
+        note.topic is NoteTopic.OWN_CHECKPOINTING and "grad_checkpointing on" in note.text
+        for note in profile.assumptions
+    )
     assert profile.module("blocks.0").checkpoint_saving_bytes > 0  # a candidate again
     on = build_workload(timm_style, seed=0)
     off_peak = measure_step(on, seed=0).peak_bytes  # built with the flag switched off
@@ -287,7 +296,8 @@ def test_checkpoint_calls_in_the_model_code_are_seen_and_counted(stack_profile) 
     profile = record_memory(workload, session=session)
     assert recomputed_in_backward(profile.timeline) == ("blocks.0", "blocks.1")
     (note,) = profile.assumptions
-    assert "checkpoints blocks.0, blocks.1 itself" in note
+    assert note.topic is NoteTopic.OWN_CHECKPOINTING
+    assert "checkpoints blocks.0, blocks.1 itself" in str(note)
     assert "cannot be switched off here, so the plan counts it" in note
     # Counted: the recorded step is the real one, recomputation included.
     assert profile.measured_peak_bytes == measure_step(build_workload(own, seed=0)).peak_bytes

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from cli.main import app
-from planner.core.records import ModuleProfile, Profile
+from planner.core.records import ModuleProfile, Profile, Unit
 from planner.core.units import format_bytes
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import build_workload
@@ -387,9 +387,9 @@ def test_what_a_unit_recomputes(profile: Profile) -> None:
         m.module_name for m in profile.modules if len(unit_children(profile, m.module_name)) >= 4
     )
     children = unit_children(profile, container)
-    assert recomputed_modules(profile, children[0]) == [children[0]]
+    assert recomputed_modules(profile, Unit(children[0])) == [children[0]]
     size = len(children) // 2
-    assert recomputed_modules(profile, f"{container}#2") == children[:size]
-    assert unit_cost_ms(profile, f"{container}#2") == pytest.approx(
+    assert recomputed_modules(profile, Unit(container, segments=2)) == children[:size]
+    assert unit_cost_ms(profile, Unit(container, segments=2)) == pytest.approx(
         sum(profile.module(child).forward_ms for child in children[:size])
     )

@@ -22,7 +22,7 @@ from planner.apply import apply_plan
 from planner.check.compare import CheckReference, check_plan, run_check
 from planner.check.safety import exclude_modules, find_recompute_mismatches
 from planner.core.errors import PlanCheckError, ProfilingError
-from planner.core.records import Profile
+from planner.core.records import Profile, Unit
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import (
     ModelFile,
@@ -87,7 +87,8 @@ def _planned_loss(path: Path, names: list[str]) -> torch.Tensor:
     """One training step of the model file with ``names`` checkpointed (in this process);
     an error in the step is raised as itself, not as the ProfilingError that reports it."""
     profile = _profile_of(path)
-    plan = build_plan(profile, names, profile.measured_peak_bytes, strategy="test")
+    units = [Unit(name) for name in names]
+    plan = build_plan(profile, units, profile.measured_peak_bytes, strategy="test")
     workload = build_workload(load_model_file(path), seed=0)
     apply_plan(workload.model, plan)
     try:
@@ -129,7 +130,7 @@ def test_excluded_modules_keep_their_reason_and_the_solver_avoids_them() -> None
         assert "stores tensors into cache" in profile.module(name).excluded_reason
     assert profile.module("decoder").is_candidate
     units, lowest = Solver(profile, MemoryModel(profile.timeline)).lowest_peak()
-    assert not set(units) & CACHED_LAYERS
+    assert not {unit.module for unit in units} & CACHED_LAYERS
     plan, _ = plan_for_budget(profile, lowest)
     assert plan.modules and not set(plan.module_names) & CACHED_LAYERS
 
@@ -243,7 +244,8 @@ def _step_with(model: type[nn.Module], names: list[str], **options: bool) -> Non
     source = model_file(lambda: model(**options), lambda: torch.randn(16, 8))
     profile, _ = _profile(source)
     workload = build_workload(source, seed=0)
-    apply_plan(workload.model, build_plan(profile, names, 10**9, strategy="test"))
+    units = [Unit(name) for name in names]
+    apply_plan(workload.model, build_plan(profile, units, 10**9, strategy="test"))
     try:
         run_training_step(workload, seed=0)
     except ProfilingError as error:
@@ -367,7 +369,8 @@ def test_a_dropout_plan_replays_the_rng_and_trains_identically() -> None:
     profile, _ = _profile(path)
     blocks = list(profile.block_names)
     assert all(profile.module(name).uses_rng for name in blocks)
-    plan = build_plan(profile, blocks, profile.measured_peak_bytes, strategy="test")
+    units = [Unit(name) for name in blocks]
+    plan = build_plan(profile, units, profile.measured_peak_bytes, strategy="test")
     assert all(decision.preserve_rng_state for decision in plan.modules)
     assert run_check(path, plan).passed
     # The hazard is real: without the RNG replay the recomputed dropout masks differ.
@@ -399,7 +402,7 @@ def test_a_module_reaching_another_device_is_excluded_and_the_plan_trains() -> N
     assert reason == "its forward moves tensors across devices (cpu, meta)"
     assert profile.module("blocks.0").is_candidate and profile.module("blocks.2").is_candidate
     units, lowest = Solver(profile).lowest_peak()
-    assert "blocks.1" not in units
+    assert "blocks.1" not in {unit.module for unit in units}
     result = plan_checked(profile, lowest, model_path=path)
     assert "blocks.1" not in result.plan.module_names
     assert result.check is not None and result.check.passed
@@ -408,7 +411,7 @@ def test_a_module_reaching_another_device_is_excluded_and_the_plan_trains() -> N
 # -- the debug plumbing -----------------------------------------------------------------
 def test_a_plan_that_breaks_the_step_is_a_plan_check_error_with_a_trace_under_debug() -> None:
     profile = _profile_of(CACHE_DECODER)
-    plan = build_plan(profile, ["decoder.layers.1.cross"], 10**9, strategy="test")
+    plan = build_plan(profile, [Unit("decoder.layers.1.cross")], 10**9, strategy="test")
     with pytest.raises(PlanCheckError) as plain:
         run_check(CACHE_DECODER, plan)
     message = str(plain.value)
@@ -424,7 +427,7 @@ def test_a_plan_that_breaks_the_step_is_a_plan_check_error_with_a_trace_under_de
 
 def test_check_plan_keeps_the_error_type_across_the_process_boundary() -> None:
     profile = _profile_of(CACHE_DECODER)
-    plan = build_plan(profile, ["decoder.layers.0"], 10**9, strategy="test")
+    plan = build_plan(profile, [Unit("decoder.layers.0")], 10**9, strategy="test")
     with pytest.raises(PlanCheckError, match="CheckpointError"):
         check_plan(CACHE_DECODER, plan)
 

@@ -22,6 +22,7 @@ from planner.core.records import (
     ModuleProfile,
     Profile,
     StorageLifetime,
+    Unit,
 )
 from planner.plan.memory_model import MemoryModel
 from planner.solve import Solver, lowest_peak, solve
@@ -267,9 +268,9 @@ def _is_ancestor(ancestor: str, name: str) -> bool:
     return name.startswith(ancestor + ".")
 
 
-def _antichains(names: list[str]) -> list[tuple[str, ...]]:
+def _antichains(names: list[str]) -> list[tuple[Unit, ...]]:
     return [
-        subset
+        tuple(Unit(name) for name in subset)
         for size in range(len(names) + 1)
         for subset in itertools.combinations(names, size)
         if not any(
@@ -278,18 +279,19 @@ def _antichains(names: list[str]) -> list[tuple[str, ...]]:
     ]
 
 
-def _brute_force(profile: Profile) -> list[tuple[float, int, tuple[str, ...]]]:
+def _brute_force(profile: Profile) -> list[tuple[float, int, tuple[Unit, ...]]]:
     """(cost, peak, plan) of every antichain of candidates, with a fresh memory model."""
     memory = MemoryModel(profile.timeline)
     names = [m.module_name for m in profile.candidates]
     cost = {m.module_name: m.forward_ms for m in profile.candidates}
     return [
-        (sum(cost[n] for n in plan), memory.peak_bytes(plan), plan) for plan in _antichains(names)
+        (sum(cost[u.module] for u in plan), memory.peak_bytes(plan), plan)
+        for plan in _antichains(names)
     ]
 
 
-def _assert_antichain(names: tuple[str, ...]) -> None:
-    for a, b in itertools.permutations(names, 2):
+def _assert_antichain(units: tuple[Unit, ...]) -> None:
+    for a, b in itertools.permutations((unit.module for unit in units), 2):
         assert not _is_ancestor(a, b), f"{a} is wrapped together with its descendant {b}"
 
 
@@ -328,9 +330,9 @@ def chain_profile() -> Profile:
 def test_chain_profile_peaks(chain_profile: Profile) -> None:
     memory = MemoryModel(chain_profile.timeline)
     assert memory.peak_bytes() == 1370
-    assert memory.peak_bytes(["blocks.0"]) == 1270
-    assert memory.peak_bytes(["blocks.1"]) == 1390
-    assert memory.peak_bytes(["blocks.0", "blocks.1"]) == 1290
+    assert memory.peak_bytes([Unit("blocks.0")]) == 1270
+    assert memory.peak_bytes([Unit("blocks.1")]) == 1390
+    assert memory.peak_bytes([Unit("blocks.0"), Unit("blocks.1")]) == 1290
 
 
 @pytest.mark.parametrize("budget_bytes", [1370, 1371, 10**12])
@@ -338,7 +340,7 @@ def test_budget_at_or_above_the_unplanned_peak_gives_the_empty_plan(
     chain_profile: Profile, budget_bytes: int
 ) -> None:
     solution = solve(chain_profile, budget_bytes)
-    assert solution.module_names == ()
+    assert solution.units == ()
     assert solution.predicted_peak_bytes == 1370
     assert solution.recompute_ms == 0.0
     assert solution.proven_optimal
@@ -348,7 +350,7 @@ def test_budget_at_or_above_the_unplanned_peak_gives_the_empty_plan(
 def test_chain_budget_below_the_unplanned_peak(chain_profile: Profile, budget_bytes: int) -> None:
     # Only plans containing blocks.0 fit; blocks.0 alone is the cheapest.
     solution = solve(chain_profile, budget_bytes)
-    assert solution.module_names == ("blocks.0",)
+    assert solution.units == (Unit("blocks.0"),)
     assert solution.predicted_peak_bytes == 1270
     assert solution.recompute_ms == 2.0
     assert solution.proven_optimal
@@ -364,7 +366,7 @@ def test_infeasible_budget_says_the_smallest_budget(chain_profile: Profile) -> N
     # The static part is mentioned too (1000 bytes of parameters).
     assert "1000 B" in str(error)
     assert lowest_peak(chain_profile) == 1270
-    assert solve(chain_profile, error.min_budget_bytes).module_names == ("blocks.0",)
+    assert solve(chain_profile, error.min_budget_bytes).units == (Unit("blocks.0"),)
 
 
 def test_a_budget_a_few_bytes_short_prints_two_different_sizes() -> None:
@@ -399,7 +401,7 @@ def test_nested_candidates_are_never_chosen_with_their_ancestor() -> None:
         solver = Solver(profile)
         for budget_bytes in sorted({peak for _, peak, _ in _brute_force(profile)}):
             solution = solver.solve(budget_bytes)
-            _assert_antichain(solution.module_names)
+            _assert_antichain(solution.units)
             nested_plans += any("." in n.removeprefix("layers.") for n in solution.module_names)
     assert nested_plans > 0  # some plans pick a nested module, so the check had teeth
 
@@ -410,9 +412,9 @@ def test_solver_picks_the_child_when_only_the_child_helps() -> None:
     timeline = timeline_b()
     profile = _profile(timeline, {"block": 1.0, "block.inner": 5.0}, parameter_bytes=1000)
     solution = solve(profile, 1200)
-    assert solution.module_names == ("block.inner",)
+    assert solution.units == (Unit("block.inner"),)
     assert solution.predicted_peak_bytes == 1190
-    assert solve(profile, 1270).module_names == ()
+    assert solve(profile, 1270).units == ()
     with pytest.raises(InfeasibleBudgetError) as raised:
         solve(profile, 1189)
     assert raised.value.min_budget_bytes == 1190
@@ -439,10 +441,10 @@ def test_solver_matches_brute_force(seed: int) -> None:
                 solver.solve(budget_bytes)
             continue
         solution = solver.solve(budget_bytes)
-        _assert_antichain(solution.module_names)
+        _assert_antichain(solution.units)
         assert solution.predicted_peak_bytes <= budget_bytes
         assert solution.predicted_peak_bytes == MemoryModel(profile.timeline).peak_bytes(
-            solution.module_names
+            solution.units
         )
         assert solution.recompute_ms == pytest.approx(
             sum(profile.module(n).forward_ms for n in solution.module_names)
@@ -508,7 +510,7 @@ def test_the_large_tree_path_matches_brute_force(seed: int) -> None:
         solution = solver.solve(budget)
         assert solution.proven_optimal
         assert solution.predicted_peak_bytes <= budget
-        _assert_antichain(solution.module_names)
+        _assert_antichain(solution.units)
         # Exact at the cost resolution (10 microseconds per unit).
         assert solution.recompute_ms == pytest.approx(
             best, abs=0.005 * len(solution.module_names) + 1e-9

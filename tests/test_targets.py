@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from planner.core.errors import BudgetError, TargetSpecError
-from planner.core.records import CostSource, MemoryTimeline, ModuleCall, OpCost
+from planner.core.records import CostSource, MemoryTimeline, ModuleCall, NoteTopic, OpCost
 from planner.plan.targets import (
     BUILT_IN_SPECS,
     DeviceSpec,
@@ -95,4 +95,7 @@ def test_roofline_costs_sum_each_modules_forward_ops_and_the_whole_step() -> Non
     assert estimated.module("block").forward_ms == pytest.approx(2.0)
     assert estimated.step_ms == pytest.approx(5.0)
     assert estimated.cost_source is CostSource.ROOFLINE and estimated.target == "x"
-    assert any("roofline on x" in line for line in estimated.assumptions)
+    assert any(
+        note.topic is NoteTopic.TIMES and note.text.startswith("roofline on x")
+        for note in estimated.assumptions
+    )

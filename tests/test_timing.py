@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner.core.errors import InfeasibleBudgetError
-from planner.core.records import CostSource, MemorySource
+from planner.core.records import CostSource, MemorySource, NoteTopic
 from planner.core.units import format_bytes
 from planner.measure.fake import build_fake_workload
 from planner.measure.profiler import record_memory
@@ -92,7 +92,10 @@ def test_a_plan_for_a_target_device_is_estimated_and_left_unchecked() -> None:
     assert result.check is None and not plan.checked and plan.measured_peak_bytes is None
     assert plan.device == "cuda" and plan.target == "h100-80gb" and plan.cost_source == "roofline"
     assert profile.memory_source is MemorySource.FAKE and profile.workspace_bytes == 65 * 2**20
-    assert any(note.startswith("unchecked: made for h100-80gb") for note in plan.notes)
+    assert any(
+        note.topic is NoteTopic.UNCHECKED and note.text.startswith("made for h100-80gb")
+        for note in plan.notes
+    )
     assert profile.step_ms > 0
 
 
@@ -149,10 +152,11 @@ def test_a_checkpoint_sequential_unit_pays_checkpointing_once_per_segment() -> N
     modules = tuple(dataclasses.replace(m, forward_ms=1.0) for m in profile.modules)
     profile = dataclasses.replace(profile, modules=modules, checkpoint_call_ms=0.25)
     solver = Solver(profile)
-    units = [unit for unit in solver.names if unit.startswith("blocks#")]
+    units = [unit for unit in solver.names if unit.module == "blocks" and unit.segments]
     assert units, "the 8-block Sequential has checkpoint_sequential units"
     for unit in units:
-        segments = int(unit.partition("#")[2])
+        segments = unit.segments
+        assert segments is not None
         size = 8 // segments
         children = size * (segments - 1)  # the last segment is not checkpointed
         expected = children * 1.0 - 0.25 * (children - (segments - 1))
@@ -161,7 +165,8 @@ def test_a_checkpoint_sequential_unit_pays_checkpointing_once_per_segment() -> N
     # without a measured per-call cost (roofline times) nothing is taken off
     plain = dataclasses.replace(profile, checkpoint_call_ms=0.0)
     for unit in units:
-        segments = int(unit.partition("#")[2])
+        segments = unit.segments
+        assert segments is not None
         assert unit_cost_ms(plain, unit) == pytest.approx((8 // segments) * (segments - 1))
     # roofline times (a --target) carry no measured per-call cost
     assert roofline_costs(profile, load_spec("h100-80gb")).checkpoint_call_ms == 0.0

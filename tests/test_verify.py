@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from planner.apply import apply_plan, is_wrapped, model_fingerprint
 from planner.core.errors import PlanFileError, PlanMismatchError
+from planner.core.records import Unit
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import build_workload, describe_batch, load_model_file
 from planner.plan.plan_file import Plan, plan_to_dict, save_plan
@@ -43,7 +44,7 @@ def cnn_plan() -> Plan:
     """A plan for small_cnn.py wrapping both conv-BatchNorm blocks (restoring their running
     statistics after recomputation), with the unplanned peak as its budget."""
     profile = profile_workload(build_workload(load_model_file(SMALL_CNN)), timing_passes=1)
-    plan = build_plan(profile, ["0", "1"], profile.measured_peak_bytes, strategy="test")
+    plan = build_plan(profile, [Unit("0"), Unit("1")], profile.measured_peak_bytes, strategy="test")
     assert all(decision.restore_buffers for decision in plan.modules)
     return plan
 
@@ -121,7 +122,7 @@ def test_verify_a_plan_whose_recomputation_differs_exits_5_and_debug_traces_it(
 ) -> None:
     model = DATA / "cache_decoder.py"
     profile = profile_workload(build_workload(load_model_file(model)), timing_passes=1)
-    plan = build_plan(profile, ["decoder.layers.0.cross"], 10**9, strategy="test")
+    plan = build_plan(profile, [Unit("decoder.layers.0.cross")], 10**9, strategy="test")
     plan_path = save_plan(plan, workdir / "plan.json")
 
     result = _verify(runner, model, plan_path)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from planner.core.errors import ModelFileError, ProfilingError
+from planner.core.records import NoteTopic
 from planner.measure.workload import build_workload, compute_loss, describe_batch, load_model_file
 from tests.models import model_file
 
@@ -172,8 +173,9 @@ def test_a_timm_style_flag_is_switched_off_and_said() -> None:
     assert model.grad_checkpointing  # the file turns it on
     (note,) = switch_off_own_checkpointing(model)
     assert model.grad_checkpointing is False
-    assert "checkpoints itself (grad_checkpointing on)" in note
-    assert "with model.set_grad_checkpointing(False)" in note
+    assert note.topic is NoteTopic.OWN_CHECKPOINTING
+    assert "checkpoints itself (grad_checkpointing on)" in str(note)
+    assert "with model.set_grad_checkpointing(False)" in note.text
     assert switch_off_own_checkpointing(model) == ()  # nothing left on
     # Every workload is built with it off: the profile, the timing and the check alike.
     workload = build_workload(timm_style, seed=0)
@@ -199,5 +201,6 @@ def test_a_flag_that_cannot_be_switched_off_is_said_and_counted() -> None:
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), _Stubborn())
     (note,) = switch_off_own_checkpointing(model)
-    assert "1.gradient_checkpointing on" in note
-    assert "could not be switched off, so the plan counts" in note
+    assert note.topic is NoteTopic.OWN_CHECKPOINTING
+    assert "1.gradient_checkpointing on" in note.text
+    assert "could not be switched off, so the plan counts" in note.text

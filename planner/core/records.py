@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from planner.core.loop import PLAIN_LOOP, LoopShape
@@ -31,6 +31,8 @@ __all__ = [
     "ModuleCall",
     "ModuleProfile",
     "Name",
+    "Note",
+    "NoteTopic",
     "OpCost",
     "OptionCost",
     "Phase",
@@ -38,10 +40,10 @@ __all__ = [
     "SavedTensor",
     "StorageKind",
     "StorageLifetime",
+    "Unit",
     "forward_totals_by_call",
-    "parse_unit",
-    "unit_name",
-    "unit_option",
+    "general_notes",
+    "note_from_line",
 ]
 
 PROFILE_SCHEMA_VERSION = 1
@@ -108,31 +110,100 @@ STATIC_KINDS = frozenset(
 )
 
 
-def unit_name(module_name: str, segments: int | None = None, option: str | None = None) -> str:
-    """A *unit* is what a plan checkpoints, as the memory model and the solver name it: a
-    module (``"blocks.3"``: wrap it in ``checkpoint``); with ``segments``, ``"blocks#3"``:
-    ``checkpoint_sequential`` over the children of ``blocks`` in 3 segments; with
-    ``option``, ``"blocks.3@save-matmuls"``: ``checkpoint`` with a selective policy
-    (:mod:`planner.plan.policies`) or nested checkpointing. :func:`parse_unit` and
-    :func:`unit_option` read it back."""
-    if option is not None:
-        return f"{module_name}@{option}"
-    return module_name if segments is None else f"{module_name}#{segments}"
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """What a plan checkpoints, as the memory model and the solver name it: a module
+    (``Unit("blocks.3")``: wrap it in ``checkpoint``); with ``segments``,
+    ``checkpoint_sequential`` over the children of ``module`` in that many segments; with
+    ``option``, ``checkpoint`` under a selective policy (:mod:`planner.plan.policies`) or
+    nested checkpointing (``"nested"``). Never both.
+
+    Printed as ``blocks.3``, ``blocks#3`` and ``blocks.3@save-matmuls``, for people (tables,
+    logs, the trade-off CSV). Units sort as they print, the order plans list their modules
+    in."""
+
+    module: str
+    segments: int | None = None
+    option: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.segments is not None and self.option is not None:
+            raise ValueError(f"a unit has segments or an option, not both: {self!r}")
+
+    def __str__(self) -> str:
+        if self.option is not None:
+            return f"{self.module}@{self.option}"
+        return self.module if self.segments is None else f"{self.module}#{self.segments}"
+
+    def __lt__(self, other: Unit) -> bool:
+        return str(self) < str(other)
+
+    def __le__(self, other: Unit) -> bool:
+        return str(self) <= str(other)
+
+    def __gt__(self, other: Unit) -> bool:
+        return str(self) > str(other)
+
+    def __ge__(self, other: Unit) -> bool:
+        return str(self) >= str(other)
 
 
-def parse_unit(unit: str) -> tuple[str, int | None]:
-    """``"blocks"`` -> ("blocks", None); ``"blocks#3"`` -> ("blocks", 3);
-    ``"blocks.3@save-matmuls"`` -> ("blocks.3", None) (see :func:`unit_name`)."""
-    unit = unit.partition("@")[0]
-    name, _, segments = unit.partition("#")
-    return name, int(segments) if segments else None
+class NoteTopic(Name):
+    """What a note of a profile or a plan is about (:class:`Note`)."""
+
+    GENERAL = "general"
+    """How the step was recorded or modelled: the device, the optimizer, the workload."""
+    TIMES = "times"
+    """How the times were taken; a profile has one, replaced when times are taken again."""
+    OWN_CHECKPOINTING = "own-checkpointing"
+    """Checkpointing the model does itself: switched off to plan, or counted by the plan."""
+    SOLVER = "solver"
+    """How the plan was searched for."""
+    UNCHECKED = "unchecked"
+    """Why the plan was not run here, and the command that runs it where it can be."""
 
 
-def unit_option(unit: str) -> str | None:
-    """``"blocks.3@save-matmuls"`` -> "save-matmuls"; None for a whole-module or
-    ``checkpoint_sequential`` unit (see :func:`unit_name`)."""
-    _, at, option = unit.partition("@")
-    return option if at else None
+# The words a note on each topic begins with, on screen and in files: ``str(note)`` is
+# ``lead + text``, and :func:`note_from_line` reads a file's line back by them.
+_NOTE_LEADS = {
+    NoteTopic.GENERAL: "",
+    NoteTopic.TIMES: "times: ",
+    NoteTopic.OWN_CHECKPOINTING: "the model checkpoints ",
+    NoteTopic.SOLVER: "solver: ",
+    NoteTopic.UNCHECKED: "unchecked: ",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """One line a profile or a plan says about itself (``Profile.assumptions``,
+    ``Plan.notes``), by topic, so that code picks notes by topic, never by their words.
+
+    ``text`` goes on from the words the topic's notes begin with, which ``str(note)``
+    puts in front: ``Note(NoteTopic.TIMES, "measured here in 5 step(s) ...")`` prints as
+    ``times: measured here in 5 step(s) ...``; ``Note(NoteTopic.OWN_CHECKPOINTING,
+    "itself (grad_checkpointing on) ...")`` as ``the model checkpoints itself ...``."""
+
+    topic: NoteTopic
+    text: str
+
+    def __str__(self) -> str:
+        return _NOTE_LEADS[self.topic] + self.text
+
+
+def general_notes(lines: Iterable[str]) -> tuple[Note, ...]:
+    """``lines`` as notes on the general topic, one each."""
+    return tuple(Note(NoteTopic.GENERAL, line) for line in lines)
+
+
+def note_from_line(line: str) -> Note:
+    """A note back from its line in a plan or profile file (``str(note)``): by the words
+    its topic's notes begin with; a line that begins with none is a general note. For the
+    file readers only: code reads ``Note.topic``."""
+    for topic, lead in _NOTE_LEADS.items():
+        if lead and line.startswith(lead):
+            return Note(topic, line[len(lead) :])
+    return Note(NoteTopic.GENERAL, line)
 
 
 class Phase(Name):
@@ -333,8 +404,9 @@ class Profile:
     """Everything measured about one training step of one model on one device.
 
     ``memory_source`` and ``cost_source`` say how the timeline and the times were obtained;
-    ``target`` names the device spec of a roofline estimate; ``assumptions`` lists how a
-    fake step modelled its device (see :mod:`planner.measure.fake`) and how times were taken;
+    ``target`` names the device spec of a roofline estimate; ``assumptions`` says how a
+    fake step modelled its device (see :mod:`planner.measure.fake`), how times were taken
+    and what the model does itself, as notes by topic;
     ``loop`` is the training loop's shape the step was recorded in (:mod:`planner.core.loop`);
     ``parallel`` the job layout of which the step is one rank's (:mod:`planner.core.parallel`;
     None: one process).
@@ -359,7 +431,7 @@ class Profile:
     memory_source: MemorySource = MemorySource.REAL
     cost_source: CostSource = CostSource.MEASURED
     target: str | None = None
-    assumptions: tuple[str, ...] = ()
+    assumptions: tuple[Note, ...] = ()
     # Memory the device's libraries hold throughout (cuBLAS workspaces), in every peak.
     workspace_bytes: int = 0
     # The training loop's shape the step was recorded in (planner.core.loop).

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from planner.core.errors import ModelFileError, ParallelLayoutError, ProfilingError
 from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.parallel import ParallelLayout, ParallelStrategy
-from planner.core.records import Profile
+from planner.core.records import Note, NoteTopic, Profile
 from planner.measure.candidates import find_blocks
 from planner.measure.ddp import (
     _call_parallelize,
@@ -293,11 +293,14 @@ def _with_layout(
     how: str,
     types: dict[str, str],
 ) -> Profile:
-    line = f"{layout.describe()}: laid out by {how}, simulated on a fake process group"
+    note = Note(
+        NoteTopic.GENERAL,
+        f"{layout.describe()}: laid out by {how}, simulated on a fake process group",
+    )
     modules = tuple(
         dataclasses.replace(record, module_type=types.get(record.module_name, record.module_type))
         for record in profile.modules
     )
     return dataclasses.replace(
-        profile, modules=modules, parallel=layout, assumptions=(*profile.assumptions, line)
+        profile, modules=modules, parallel=layout, assumptions=(*profile.assumptions, note)
     )

@@ -48,6 +48,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from planner.core.errors import ProfilingError
 from planner.core.loop import PLAIN_LOOP, LoopShape
+from planner.core.records import general_notes
 from planner.measure.cuda_emulation import (
     _autocast_emulated,
     _CudaKernels,
@@ -371,7 +372,7 @@ def build_fake_workload(
     )
     model = _build_model(model_file, session, seed)
     with _user_code("switching off the model's own checkpointing", model_file.path):
-        notes = (*model_file.assumptions, *switch_off_own_checkpointing(model))
+        notes = (*general_notes(model_file.assumptions), *switch_off_own_checkpointing(model))
     caches_off = switch_off_caches(model)
     batch = _fake_batch(model_file, session, seed)
     optimizer = _fake_optimizer(model_file, model, session)

@@ -43,20 +43,23 @@ from planner.core.records import (
     MemorySource,
     MemoryTimeline,
     ModuleProfile,
+    Note,
+    NoteTopic,
     OptionCost,
     Phase,
     Profile,
     StorageKind,
     StorageLifetime,
     forward_totals_by_call,
+    general_notes,
 )
 from planner.core.switches import StepSwitches
+from planner.core.text import and_more
 from planner.measure.candidates import _is_torch_layer, find_blocks
 from planner.measure.clock import Clock, _time_forward
 from planner.measure.recorder import _record_step
 from planner.measure.tracking import PeakMemoryTracker, workload_tensors
 from planner.measure.workload import (
-    OWN_CHECKPOINTING_NOTE,
     Workload,
     describe_batch,
     run_training_step,
@@ -271,7 +274,7 @@ def record_memory(
         memory_source=MemorySource.FAKE if session is not None else MemorySource.REAL,
         cost_source=CostSource.NONE,
         device=str(torch.device(device_type)) if session is not None else str(workload.device),
-        assumptions=session.assumptions if session is not None else (),
+        assumptions=general_notes(session.assumptions) if session is not None else (),
         switches=StepSwitches(
             caches_off=workload.caches_off,
             expert_load=session.expert_load_used if session is not None else None,
@@ -313,17 +316,19 @@ def recomputed_in_backward(timeline: MemoryTimeline) -> tuple[str, ...]:
     return tuple(sorted(names, key=first_call.__getitem__))
 
 
-def _own_checkpointing_seen(timeline: MemoryTimeline) -> tuple[str, ...]:
+def _own_checkpointing_seen(timeline: MemoryTimeline) -> tuple[Note, ...]:
     recomputed = recomputed_in_backward(timeline)
     if not recomputed:
         return ()
-    shown = ", ".join(name or "the root module" for name in recomputed[:4])
-    shown += f" and {len(recomputed) - 4} more" if len(recomputed) > 4 else ""
+    shown = and_more([name or "the root module" for name in recomputed], 4)
     return (
-        f"{OWN_CHECKPOINTING_NOTE}{shown} itself (their forward runs again during backward: "
-        "a torch.utils.checkpoint call in its code, with no switch ckpt-plan knows); it "
-        "cannot be switched off here, so the plan counts it: every predicted peak includes "
-        "that recomputation, and checkpointing those modules again frees nothing",
+        Note(
+            NoteTopic.OWN_CHECKPOINTING,
+            f"{shown} itself (their forward runs again during backward: a "
+            "torch.utils.checkpoint call in its code, with no switch ckpt-plan knows); it "
+            "cannot be switched off here, so the plan counts it: every predicted peak "
+            "includes that recomputation, and checkpointing those modules again frees nothing",
+        ),
     )
 
 
@@ -337,7 +342,7 @@ def _profile_from_timeline(
     memory_source: MemorySource,
     cost_source: CostSource,
     device: str,
-    assumptions: tuple[str, ...],
+    assumptions: tuple[Note, ...],
     switches: StepSwitches | None = None,
 ) -> Profile:
     storages = timeline.storages
@@ -357,9 +362,13 @@ def _profile_from_timeline(
         )
 
     switches = switches or StepSwitches(caches_off=workload.caches_off)
-    notes = (*workload.notes, *switches.describe(), *_own_checkpointing_seen(timeline))
+    notes = (
+        *workload.notes,
+        *general_notes(switches.describe()),
+        *_own_checkpointing_seen(timeline),
+    )
     for note in notes:
-        logger.info("%s", note)  # the CLI shows them as warnings (own_checkpointing_notes)
+        logger.info("%s", note)  # the CLI shows its own-checkpointing ones as warnings
     model = workload.model
     return Profile(
         schema_version=PROFILE_SCHEMA_VERSION,
@@ -425,7 +434,9 @@ def profile_workload(
         memory_source=MemorySource.REAL,
         cost_source=CostSource.MEASURED,
         device=str(workload.device),
-        assumptions=(f"times: {timing_passes} forward passes of the unplanned model",),
+        assumptions=(
+            Note(NoteTopic.TIMES, f"{timing_passes} forward passes of the unplanned model"),
+        ),
     )
     if progress:
         progress("done", total, total)

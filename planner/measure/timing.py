@@ -59,7 +59,15 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from planner.apply import apply_plan, observing_recomputation
-from planner.core.records import CostSource, ModuleProfile, OptionCost, Profile
+from planner.core.records import (
+    CostSource,
+    ModuleProfile,
+    Note,
+    NoteTopic,
+    OptionCost,
+    Profile,
+    Unit,
+)
 from planner.measure.clock import Clock, summed_ms, timed_module_calls
 from planner.measure.host_allocator import steady_host_allocator
 from planner.measure.option_timing import (
@@ -341,8 +349,8 @@ def saved_tensor_counts(profile: Profile) -> dict[str, int]:
 def with_measured_costs(
     profile: Profile,
     costs: MeasuredCosts,
-    timing_units: tuple[str, ...],
-    unit_cost_ms: Callable[[Profile, str], float],
+    timing_units: tuple[Unit, ...],
+    unit_cost_ms: Callable[[Profile, Unit], float],
 ) -> Profile:
     """``profile`` with its times replaced by measured ones. The unplanned step's time is
     the measured step's less the recomputation of ``timing_units`` (the timing plan's),
@@ -385,8 +393,9 @@ def with_measured_costs(
     recompute_ms = sum(unit_cost_ms(timed, unit) for unit in timing_units)
     # Noise cannot make the recomputation more than the step it is part of.
     step_ms = max(costs.planned_step_ms - recompute_ms, costs.planned_step_ms / 2)
-    how = (
-        f"times: measured here in {costs.timing_steps} step(s) with "
+    how = Note(
+        NoteTopic.TIMES,
+        f"measured here in {costs.timing_steps} step(s) with "
         f"{len(costs.timing_modules)} modules checkpointed (so the step fits the budget); "
         "identical modules share their median"
         + (
@@ -404,12 +413,12 @@ def with_measured_costs(
             "giving it back)"
             if costs.steady_host_allocator
             else ""
-        )
+        ),
     )
     return dataclasses.replace(
         timed,
         step_ms=step_ms,
         cost_source=CostSource.MEASURED,
         target=None,
-        assumptions=(*[a for a in profile.assumptions if not a.startswith("times:")], how),
+        assumptions=(*[a for a in profile.assumptions if a.topic is not NoteTopic.TIMES], how),
     )

@@ -30,7 +30,8 @@ import torch
 
 from planner.core.errors import ModelFileError, ProfilingError
 from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
-from planner.core.records import Phase
+from planner.core.records import Note, NoteTopic, Phase, general_notes
+from planner.core.text import and_more
 from planner.measure.hf import BATCH_SIZE_QUERY
 from planner.measure.tracking import iter_tensors
 from planner.model_switches import switch_off_caches
@@ -47,7 +48,6 @@ __all__ = [
     "map_tensors",
     "model_file_source",
     "optimizer_takes_model",
-    "own_checkpointing_notes",
     "run_training_step",
     "switch_off_own_checkpointing",
     "takes_batch_size",
@@ -98,7 +98,7 @@ class Workload:
     batch: Any
     optimizer: torch.optim.Optimizer
     device: torch.device
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
     loop: LoopShape = PLAIN_LOOP
     caches_off: tuple[str, ...] = ()
 
@@ -108,14 +108,6 @@ class Workload:
 # `grad_checkpointing` (set by `set_grad_checkpointing()`). Checkpointing in the model's own
 # code with no flag is seen in the recorded step instead (planner.measure.profiler).
 OWN_CHECKPOINTING_FLAGS = ("gradient_checkpointing", "grad_checkpointing")
-OWN_CHECKPOINTING_NOTE = "the model checkpoints "
-"""How a profile's ``assumptions`` line about the model's own checkpointing begins."""
-
-
-def own_checkpointing_notes(assumptions: tuple[str, ...]) -> tuple[str, ...]:
-    """The lines of a profile's or plan's ``assumptions`` about checkpointing the model does
-    itself (switched off to plan, or counted where it could not be)."""
-    return tuple(line for line in assumptions if line.startswith(OWN_CHECKPOINTING_NOTE))
 
 
 def own_checkpointing_flags(model: torch.nn.Module) -> list[tuple[str, str]]:
@@ -129,12 +121,10 @@ def own_checkpointing_flags(model: torch.nn.Module) -> list[tuple[str, str]]:
 
 
 def flag_names(flags: list[tuple[str, str]]) -> str:
-    names = [f"{name}.{flag}" if name else flag for name, flag in flags]
-    shown = ", ".join(names[:4])
-    return shown + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return and_more([f"{name}.{flag}" if name else flag for name, flag in flags], 4)
 
 
-def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[str, ...]:
+def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[Note, ...]:
     """Switch off the checkpointing ``model`` does itself where it lets us, so a plan is made
     for the model without it (the plan then chooses what to checkpoint). Returns one line
     per finding for the profile's assumptions: what was on, how it was switched off (to do
@@ -158,17 +148,23 @@ def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[str, ...]:
             setattr(model.get_submodule(name), flag, False)
     if left and len(left) > len(own_checkpointing_flags(model)):
         how.append(f"setting {flag_names(left)} to False")
-    found = f"{OWN_CHECKPOINTING_NOTE}itself ({flag_names(flags)} on)"
+    found = f"itself ({flag_names(flags)} on)"
     stuck = own_checkpointing_flags(model)
     if stuck:
         return (
-            f"{found}: {flag_names(stuck)} could not be switched off, so the plan counts that "
-            "checkpointing (its modules are recomputed whatever the plan)",
+            Note(
+                NoteTopic.OWN_CHECKPOINTING,
+                f"{found}: {flag_names(stuck)} could not be switched off, so the plan counts "
+                "that checkpointing (its modules are recomputed whatever the plan)",
+            ),
         )
     return (
-        f"{found}: switched off to plan as if it were not there, with {' and '.join(how)}; "
-        "do the same in training before apply_plan, or the modules it covers are "
-        "checkpointed twice",
+        Note(
+            NoteTopic.OWN_CHECKPOINTING,
+            f"{found}: switched off to plan as if it were not there, with {' and '.join(how)}; "
+            "do the same in training before apply_plan, or the modules it covers are "
+            "checkpointed twice",
+        ),
     )
 
 
@@ -424,7 +420,7 @@ def build_workload(
     model = model.to(target)
     model.train()
     with _user_code("switching off the model's own checkpointing", model_file.path):
-        notes = (*model_file.assumptions, *switch_off_own_checkpointing(model))
+        notes = (*general_notes(model_file.assumptions), *switch_off_own_checkpointing(model))
     caches_off = switch_off_caches(model)
     with _user_code("sample_batch()", model_file.path):
         torch.manual_seed(seed + 1)

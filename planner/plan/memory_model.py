@@ -28,12 +28,12 @@ Wrapping a module call ``c`` (forward spanning events ``[f0, f1]``) in non-reent
    ``c``'s backward. Under checkpoint only its consumers hold it: it dies at the last
    backward read by a saved tensor outside ``c``, or when the caller's forward returns
    without it, whichever is later; recomputation makes it again (``released_outputs``).
-5. **A selective policy keeps what it saves.** Under a policy (``"name@save-matmuls"``,
+5. **A selective policy keeps what it saves.** Under a policy (``name@save-matmuls``,
    :mod:`planner.plan.policies`) the outputs of the ops it saves are not dropped: they stay
    in the checkpoint's cache from their op until ``recompute_event``, even those autograd
    did not save (``kept``: held like an input, until then); the recomputation takes them
    back instead of making them, and one the forward had used up dies where it died then.
-6. **Nesting.** ``"name@nested"`` checkpoints a module and, inside it, some of its
+6. **Nesting.** ``name@nested`` checkpoints a module and, inside it, some of its
    children (``nested_inner``). The forward drops what the module alone would; the outer
    recomputation runs the inner checkpoints, which drop their own activations again as
    their forward returns (so its spike is lower), and those come back only at each
@@ -62,9 +62,7 @@ from planner.core.records import (
     OptionCost,
     Phase,
     Profile,
-    parse_unit,
-    unit_name,
-    unit_option,
+    Unit,
 )
 from planner.plan.policies import NESTED, PolicyRule, kept_storages, policy_rules
 
@@ -424,7 +422,7 @@ class MemoryModel:
         self.nested_inner: dict[str, tuple[str, ...]] = dict(nested or {})
         self._builder = _EffectBuilder(timeline)
         self.effects = _call_effects(self._builder)
-        self._unit_effects: dict[str, tuple[CheckpointEffect, ...]] = {}
+        self._unit_effects: dict[Unit, tuple[CheckpointEffect, ...]] = {}
         self._policy_rules: dict[str, dict[str, PolicyRule]] = {}
         self._op_events = [op.event for op in timeline.op_costs]
         self._calls_by_module: dict[str, list[int]] = {}
@@ -490,18 +488,16 @@ class MemoryModel:
                 by_op[storages[index].alloc_event] += storages[index].size_bytes
         return max(by_op.values(), default=0)
 
-    def recomputed_ops(self, unit: str) -> list[OpCost]:
+    def recomputed_ops(self, unit: Unit) -> list[OpCost]:
         """The ops a module unit's recomputation runs, all its calls: every op of its
         forward, less, under a selective policy, the calls whose outputs the policy saves
         (counted as :func:`~planner.plan.policies.kept_storages` counts them)."""
-        name, segments = parse_unit(unit)
-        if segments is not None:
-            raise ValueError(f"recomputed_ops takes a module or an option unit, not {unit!r}")
-        option = unit_option(unit)
-        rule = None if option is None else self.policy_rules(name)[option]
+        if unit.segments is not None:
+            raise ValueError(f"recomputed_ops takes a module or an option unit, not {unit}")
+        rule = None if unit.option is None else self.policy_rules(unit.module)[unit.option]
         ops = self.timeline.op_costs
         recomputed: list[OpCost] = []
-        for call_index in self.calls_of(name):
+        for call_index in self.calls_of(unit.module):
             call = self.timeline.calls[call_index]
             low = bisect.bisect_right(self._op_events, call.forward_start_event)
             high = bisect.bisect_left(self._op_events, call.forward_end_event)
@@ -520,7 +516,7 @@ class MemoryModel:
         are not all of the time, and its dispatch costs some)."""
         options = []
         for option in self.policy_rules(module_name):
-            unit = unit_name(module_name, option=option)
+            unit = Unit(module_name, option=option)
             if sum(effect.retained_bytes for effect in self.unit_effects(unit)) <= 0:
                 continue
             flops = sum(op.flops for op in self.recomputed_ops(unit))
@@ -529,7 +525,7 @@ class MemoryModel:
             )
         return tuple(options)
 
-    def freed_bytes(self, unit: str) -> int:
+    def freed_bytes(self, unit: Unit) -> int:
         """What a unit frees between its forward and its recomputation, all calls: the
         storages it drops, less those a selective policy keeps past their own end."""
         storages = self.timeline.storages
@@ -541,15 +537,14 @@ class MemoryModel:
             )
         return freed
 
-    def unit_effects(self, unit: str) -> tuple[CheckpointEffect, ...]:
-        """The effects of one plan unit: a module name (all its calls), ``"name#k"``,
-        ``checkpoint_sequential`` over that module's children in ``k`` segments, or
-        ``"name@policy"``, the module under a selective policy."""
+    def unit_effects(self, unit: Unit) -> tuple[CheckpointEffect, ...]:
+        """The effects of one plan unit: a module (all its calls), ``checkpoint_sequential``
+        over a module's children in ``segments`` segments, or a module under an option (a
+        selective policy, or nesting)."""
         cached = self._unit_effects.get(unit)
         if cached is not None:
             return cached
-        name, segments = parse_unit(unit)
-        option = unit_option(unit)
+        name, segments, option = unit.module, unit.segments, unit.option
         if option == NESTED:
             inner_names = set(self.nested_inner.get(name, ()))
             if not inner_names:
@@ -564,7 +559,7 @@ class MemoryModel:
                         for child in self.child_calls(index)
                         if self.timeline.calls[child].module_name in inner_names
                     ],
-                    unit,
+                    name,
                 )
             )
         elif option is not None:
@@ -572,7 +567,7 @@ class MemoryModel:
             if rule is None:
                 raise KeyError(f"{name} has no selective checkpointing option {option!r}")
             effects = tuple(
-                self._builder.span(index, index, unit, rule) for index in self.calls_of(name)
+                self._builder.span(index, index, name, rule) for index in self.calls_of(name)
             )
         elif segments is None:
             effects = tuple(self.effects[index] for index in self.calls_of(name))
@@ -581,12 +576,14 @@ class MemoryModel:
             for call_index in self.calls_of(name):
                 children = self.child_calls(call_index)
                 for first, last in sequential_segments(len(children), segments):
-                    spans.append(self._builder.span(children[first], children[last], unit))
+                    spans.append(self._builder.span(children[first], children[last], name))
             effects = tuple(spans)
         self._unit_effects[unit] = effects
         return effects
 
-    def _delta_and_spikes(self, wrapped: Iterable[str]) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    def _delta_and_spikes(
+        self, wrapped: Iterable[Unit]
+    ) -> tuple[np.ndarray, list[tuple[int, int]]]:
         storages = self.timeline.storages
         delta = self._base_delta.copy()
         spikes: list[tuple[int, int]] = []
@@ -630,7 +627,7 @@ class MemoryModel:
                 delta[held_until + 1] -= record.size_bytes
         return delta, spikes
 
-    def memory_curve(self, wrapped: Iterable[str] = ()) -> np.ndarray:
+    def memory_curve(self, wrapped: Iterable[Unit] = ()) -> np.ndarray:
         """Live bytes after each event (index ``k + 1`` is after event ``k``; 0 is the start).
 
         The entry for the end of the step (where storages still live are released from
@@ -640,14 +637,14 @@ class MemoryModel:
         delta, _ = self._delta_and_spikes(wrapped)
         return np.cumsum(delta)[:-1]
 
-    def recompute_spikes(self, wrapped: Iterable[str] = ()) -> list[tuple[int, int]]:
+    def recompute_spikes(self, wrapped: Iterable[Unit] = ()) -> list[tuple[int, int]]:
         """``(event, peak_bytes)`` of each recomputation: live bytes at its transient peak."""
         delta, spikes = self._delta_and_spikes(wrapped)
         curve = np.cumsum(delta)
         return [(event, int(curve[event]) + extra) for event, extra in spikes]
 
-    def peak_bytes(self, wrapped: Iterable[str] = ()) -> int:
-        """Predicted peak of the step with the named modules checkpointed."""
+    def peak_bytes(self, wrapped: Iterable[Unit] = ()) -> int:
+        """Predicted peak of the step with the ``wrapped`` units checkpointed."""
         delta, spikes = self._delta_and_spikes(wrapped)
         curve = np.cumsum(delta)
         peak = int(curve.max())

@@ -18,7 +18,7 @@ from planner.core.errors import LoopShapeError, ParallelLayoutError, PlanFileErr
 from planner.core.fileio import atomic_write_text
 from planner.core.loop import PLAIN_LOOP, LoopShape, loop_from_dict, loop_to_dict
 from planner.core.parallel import ParallelLayout, parallel_from_dict, parallel_to_dict
-from planner.core.records import unit_name
+from planner.core.records import Note, Unit, note_from_line
 from planner.core.switches import NO_SWITCHES, StepSwitches, switches_from_dict, switches_to_dict
 from planner.plan.policies import NESTED
 
@@ -96,7 +96,9 @@ class Plan:
     device that is not here (``target``) stays unchecked until ``ckpt-plan verify`` runs
     it there. ``memory_source`` and ``cost_source`` say how the profile's figures were
     obtained (``fake`` or ``real`` memory; ``measured`` or ``roofline`` times), and
-    ``assumptions`` what the profile assumed about the device. ``model_file`` is the
+    ``assumptions`` what the profile assumed about the device; ``notes`` say how the plan
+    was searched for and why it was not run (both by topic:
+    :class:`~planner.core.records.Note`). ``model_file`` is the
     profile's: the model file's path, or a Hugging Face workload's source
     (``hf:CONFIG?batch_size=...``), which ``ckpt-plan verify PLAN`` rebuilds; None in plans
     written before it was recorded. ``loop`` is the training loop's shape the step was
@@ -123,12 +125,12 @@ class Plan:
     strategy: str = "optimal"
     measured_peak_bytes: int | None = None
     schema_version: int = PLAN_SCHEMA_VERSION
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    notes: tuple[Note, ...] = field(default_factory=tuple)
     memory_source: str = "real"
     cost_source: str = "measured"
     target: str | None = None
     checked: bool = False
-    assumptions: tuple[str, ...] = field(default_factory=tuple)
+    assumptions: tuple[Note, ...] = field(default_factory=tuple)
     model_file: str | None = None
     loop: LoopShape = PLAIN_LOOP
     parallel: ParallelLayout | None = None
@@ -139,15 +141,14 @@ class Plan:
         return tuple(decision.module_name for decision in self.modules)
 
     @property
-    def units(self) -> tuple[str, ...]:
-        """The plan as the memory model reads it: module names, ``"name#k"`` for
-        ``checkpoint_sequential`` over ``name``'s children in ``k`` segments, and
-        ``"name@policy"`` for a selective policy."""
+    def units(self) -> tuple[Unit, ...]:
+        """The plan as the memory model reads it: one unit per decision not nested in
+        another (a nesting module's unit has the option ``nested``)."""
         outers = {d.nested_in for d in self.modules if d.nested_in is not None}
         return tuple(
-            unit_name(d.module_name, d.segments)
+            Unit(d.module_name, segments=d.segments)
             if d.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL
-            else unit_name(d.module_name, option=NESTED if d.module_name in outers else d.policy)
+            else Unit(d.module_name, option=NESTED if d.module_name in outers else d.policy)
             for d in self.modules
             if d.nested_in is None
         )
@@ -165,8 +166,9 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         }
         for decision in plan.modules
     ]
-    data["notes"] = list(plan.notes)
-    data["assumptions"] = list(plan.assumptions)
+    # Notes are written as they print (``times: ...``), and read back by their first words.
+    data["notes"] = [str(note) for note in plan.notes]
+    data["assumptions"] = [str(note) for note in plan.assumptions]
     data["loop"] = loop_to_dict(plan.loop)
     data["parallel"] = parallel_to_dict(plan.parallel)
     data["switches"] = switches_to_dict(plan.switches)
@@ -219,8 +221,10 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         )
         values = {name: data[name] for name in known if name in data}
         values["modules"] = modules
-        values["notes"] = tuple(values.get("notes", ()))
-        values["assumptions"] = tuple(values.get("assumptions", ()))
+        values["notes"] = tuple(note_from_line(str(line)) for line in values.get("notes", ()))
+        values["assumptions"] = tuple(
+            note_from_line(str(line)) for line in values.get("assumptions", ())
+        )
         values["loop"] = loop_from_dict(data.get("loop"))  # absent: the plain loop
         values["parallel"] = parallel_from_dict(data.get("parallel"))  # absent: one process
         values["switches"] = switches_from_dict(data.get("switches"))  # absent: none

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from planner.core.records import Name, StorageLifetime, parse_unit, unit_option
+from planner.core.records import Name, StorageLifetime, Unit
 
 __all__ = [
     "MATMUL_OPS",
@@ -50,8 +50,8 @@ __all__ = [
 
 
 NESTED = "nested"
-"""The option that nests: ``"blocks.0@nested"`` checkpoints ``blocks.0`` and, inside it,
-its candidate children (:mod:`planner.plan.memory_model`, point 6)."""
+"""The option that nests: ``Unit("blocks.0", option=NESTED)`` checkpoints ``blocks.0`` and,
+inside it, its candidate children (:mod:`planner.plan.memory_model`, point 6)."""
 
 
 class SelectivePolicy(Name):
@@ -169,15 +169,14 @@ def nested_recompute_ms(
     return forward_ms(outer) + sum(forward_ms(name) for name in inner_modules)
 
 
-def unit_how(unit: str) -> str:
+def unit_how(unit: Unit) -> str:
     """How a unit checkpoints, in a word or two: ``"whole"`` (a whole module), ``"3
     segments"`` (``checkpoint_sequential``), or the option's name (``"save-matmuls"``,
     ``"nested"``)."""
-    _, segments = parse_unit(unit)
-    return unit_option(unit) or (f"{segments} segments" if segments else "whole")
+    return unit.option or (f"{unit.segments} segments" if unit.segments else "whole")
 
 
-def option_summary(units: Iterable[str]) -> str:
+def option_summary(units: Iterable[Unit]) -> str:
     """How a plan's units checkpoint, counted (:func:`unit_how`): ``"4 save-matmuls, 2
     whole"``, or ``"none"``."""
     counts: dict[str, int] = {}

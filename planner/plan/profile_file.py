@@ -28,6 +28,7 @@ from planner.core.records import (
     SavedTensor,
     StorageKind,
     StorageLifetime,
+    note_from_line,
 )
 from planner.core.switches import switches_from_dict, switches_to_dict
 
@@ -61,7 +62,7 @@ def _profile_to_dict(profile: Profile) -> dict[str, Any]:
         "op_costs": [[getattr(o, c) for c in _OP_COLUMNS] for o in timeline.op_costs],
     }
     data["block_names"] = list(profile.block_names)
-    data["assumptions"] = list(profile.assumptions)
+    data["assumptions"] = [str(note) for note in profile.assumptions]
     data["memory_source"] = profile.memory_source.value
     data["cost_source"] = profile.cost_source.value
     data["loop"] = loop_to_dict(profile.loop)
@@ -148,7 +149,9 @@ def load_profile(path: str | Path) -> Profile:
         values["modules"] = tuple(_module(record) for record in data["modules"])
         values["timeline"] = timeline
         values["block_names"] = tuple(data.get("block_names", ()))
-        values["assumptions"] = tuple(data.get("assumptions", ()))
+        values["assumptions"] = tuple(
+            note_from_line(str(line)) for line in data.get("assumptions", ())
+        )
         values["memory_source"] = MemorySource(data.get("memory_source", "real"))
         values["cost_source"] = CostSource(data.get("cost_source", "measured"))
         values["loop"] = loop_from_dict(data.get("loop"))  # absent: the plain loop

@@ -34,11 +34,13 @@ from planner.core.errors import BudgetError, PlannerError, TargetSpecError
 from planner.core.records import (
     CostSource,
     ModuleProfile,
+    Note,
+    NoteTopic,
     OpCost,
     OptionCost,
     Profile,
+    Unit,
     forward_totals_by_call,
-    unit_name,
 )
 from planner.plan.memory_model import NESTED, MemoryModel
 from planner.plan.policies import nested_recompute_ms
@@ -213,7 +215,7 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
             )
         # A selective option recomputes every op of the forward but the ones it saves.
         assert memory is not None
-        unit = unit_name(record.module_name, option=cost.option)
+        unit = Unit(record.module_name, option=cost.option)
         return sum(ms(op) for op in memory.recomputed_ops(unit))
 
     def options(record: ModuleProfile) -> tuple[OptionCost, ...]:
@@ -238,8 +240,11 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         target=spec.name,
         assumptions=(
             *profile.assumptions,
-            f"times: roofline on {spec.name} ({spec.source or 'user spec'}): each op "
-            "max(FLOPs / peak, bytes / bandwidth)",
+            Note(
+                NoteTopic.TIMES,
+                f"roofline on {spec.name} ({spec.source or 'user spec'}): each op "
+                "max(FLOPs / peak, bytes / bandwidth)",
+            ),
         ),
     )
 

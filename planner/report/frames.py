@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from planner.core.records import ModuleProfile, Profile, parse_unit
+from planner.core.records import ModuleProfile, Profile, Unit
 from planner.plan.memory_model import MemoryModel
 from planner.plan.plan_file import ModuleDecision, Plan
 from planner.plan.policies import option_summary, unit_how
@@ -52,7 +52,7 @@ def tradeoff_frame(
     measured = dict(measured or {})
     rows: list[dict[str, Any]] = []
     # The chosen plan is its own row, so the sweep does not repeat it.
-    seen: set[tuple[str, ...]] = {tuple(sorted(chosen.units))} if chosen is not None else set()
+    seen: set[tuple[Unit, ...]] = {tuple(sorted(chosen.units))} if chosen is not None else set()
     for plan in plans:
         units = tuple(sorted(plan.units))
         if units in seen:
@@ -125,7 +125,7 @@ def _tradeoff_row(kind: str, label: str, plan: Plan) -> dict[str, Any]:
         "overhead_percent": plan.predicted_overhead * 100,
         "recompute_ms": plan.recompute_ms,
         "module_count": len(plan.modules),
-        "units": ", ".join(sorted(plan.units)),
+        "units": ", ".join(str(unit) for unit in sorted(plan.units)),
         "options": option_summary(plan.units),
     }
 
@@ -233,10 +233,10 @@ def module_frame(profile: Profile, plan: Plan, *, group_above: int = 24) -> pd.D
     return pd.DataFrame(rows, columns=_MODULE_COLUMNS)
 
 
-def _decision_units(plan: Plan) -> list[tuple[ModuleDecision, str]]:
+def _decision_units(plan: Plan) -> list[tuple[ModuleDecision, Unit]]:
     """Each decision with the unit it belongs to (an inner decision of nesting: its outer
     module's)."""
-    by_module = {parse_unit(unit)[0]: unit for unit in plan.units}
+    by_module = {unit.module: unit for unit in plan.units}
     return [
         (decision, by_module[decision.nested_in or decision.module_name])
         for decision in plan.modules

@@ -99,7 +99,7 @@ def summary_markdown(
         lines += ["", *(f"- {note}" for note in plan.notes)]
     if profile.assumptions:
         lines += ["", "Assumed about the device:", ""]
-        lines += [f"- {line}" for line in profile.assumptions]
+        lines += [f"- {note}" for note in profile.assumptions]
     lines += ["", "## Chosen modules", ""]
     if plan.modules:
         lines += [

@@ -8,6 +8,7 @@ the memory model.
 
 from __future__ import annotations
 
+from planner.core.records import Unit
 from planner.solve.rows import PlanPeaks
 from planner.solve.tree import UnitTree
 
@@ -16,16 +17,16 @@ __all__ = ["branch_and_bound"]
 
 def branch_and_bound(
     tree: UnitTree, peaks: PlanPeaks, budget_bytes: int | None, max_evaluations: int
-) -> tuple[tuple[str, ...] | None, bool]:
+) -> tuple[tuple[Unit, ...] | None, bool]:
     """The cheapest plan within ``budget_bytes`` (with None: the lowest peak, then the
     cheapest), replaying at most ``max_evaluations`` new plans. Returns (best plan, whether
     the search finished)."""
     limit = peaks.evaluations + max_evaluations
-    best: tuple[str, ...] | None = None
+    best: tuple[Unit, ...] | None = None
     best_key: tuple[float, float] = (float("inf"), float("inf"))
     finished = True
 
-    def visit(position: int, chosen: list[str], cost: float) -> None:
+    def visit(position: int, chosen: list[Unit], cost: float) -> None:
         nonlocal best, best_key, finished
         if budget_bytes is not None and cost > best_key[0] + 1e-9:
             return

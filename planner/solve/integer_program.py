@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from planner.core.records import Unit
 from planner.solve.rows import MemoryRows, PlanPeaks, Violation
 from planner.solve.tree import UnitTree
 
@@ -140,14 +141,14 @@ class IntegerProgram:
             return None
         return np.asarray(result.x)
 
-    def _chosen(self, x: np.ndarray) -> tuple[str, ...]:
+    def _chosen(self, x: np.ndarray) -> tuple[Unit, ...]:
         return tuple(sorted(u for u, value in zip(self.units, x, strict=False) if value > 0.5))
 
     def _scaled(self, row: dict[int, float], bound: float) -> tuple[dict[int, float], float]:
         # Memory rows in units of the unplanned peak, so HiGHS's tolerances are relative.
         return {c: v / self.scale for c, v in row.items()}, bound / self.scale
 
-    def solve(self, budget_bytes: int) -> tuple[tuple[str, ...] | None, bool]:
+    def solve(self, budget_bytes: int) -> tuple[tuple[Unit, ...] | None, bool]:
         budget = float(budget_bytes)
         rows: list[tuple[dict[int, float], float]] = []
         added: set[Violation] = set()
@@ -156,7 +157,7 @@ class IntegerProgram:
             return (), True
         self.timed_out = False
         exact = True
-        chosen: tuple[str, ...] = ()
+        chosen: tuple[Unit, ...] = ()
         violations = [violation]
         for _ in range(self.max_rounds):
             fresh = [v for v in violations if v not in added]
@@ -177,7 +178,7 @@ class IntegerProgram:
         logger.debug("integer program: no plan within %d rounds", self.max_rounds)
         return None, False
 
-    def lowest_peak(self) -> tuple[str, ...]:
+    def lowest_peak(self) -> tuple[Unit, ...]:
         """Minimise the peak: a column z with z >= each lazily added memory/spike row.
 
         Each round solves for the lowest ``z``, replays the answer exactly and adds the row
@@ -190,9 +191,9 @@ class IntegerProgram:
         peak_rows: list[tuple[dict[int, float], float]] = []  # delta.x - z <= -base
         cuts: list[tuple[dict[int, float], float]] = []
         added: set[Violation] = set()
-        best: tuple[int, tuple[str, ...]] = (self.peaks(()), ())
+        best: tuple[int, tuple[Unit, ...]] = (self.peaks(()), ())
         violations: list[Violation] = [("point", int(self.memory_rows.base.argmax()), -1)]
-        chosen: tuple[str, ...] = ()
+        chosen: tuple[Unit, ...] = ()
         floor, stalled = 0.0, 0
         for _ in range(200):
             fresh = [v for v in violations if v not in added]

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from planner.core.records import Profile, parse_unit, unit_name, unit_option
+from planner.core.records import Note, NoteTopic, Profile, Unit
 from planner.plan.memory_model import MemoryModel, sequential_segments
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan
 from planner.plan.policies import NESTED, SelectivePolicy
 from planner.solve import Solution, Solver
 from planner.solve.tree import segments_cost_ms
 
-if TYPE_CHECKING:
-    from planner.check.compare import PlanCheck
-
 __all__ = [
-    "PlanningResult",
     "baseline_every_block",
     "baseline_plans",
     "build_plan",
@@ -26,18 +19,6 @@ __all__ = [
     "unit_children",
     "unit_cost_ms",
 ]
-
-
-@dataclass(frozen=True)
-class PlanningResult:
-    """A solved plan, the profile it was solved on (with any modules excluded on the way),
-    and its check (None when it was not run)."""
-
-    profile: Profile
-    plan: Plan
-    solution: Solution
-    check: PlanCheck | None
-    attempts: int
 
 
 def unit_children(profile: Profile, name: str) -> list[str]:
@@ -52,39 +33,37 @@ def unit_children(profile: Profile, name: str) -> list[str]:
     ]
 
 
-def recomputed_modules(profile: Profile, unit: str) -> list[str]:
+def recomputed_modules(profile: Profile, unit: Unit) -> list[str]:
     """The modules whose whole forward a plan unit recomputes: the module itself, or for
-    ``name#k`` (``checkpoint_sequential`` in k segments) the children in the checkpointed
-    segments (the last segment runs without checkpointing)."""
-    name, segments = parse_unit(unit)
-    if segments is None:
-        return [name]
-    children = unit_children(profile, name)
+    ``checkpoint_sequential`` in k segments the children in the checkpointed segments (the
+    last segment runs without checkpointing)."""
+    if unit.segments is None:
+        return [unit.module]
+    children = unit_children(profile, unit.module)
     return [
         child
-        for first, last in sequential_segments(len(children), segments)
+        for first, last in sequential_segments(len(children), unit.segments)
         for child in children[first : last + 1]
     ]
 
 
-def unit_cost_ms(profile: Profile, unit: str) -> float:
+def unit_cost_ms(profile: Profile, unit: Unit) -> float:
     """Recompute time of a plan unit: the forward times of the modules it recomputes, or
-    for an option (``name@policy``) the option's measured or estimated cost."""
-    option = unit_option(unit)
-    name, segments = parse_unit(unit)
-    if option is not None:
-        return profile.module(name).option_cost(option).recompute_ms
-    if segments:
-        spans = tuple(sequential_segments(len(unit_children(profile, name)), segments))
+    for an option (a selective policy, nesting) the option's measured or estimated cost."""
+    name = unit.module
+    if unit.option is not None:
+        return profile.module(name).option_cost(unit.option).recompute_ms
+    if unit.segments:
+        spans = tuple(sequential_segments(len(unit_children(profile, name)), unit.segments))
         return segments_cost_ms(profile, name, recomputed_modules(profile, unit), spans)
     return sum(profile.module(name).forward_ms for name in recomputed_modules(profile, unit))
 
 
-def _decisions(profile: Profile, unit: str, memory: MemoryModel) -> list[ModuleDecision]:
+def _decisions(profile: Profile, unit: Unit, memory: MemoryModel) -> list[ModuleDecision]:
     """A unit's decisions: one, or for nesting the outer module's and its inner ones'."""
-    if unit_option(unit) != NESTED:
+    if unit.option != NESTED:
         return [_decision(profile, unit, memory)]
-    name = parse_unit(unit)[0]
+    name = unit.module
     record = profile.module(name)
     option = record.option_cost(NESTED)
     outer = ModuleDecision(
@@ -108,10 +87,9 @@ def _decisions(profile: Profile, unit: str, memory: MemoryModel) -> list[ModuleD
     return [outer, *inner]
 
 
-def _decision(profile: Profile, unit: str, memory: MemoryModel) -> ModuleDecision:
-    name, segments = parse_unit(unit)
+def _decision(profile: Profile, unit: Unit, memory: MemoryModel) -> ModuleDecision:
+    name, segments, option = unit.module, unit.segments, unit.option
     record = profile.module(name)
-    option = unit_option(unit)
     if option is not None:
         rule = memory.policy_rules(name)[option]
         return ModuleDecision(
@@ -147,15 +125,14 @@ def _decision(profile: Profile, unit: str, memory: MemoryModel) -> ModuleDecisio
 
 def build_plan(
     profile: Profile,
-    units: tuple[str, ...] | list[str],
+    units: tuple[Unit, ...] | list[Unit],
     budget_bytes: int,
     *,
     strategy: str,
     memory: MemoryModel | None = None,
-    notes: tuple[str, ...] = (),
+    notes: tuple[Note, ...] = (),
 ) -> Plan:
-    """A plan checkpointing ``units`` (module names, or ``"name#k"`` for
-    ``checkpoint_sequential`` in k segments), its prediction re-checked by the memory model."""
+    """A plan checkpointing ``units``, its prediction re-checked by the memory model."""
     memory = (memory or MemoryModel(profile.timeline)).include_nesting(profile)
     decisions = tuple(
         decision for unit in sorted(units) for decision in _decisions(profile, unit, memory)
@@ -202,14 +179,15 @@ def plan_for_budget(
     """
     solver = solver or Solver(profile)
     solution = solver.solve(plan_budget_bytes if plan_budget_bytes is not None else budget_bytes)
-    note = (
-        "solver: cheapest plan under the memory model (search finished)"
+    note = Note(
+        NoteTopic.SOLVER,
+        "cheapest plan under the memory model (search finished)"
         if solution.proven_optimal
-        else f"solver: best plan found in {solution.evaluations} evaluations (search cut short)"
+        else f"best plan found in {solution.evaluations} evaluations (search cut short)",
     )
     plan = build_plan(
         profile,
-        solution.module_names,
+        solution.units,
         budget_bytes,
         strategy="optimal",
         memory=solver.memory,
@@ -220,7 +198,7 @@ def plan_for_budget(
 
 def baseline_every_block(profile: Profile, budget_bytes: int = 0) -> Plan:
     """The usual manual choice: checkpoint every repeated block."""
-    blocks = [name for name in profile.block_names if profile.module(name).is_candidate]
+    blocks = [Unit(name) for name in profile.block_names if profile.module(name).is_candidate]
     return build_plan(profile, blocks, budget_bytes, strategy="every-block")
 
 
@@ -250,15 +228,16 @@ def baseline_plans(profile: Profile, budget_bytes: int = 0, *, every: int = 2) -
     """
     memory = MemoryModel.for_profile(profile)
     blocks = [name for name in profile.block_names if profile.module(name).is_candidate]
+    whole_blocks = [Unit(block) for block in blocks]
     ordinal = {1: "st", 2: "nd", 3: "rd"}.get(every if every < 20 else every % 10, "th")
     every_kth = f"every-{every}{ordinal}-block"
     plans = {
         "none": build_plan(profile, [], budget_bytes, strategy="none", memory=memory),
         "every-block": build_plan(
-            profile, blocks, budget_bytes, strategy="every-block", memory=memory
+            profile, whole_blocks, budget_bytes, strategy="every-block", memory=memory
         ),
         every_kth: build_plan(
-            profile, blocks[::every], budget_bytes, strategy=every_kth, memory=memory
+            profile, whole_blocks[::every], budget_bytes, strategy=every_kth, memory=memory
         ),
     }
     # The uniform selective baselines: one option on every block (torchtitan's usual
@@ -270,7 +249,7 @@ def baseline_plans(profile: Profile, budget_bytes: int = 0, *, every: int = 2) -
             name = f"every-block-{option}"
             plans[name] = build_plan(
                 profile,
-                [unit_name(block, option=option) for block in blocks],
+                [Unit(block, option=option) for block in blocks],
                 budget_bytes,
                 strategy=name,
                 memory=memory,
@@ -280,7 +259,7 @@ def baseline_plans(profile: Profile, budget_bytes: int = 0, *, every: int = 2) -
         segments = max(2, round(len(profile.block_names) ** 0.5))
         plans["sqrt-n-segments"] = build_plan(
             profile,
-            [unit_name(container, segments)],
+            [Unit(container, segments=segments)],
             budget_bytes,
             strategy="sqrt-n-segments",
             memory=memory,

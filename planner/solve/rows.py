@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from planner.core.records import Unit
 from planner.plan.memory_model import MemoryModel
 from planner.solve.tree import UnitTree
 
@@ -32,12 +33,12 @@ class PlanPeaks:
     def __init__(self, memory: MemoryModel) -> None:
         self.memory = memory
         self.evaluations = 0
-        self._cache: dict[frozenset[str], int] = {}
+        self._cache: dict[frozenset[Unit], int] = {}
 
-    def known(self, units: Iterable[str]) -> bool:
+    def known(self, units: Iterable[Unit]) -> bool:
         return frozenset(units) in self._cache
 
-    def __call__(self, units: Iterable[str]) -> int:
+    def __call__(self, units: Iterable[Unit]) -> int:
         key = frozenset(units)
         cached = self._cache.get(key)
         if cached is None:
@@ -195,12 +196,12 @@ class MemoryRows:
         row[unit] = row.get(unit, 0.0) + big
         return row, budget - float(self.base[point]) - spike + big
 
-    def violation(self, chosen: Sequence[str], budget: float) -> Violation | None:
+    def violation(self, chosen: Sequence[Unit], budget: float) -> Violation | None:
         """Where the exact replay of ``chosen`` exceeds ``budget`` the most, or None."""
         worst = self.violations(chosen, budget, limit=1)
         return worst[0] if worst else None
 
-    def violations(self, chosen: Sequence[str], budget: float, limit: int) -> list[Violation]:
+    def violations(self, chosen: Sequence[Unit], budget: float, limit: int) -> list[Violation]:
         """Up to ``limit`` places where the exact replay of ``chosen`` exceeds ``budget``,
         the worst first: the highest point of each stretch of the curve above the budget,
         and each recompute spike above it. The worst one (first) is the highest of all.

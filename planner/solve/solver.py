@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from planner.core.errors import InfeasibleBudgetError
-from planner.core.records import Phase, Profile, unit_option
+from planner.core.records import Phase, Profile, Unit
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.plan.memory_model import MemoryModel
 from planner.plan.policies import NESTED
@@ -26,17 +26,18 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Solution:
-    """A set of units to checkpoint with its predicted peak and recompute cost."""
+    """A set of units to checkpoint (sorted) with its predicted peak and recompute cost."""
 
-    module_names: tuple[str, ...]
+    units: tuple[Unit, ...]
     predicted_peak_bytes: int
     recompute_ms: float
     proven_optimal: bool
     evaluations: int
 
     @property
-    def units(self) -> tuple[str, ...]:
-        return self.module_names
+    def module_names(self) -> tuple[str, ...]:
+        """The modules the units are on, one per unit."""
+        return tuple(unit.module for unit in self.units)
 
 
 class Solver:
@@ -64,7 +65,7 @@ class Solver:
         )
         # Nesting is the last resort (see solve): the same search without it, first.
         self._without_nesting: Solver | None = None
-        if nesting and any(unit_option(unit) == NESTED for unit in self.tree.names):
+        if nesting and any(unit.option == NESTED for unit in self.tree.names):
             self._without_nesting = Solver(
                 profile,
                 self.memory,
@@ -80,8 +81,8 @@ class Solver:
         self._memory_rows: MemoryRows | None = None
         self._integer_program: IntegerProgram | None = None
         self._tree_program: TreeDP | None = None
-        self._known: list[tuple[int, float, tuple[str, ...]]] = []
-        self._lowest: tuple[tuple[str, ...], int] | None = None
+        self._known: list[tuple[int, float, tuple[Unit, ...]]] = []
+        self._lowest: tuple[tuple[Unit, ...], int] | None = None
         # No plan's peak is below this (the lowest peak itself once that is proven).
         self.lowest_bound_bytes = 1 << 62
 
@@ -90,10 +91,10 @@ class Solver:
         """Plans replayed exactly so far."""
         return self.peak.evaluations
 
-    def cost(self, units: Iterable[str]) -> float:
+    def cost(self, units: Iterable[Unit]) -> float:
         return self.tree.cost(units)
 
-    def conflicts(self, first: str, second: str) -> bool:
+    def conflicts(self, first: Unit, second: Unit) -> bool:
         return self.tree.conflicts(first, second)
 
     # -- the solvers, built on first need ----------------------------------------------
@@ -113,7 +114,7 @@ class Solver:
         return self._integer_program
 
     # -- answers -----------------------------------------------------------------------
-    def _floor_explanation(self, names: tuple[str, ...]) -> str:
+    def _floor_explanation(self, names: tuple[Unit, ...]) -> str:
         """What the lowest peak is made of, and what would lower it where plans cannot."""
         static = (
             "static memory alone (parameters, gradients, optimizer state) is "
@@ -135,7 +136,7 @@ class Solver:
             "(torch.optim's fused=True, or foreach=False) or a larger budget"
         )
 
-    def lowest_peak(self) -> tuple[tuple[str, ...], int]:
+    def lowest_peak(self) -> tuple[tuple[Unit, ...], int]:
         """The plan with the lowest predicted peak (ties: the cheapest; and a plan without
         nesting where one reaches it: nesting is the last resort, see :meth:`solve`).
 
@@ -155,7 +156,7 @@ class Solver:
                 self._lowest = self._lowest_peak()
         return self._lowest
 
-    def _lowest_peak(self) -> tuple[tuple[str, ...], int]:
+    def _lowest_peak(self) -> tuple[tuple[Unit, ...], int]:
         best, finished = None, False
         if self.plan_count <= self.exhaustive_evaluations:
             best, finished = branch_and_bound(
@@ -226,17 +227,17 @@ class Solver:
             )
         self._remember(best)
         return Solution(
-            module_names=best,
+            units=best,
             predicted_peak_bytes=self.peak(best),
             recompute_ms=self.cost(best),
             proven_optimal=proven,
             evaluations=self.evaluations - start,
         )
 
-    def _remember(self, plan: tuple[str, ...]) -> None:
+    def _remember(self, plan: tuple[Unit, ...]) -> None:
         self._known.append((self.peak(plan), self.cost(plan), plan))
 
-    def _fitting(self, budget_bytes: int) -> tuple[str, ...] | None:
+    def _fitting(self, budget_bytes: int) -> tuple[Unit, ...] | None:
         """The cheapest plan solved before whose peak fits this budget (bounds the DP)."""
         fitting = [(cost, plan) for peak, cost, plan in self._known if peak <= budget_bytes]
         return min(fitting)[1] if fitting else None

@@ -1,9 +1,10 @@
 """The unit tree: what a plan may choose, and which choices exclude each other.
 
-A unit is a candidate module (``"blocks.3"``: wrap it in ``checkpoint``); for a candidate
-``nn.Sequential`` with at least three children, ``"name#k"``: ``checkpoint_sequential`` over
-its children in ``k`` segments; or one of a candidate's options (``"blocks.3@save-matmuls"``:
-a selective policy, :mod:`planner.plan.policies`), each with its own cost. Every unit sits
+A unit (:class:`~planner.core.records.Unit`) is a candidate module (``blocks.3``: wrap it in
+``checkpoint``); for a candidate ``nn.Sequential`` with at least three children,
+``name#k``: ``checkpoint_sequential`` over its children in ``k`` segments; or one of a
+candidate's options (``blocks.3@save-matmuls``: a selective policy,
+:mod:`planner.plan.policies`; or nesting), each with its own cost. Every unit sits
 on one node of the module tree; a plan uses at most one unit per root-to-leaf path (never a
 module together with its ancestor: wrapping a parent already recomputes its children). Built
 once per profile; read-only afterwards.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from planner.core.records import Profile, unit_name
+from planner.core.records import Profile, Unit
 from planner.plan.memory_model import MemoryModel, sequential_segments
 from planner.plan.policies import NESTED
 
@@ -50,16 +51,17 @@ class UnitTree:
     ) -> None:
         memory.include_nesting(profile)
         candidates = sorted(profile.candidates, key=lambda m: tree_key(m.module_name))
-        self.cost_ms: dict[str, float] = {}
-        self.node_of: dict[str, str] = {}
+        self.cost_ms: dict[Unit, float] = {}
+        self.node_of: dict[Unit, str] = {}
         for record in candidates:
-            self.cost_ms[record.module_name] = record.forward_ms
-            self.node_of[record.module_name] = record.module_name
+            whole = Unit(record.module_name)
+            self.cost_ms[whole] = record.forward_ms
+            self.node_of[whole] = record.module_name
             if options:
                 for option in record.options:
                     if option.option == NESTED and not nesting:
                         continue
-                    unit = unit_name(record.module_name, option=option.option)
+                    unit = Unit(record.module_name, option=option.option)
                     self.cost_ms[unit] = option.recompute_ms
                     self.node_of[unit] = record.module_name
             # checkpoint_sequential cannot restore buffers after recomputing (a wrapped
@@ -68,7 +70,7 @@ class UnitTree:
                 for unit, cost in _sequential_units(profile, memory, record.module_name):
                     self.cost_ms[unit] = cost
                     self.node_of[unit] = record.module_name
-        self.names: tuple[str, ...] = tuple(
+        self.names: tuple[Unit, ...] = tuple(
             sorted(self.cost_ms, key=lambda u: (tree_key(self.node_of[u]), u))
         )
         self.index = {unit: i for i, unit in enumerate(self.names)}
@@ -114,17 +116,18 @@ class UnitTree:
             total *= count[node]
         return total
 
-    def cost(self, units: Iterable[str]) -> float:
+    def cost(self, units: Iterable[Unit]) -> float:
         return sum(self.cost_ms[unit] for unit in units)
 
-    def conflicts(self, first: str, second: str) -> bool:
+    def conflicts(self, first: Unit, second: Unit) -> bool:
         """Whether two units may not be chosen together (one node, or one path)."""
         a, b = self.node_of[first], self.node_of[second]
         return a == b or is_ancestor(a, b) or is_ancestor(b, a)
 
 
-def _sequential_units(profile: Profile, memory: MemoryModel, name: str) -> list[tuple[str, float]]:
-    """``name#k`` units for each distinct segmentation of a Sequential's children."""
+def _sequential_units(profile: Profile, memory: MemoryModel, name: str) -> list[tuple[Unit, float]]:
+    """``checkpoint_sequential`` units for each distinct segmentation of a Sequential's
+    children."""
     calls = memory.calls_of(name)
     counts = {len(memory.child_calls(call)) for call in calls}
     if len(counts) != 1:
@@ -147,7 +150,9 @@ def _sequential_units(profile: Profile, memory: MemoryModel, name: str) -> list[
             continue
         seen.add(spans)
         members = [children[i].module_name for first, last in spans for i in range(first, last + 1)]
-        units.append((unit_name(name, segments), segments_cost_ms(profile, name, members, spans)))
+        units.append(
+            (Unit(name, segments=segments), segments_cost_ms(profile, name, members, spans))
+        )
     return units
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.core.records import Phase
+from planner.core.records import Phase, Unit
 from planner.solve.rows import MemoryRows, PlanPeaks
 from planner.solve.tree import UnitTree, tree_key
 
@@ -450,16 +450,16 @@ class TreeDP:
         assert state == 0, "tree DP backtracking lost its way"
         return chosen
 
-    def quanta(self, plan: Iterable[str]) -> int:
+    def quanta(self, plan: Iterable[Unit]) -> int:
         """A plan's recompute cost in the program's cost quanta (what it minimises)."""
         return int(sum(self.cost[self.tree.index[unit]] for unit in plan))
 
-    def _names(self, units: list[int]) -> tuple[str, ...]:
+    def _names(self, units: list[int]) -> tuple[Unit, ...]:
         return tuple(sorted(self.tree.names[u] for u in units))
 
     def solve(
-        self, budget_bytes: int, fitting: Sequence[str] | None = None
-    ) -> tuple[str, ...] | None:
+        self, budget_bytes: int, fitting: Sequence[Unit] | None = None
+    ) -> tuple[Unit, ...] | None:
         """The cheapest plan within the budget, or None if no plan fits. ``fitting``: a plan
         known to fit (its cost bounds the search). Raises :class:`Incompatible` when a
         needed row is not of prefix form."""
@@ -489,11 +489,11 @@ class TreeDP:
             self._row(violation)
         raise Incompatible(("rounds", 0, 0))
 
-    def lowest_peak(self) -> tuple[str, ...]:
+    def lowest_peak(self) -> tuple[Unit, ...]:
         """The plan with the lowest peak: the least budget at which the kept rows admit a
         plan (a bisection over bytes), replayed exactly; a violated row is added and the
         bisection resumes above the last answer (a lower bound, since rows only tighten)."""
-        best_plan: tuple[str, ...] = ()
+        best_plan: tuple[Unit, ...] = ()
         high = self.peaks(())
         low = 0
         for _ in range(500):
