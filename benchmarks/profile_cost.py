@@ -160,7 +160,8 @@ def _max_rss_kib(command: list[str], cwd: Path) -> tuple[int, int, float]:
 
 def memory_part(names: list[str]) -> str:
     baseline_rss, _, _ = _max_rss_kib(
-        [sys.executable, "-c", "import torch, planner.pipeline, planner.report, cli.main"], ROOT
+        [sys.executable, "-c", "import torch, planner.pipeline, planner.report, planner.cli.main"],
+        ROOT,
     )
     cli = str(Path(sys.executable).parent / "ckpt-plan")
     rows = []

@@ -52,7 +52,7 @@ def profile_once(model: Path, budget: str, folder: Path) -> dict[str, object]:
     command = [
         sys.executable,
         "-m",
-        "cli.main",
+        "planner.cli.main",
         "profile",
         str(model),
         "--budget",

@@ -14,7 +14,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cli.boundary import (
+from planner.core import errors
+from planner.core.loop import LoopShape, ZeroGrad
+from planner.core.records import CostSource, MemorySource, Profile
+from planner.measure.hf import workload_in_command
+
+from .boundary import (
     configure_logging,
     errors_to_exit_codes,
     fail,
@@ -23,7 +28,7 @@ from cli.boundary import (
     stdout,
     warn,
 )
-from cli.options import (
+from .options import (
     BatchSizeOption,
     BudgetOption,
     Device,
@@ -47,11 +52,7 @@ from cli.options import (
     target_and_device,
     workload_source,
 )
-from cli.render import print_fit, print_plan_summary, print_verification, warn_own_checkpointing
-from planner.core import errors
-from planner.core.loop import LoopShape, ZeroGrad
-from planner.core.records import CostSource, MemorySource, Profile
-from planner.measure.hf import workload_in_command
+from .render import print_fit, print_plan_summary, print_verification, warn_own_checkpointing
 
 
 def _plan_path(model_name: str, file_name: str = "plan.json") -> Path:

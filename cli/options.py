@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.boundary import EXIT_CODES, fail
 from planner.core import errors
 from planner.core.errors import ParallelLayoutError
 from planner.core.loop import ZeroGrad
 from planner.core.parallel import ParallelLayout
 from planner.core.units import parse_bytes
+
+from .boundary import EXIT_CODES, fail
 
 if TYPE_CHECKING:
     from planner.plan.targets import DeviceSpec

@@ -9,10 +9,11 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from cli.boundary import stdout, warn
 from planner.check.result import CheckReference
 from planner.core.records import NoteTopic, Profile
 from planner.core.units import format_bytes
+
+from .boundary import stdout, warn
 
 __all__ = [
     "print_fit",

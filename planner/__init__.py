@@ -1,17 +1,24 @@
 """ckpt-plan's library: plan activation checkpointing under a memory budget.
 
-The public surface is small: :func:`apply_plan` at training start; :func:`profile_and_plan`
-(what ``ckpt-plan profile`` runs); and the stages it composes, each a plain function over
-immutable records (:class:`Profile`, :class:`Plan`).
+What a training script needs: :func:`apply_plan` (and :func:`remove_plan`) at training
+start, :func:`load_plan` and :class:`Plan` to read a plan file, and the errors they raise.
+What ``ckpt-plan profile`` runs: :func:`profile_and_plan`, with every type its signature
+names and :class:`CheckedPlan`, its result. Everything else lives in the subpackages (see
+docs/architecture.md).
+
+``import planner`` loads no torch: the names whose modules import it are imported when
+first asked for.
 """
 
 from typing import TYPE_CHECKING
 
+from planner.checked_plan import CheckedPlan
 from planner.core.errors import (
     BudgetError,
     InfeasibleBudgetError,
     LoopShapeError,
     ModelFileError,
+    ParallelLayoutError,
     PlanCheckError,
     PlanFileError,
     PlanMismatchError,
@@ -20,50 +27,51 @@ from planner.core.errors import (
     ProfilingError,
     TargetSpecError,
 )
-from planner.core.loop import LoopShape, ZeroGrad
-from planner.core.records import Profile
-from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan, load_plan, save_plan
+from planner.core.loop import LoopShape
+from planner.core.parallel import ParallelLayout
+from planner.core.records import MemorySource
+from planner.plan.plan_file import Plan, load_plan
+from planner.plan.targets import DeviceSpec
 
 __all__ = [
     "BudgetError",
-    "CheckpointMethod",
+    "CheckedPlan",
+    "DeviceSpec",
     "InfeasibleBudgetError",
     "LoopShape",
     "LoopShapeError",
+    "MemorySource",
     "ModelFileError",
-    "ModuleDecision",
+    "ParallelLayout",
+    "ParallelLayoutError",
     "Plan",
     "PlanCheckError",
     "PlanFileError",
     "PlanMismatchError",
     "PlannerError",
-    "Profile",
     "ProfileFileError",
     "ProfilingError",
+    "ProgressCallback",
     "TargetSpecError",
-    "ZeroGrad",
     "apply_plan",
     "load_plan",
-    "model_fingerprint",
     "profile_and_plan",
     "remove_plan",
-    "save_plan",
-    "wrapped_modules",
 ]
 
 
 if TYPE_CHECKING:
-    from planner.apply import apply_plan, model_fingerprint, remove_plan, wrapped_modules
+    from planner.apply import apply_plan, remove_plan
+    from planner.measure.profiler import ProgressCallback
     from planner.pipeline import profile_and_plan
 
 # Names whose modules import torch, imported when first asked for: planning from a saved
 # profile (the solver, the memory model, plan files, reports' data) imports no torch.
 _LAZY = {
     "apply_plan": "planner.apply",
-    "model_fingerprint": "planner.apply",
     "remove_plan": "planner.apply",
-    "wrapped_modules": "planner.apply",
     "profile_and_plan": "planner.pipeline",
+    "ProgressCallback": "planner.measure.profiler",
 }
 
 

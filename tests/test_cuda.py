@@ -102,7 +102,7 @@ def test_a_rank_plan_is_checked_on_two_nccl_ranks(strategy: str, tmp_path: Path)
     2% of the simulated rank's prediction and within the budget, training bit-identical."""
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from planner.cli.main import app
     from planner.plan.plan_file import load_plan
 
     model = Path(__file__).parent / "data" / "small_gpt.py"

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from typer.testing import CliRunner
 
-from cli.main import app
 from planner.apply import apply_plan
+from planner.cli.main import app
 from planner.core.errors import (
     ModelFileError,
     ParallelLayoutError,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli.main import app
+from planner.cli.main import app
 from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.records import NoteTopic
 from planner.core.units import parse_bytes

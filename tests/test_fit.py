@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from planner.cli.main import app
 from planner.core.errors import InfeasibleBudgetError, ModelFileError
 from planner.core.records import NoteTopic
 from planner.fit import fit_largest

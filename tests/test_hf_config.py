@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
 
-from cli.main import app
+from planner.cli.main import app
 from planner.core.errors import ModelFileError
 from planner.measure.fake import build_fake_workload
 from planner.measure.hf import (

@@ -102,7 +102,10 @@ def test_imports_point_down_the_layers(name: str) -> None:
     if layer is None:
         pytest.skip("no layer yet (test_every_planner_module_has_a_layer fails)")
     imports = set().union(*(_imports(path) for path in _sources(name)))
-    assert not any(module == "cli" or module.startswith("cli.") for module in imports)
+    assert not any(
+        module in ("cli", "planner.cli") or module.startswith(("cli.", "planner.cli."))
+        for module in imports
+    )
     for module in imports:
         if not module.startswith("planner."):
             continue
@@ -133,31 +136,45 @@ def test_the_layer_check_sees_a_violation(tmp_path: Path) -> None:
 
 
 def test_the_cli_is_commands_over_options_rendering_and_the_boundary() -> None:
-    """``cli.main`` holds the commands; ``cli.options`` and ``cli.render`` sit on
-    ``cli.boundary`` (consoles, exit codes, errors), which imports no other cli module."""
+    """``planner.cli.main`` holds the commands; ``options`` and ``render`` sit on
+    ``boundary`` (consoles, exit codes, errors), which imports no other cli module."""
     allowed = {
         "boundary": set(),
-        "options": {"cli.boundary"},
-        "render": {"cli.boundary"},
-        "main": {"cli.boundary", "cli.options", "cli.render"},
+        "options": {"planner.cli.boundary"},
+        "render": {"planner.cli.boundary"},
+        "main": {"planner.cli.boundary", "planner.cli.options", "planner.cli.render"},
     }
     for name, may_import in allowed.items():
-        imports = _runtime_imports(ROOT / "cli" / f"{name}.py")
-        used = {module for module in imports if module == "cli" or module.startswith("cli.")}
+        path = ROOT / "cli" / f"{name}.py"
+        imports = _runtime_imports(path)
+        assert not any(module == "cli" or module.startswith("cli.") for module in imports)
+        # Within the app, imports are relative (cli/ is installed as planner.cli).
+        relative = {
+            f"planner.cli.{node.module}"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+        }
+        used = {module for module in imports | relative if module.startswith("planner.cli")}
         assert used <= may_import, (name, used - may_import)
 
 
 def test_every_package_of_planner_and_cli_is_in_the_distribution() -> None:
-    """The wheel's package list (pyproject's find rule) takes the subpackages too."""
+    """The wheel holds one top-level package, planner: pyproject lists every package on
+    disk, and cli/ is installed as planner.cli (package-dir), never as a top-level cli."""
     import tomllib
-    from setuptools import find_packages
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
-    shipped = set(find_packages(where=str(ROOT), include=include))
+    setuptools = config["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    assert setuptools["package-dir"] == {"planner": "planner", "planner.cli": "cli"}
     on_disk = {
         ".".join(path.parent.relative_to(ROOT).parts)
-        for top in ("planner", "cli")
-        for path in (ROOT / top).rglob("__init__.py")
+        for path in (ROOT / "planner").rglob("__init__.py")
+    } | {
+        "planner." + ".".join(path.parent.relative_to(ROOT).parts)
+        for path in (ROOT / "cli").rglob("__init__.py")
     }
-    assert on_disk <= shipped, sorted(on_disk - shipped)
+    assert listed == on_disk, (sorted(on_disk - listed), sorted(listed - on_disk))
+    assert {name.split(".")[0] for name in listed} == {"planner"}
+    script = config["project"]["scripts"]["ckpt-plan"]
+    assert script.startswith("planner.cli.")

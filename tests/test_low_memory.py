@@ -25,7 +25,7 @@ DATA = ROOT / "tests" / "data"
 
 _CLI = """
 import sys
-from cli.main import app
+from planner.cli.main import app
 try:
     app(sys.argv[1:])
 except SystemExit as stop:

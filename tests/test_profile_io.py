@@ -109,7 +109,7 @@ def test_solving_a_saved_profile_imports_no_torch(profile, tmp_path: Path) -> No
     path = save_profile(profile, tmp_path / "profile.json")
     budget = (MemoryModel(profile.timeline).peak_bytes() * 9) // 10
     code = (
-        "import sys; from typer.testing import CliRunner; from cli.main import app; "
+        "import sys; from typer.testing import CliRunner; from planner.cli.main import app; "
         f"result = CliRunner().invoke(app, ['solve', {str(path)!r}, '--budget', '{budget}B']); "
         "print(result.output); "
         "sys.exit(result.exit_code or ('torch' in sys.modules and 9))"

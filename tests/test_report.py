@@ -11,7 +11,7 @@ import pytest
 from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
-from cli.main import app
+from planner.cli.main import app
 from planner.core.records import ModuleProfile, Profile, Unit
 from planner.core.units import format_bytes
 from planner.measure.profiler import profile_workload

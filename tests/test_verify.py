@@ -15,8 +15,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli.main import app
 from planner.apply import apply_plan, is_wrapped, model_fingerprint
+from planner.cli.main import app
 from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.core.records import Unit
 from planner.measure.profiler import profile_workload

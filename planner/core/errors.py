@@ -2,7 +2,7 @@
 
 Every user-facing failure is a :class:`PlannerError` subclass whose message says what went
 wrong and what to do next. Internal invariants use ``assert``; they are bugs, not user errors.
-The CLI maps each class to an exit code (see ``cli.main.EXIT_CODES``).
+The CLI maps each class to an exit code (see ``planner.cli.main.EXIT_CODES``).
 """
 
 from __future__ import annotations
