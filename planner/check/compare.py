@@ -164,7 +164,8 @@ class _RecomputeComparison:
     def _record(self, func: Any, out: Any) -> None:
         import torch
 
-        from planner.measure.tracking import iter_tensors, returns_view
+        from planner.apply.tensors import iter_tensors
+        from planner.measure.tracking import returns_view
 
         name = func._schema.name.removeprefix("aten::")
         if (

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.apply.tensors import describe_batch
 from planner.check.compare import CheckReference, PlanCheck, check_plan
 from planner.check.ranks import RanksCheck, check_plan_on_ranks
 from planner.core.errors import ModelFileError, PlanMismatchError, PlannerError
 from planner.core.units import format_bytes
-from planner.measure.workload import _user_code, describe_batch, load_model_file
+from planner.measure.workload import _user_code, load_model_file
 from planner.plan.plan_file import Plan, load_plan
 
 __all__ = ["Verification", "batch_mismatch_warning", "format_batch", "verify_plan"]

@@ -34,6 +34,7 @@ import torch
 from torch.utils.flop_counter import flop_registry
 
 from planner.apply import model_fingerprint
+from planner.apply.tensors import describe_batch, iter_tensors
 from planner.core.errors import ProfilingError
 from planner.core.records import (
     PROFILE_SCHEMA_VERSION,
@@ -56,7 +57,6 @@ from planner.measure.timing import Clock, summed_ms, timed_module_calls
 from planner.measure.tracking import (
     PeakMemoryTracker,
     StorageWatcher,
-    iter_tensors,
     returns_view,
     workload_tensors,
     writes_in_place,
@@ -66,7 +66,6 @@ from planner.measure.workload import (
     OWN_CHECKPOINTING_NOTE,
     Workload,
     compute_loss,
-    describe_batch,
     run_training_step,
     user_code_errors,
 )

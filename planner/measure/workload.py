@@ -32,8 +32,7 @@ from planner.core.errors import ModelFileError, ProfilingError
 from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
 from planner.core.records import Phase
 from planner.measure.hf import BATCH_SIZE_QUERY
-from planner.measure.tracking import iter_tensors
-from planner.model_switches import switch_off_caches
+from planner.model_switches import flag_names, own_checkpointing_flags, switch_off_caches
 
 __all__ = [
     "ModelFile",
@@ -42,7 +41,6 @@ __all__ = [
     "build_workload",
     "checked_model",
     "compute_loss",
-    "describe_batch",
     "load_model_file",
     "map_tensors",
     "model_file_source",
@@ -103,11 +101,6 @@ class Workload:
     caches_off: tuple[str, ...] = ()
 
 
-# Checkpointing a model does itself, switched by a flag on its modules: Hugging Face's
-# `gradient_checkpointing` (set by `gradient_checkpointing_enable()`) and timm's
-# `grad_checkpointing` (set by `set_grad_checkpointing()`). Checkpointing in the model's own
-# code with no flag is seen in the recorded step instead (planner.measure.profiler).
-OWN_CHECKPOINTING_FLAGS = ("gradient_checkpointing", "grad_checkpointing")
 OWN_CHECKPOINTING_NOTE = "the model checkpoints "
 """How a profile's ``assumptions`` line about the model's own checkpointing begins."""
 
@@ -116,22 +109,6 @@ def own_checkpointing_notes(assumptions: tuple[str, ...]) -> tuple[str, ...]:
     """The lines of a profile's or plan's ``assumptions`` about checkpointing the model does
     itself (switched off to plan, or counted where it could not be)."""
     return tuple(line for line in assumptions if line.startswith(OWN_CHECKPOINTING_NOTE))
-
-
-def own_checkpointing_flags(model: torch.nn.Module) -> list[tuple[str, str]]:
-    """(module name, flag) for each own-checkpointing flag that is on (``True``)."""
-    return [
-        (name, flag)
-        for name, module in model.named_modules()
-        for flag in OWN_CHECKPOINTING_FLAGS
-        if vars(module).get(flag) is True
-    ]
-
-
-def flag_names(flags: list[tuple[str, str]]) -> str:
-    names = [f"{name}.{flag}" if name else flag for name, flag in flags]
-    shown = ", ".join(names[:4])
-    return shown + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[str, ...]:
@@ -543,29 +520,3 @@ def run_training_step(
         if phase_ended:
             phase_ended(Phase.OPTIMIZER)
     return loss.detach()
-
-
-def describe_tensor(tensor: torch.Tensor) -> dict[str, object]:
-    """A tensor's shape and dtype as the plan file records them (``{"shape": [4, 128],
-    "dtype": "int64"}``)."""
-    return {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
-
-
-def describe_batch(batch: Any) -> dict[str, object]:
-    """Shapes and dtypes of the batch's tensors, for the plan file and mismatch warnings."""
-    if isinstance(batch, dict):
-        items = list(batch.items())
-    elif isinstance(batch, (list, tuple)):
-        items = [(str(index), value) for index, value in enumerate(batch)]
-    else:
-        items = [("0", batch)]
-    described: dict[str, object] = {}
-    for key, value in items:
-        tensors = list(iter_tensors(value))
-        if isinstance(value, torch.Tensor):
-            described[key] = describe_tensor(value)
-        elif tensors:
-            described[key] = [describe_tensor(t) for t in tensors]
-        else:
-            described[key] = repr(value)[:80]
-    return described
