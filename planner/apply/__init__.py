@@ -17,7 +17,7 @@ or checking; every training script imports it. One job per module:
 
 from planner.apply.guard import step_differences
 from planner.apply.locate import layout_mismatch, model_fingerprint
-from planner.apply.observe import observing_recomputation
+from planner.apply.observe import Region, observing_recomputation
 from planner.apply.wrap import (
     apply_plan,
     is_cached_op,
@@ -28,6 +28,7 @@ from planner.apply.wrap import (
 )
 
 __all__ = [
+    "Region",
     "apply_plan",
     "is_cached_op",
     "is_wrapped",

@@ -35,7 +35,7 @@ from torch.utils.checkpoint import (
 
 from planner.apply.guard import FirstForwardGuard
 from planner.apply.locate import check_world_size, planned_model
-from planner.apply.observe import observed
+from planner.apply.observe import Region, observed
 from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.model_switches import switch_off_caches
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan, load_plan
@@ -66,7 +66,7 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
     if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
         assert not kwargs and len(args) == 1, "checkpoint_sequential takes one input"
         return _checkpoint_sequential(module, decision, args[0])
-    function = observed(decision.module_name, original, _cached_ops(decision))
+    function = observed(Region(decision.module_name), original, _cached_ops(decision))
     if decision.restore_buffers:
         function = _restoring_buffers_on_recompute(module, function, decision.restore_buffers)
     if decision.policy is not None:
@@ -154,7 +154,7 @@ def _checkpoint_sequential(module: torch.nn.Module, decision: ModuleDecision, va
         end = start + segment_size - 1
         segment = _run_segment(functions, start, end)
         value = checkpoint(
-            observed(f"{decision.module_name}[{start}:{end + 1}]", segment),
+            observed(Region(decision.module_name, start, end + 1), segment),
             value,
             use_reentrant=False,
             preserve_rng_state=decision.preserve_rng_state,

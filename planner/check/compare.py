@@ -47,11 +47,14 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.core import errors
 from planner.core.errors import PlanCheckError, PlannerError, ProfilingError
 from planner.plan.plan_file import Plan, save_plan
+
+if TYPE_CHECKING:
+    from planner.apply import Region
 
 __all__ = ["CheckReference", "PlanCheck", "check_plan", "run_check"]
 
@@ -141,15 +144,19 @@ class _RecomputeComparison:
         self.mode = Mode()
         self.model = model
         self._buffer_storages = {b.untyped_storage().data_ptr() for b in model.buffers()}
-        # (name, ops a selective policy may hand back, [ops of each run])
-        self.regions: list[tuple[str, frozenset[str], list[list[tuple[str, tuple[Any, ...]]]]]] = []
+        # (region, ops a selective policy may hand back, [ops of each run])
+        self.regions: list[
+            tuple[Region, frozenset[str], list[list[tuple[str, tuple[Any, ...]]]]]
+        ] = []
         self._open: list[list[tuple[str, tuple[Any, ...]]]] = []
         self._state_after_forward: tuple[Any, ...] | None = None
 
     # -- what the planned step shows us ---------------------------------------------------
-    def region(self, name: str, function: Any, cached_ops: frozenset[str] = frozenset()) -> Any:
+    def region(
+        self, region: Region, function: Any, cached_ops: frozenset[str] = frozenset()
+    ) -> Any:
         runs: list[list[tuple[str, tuple[Any, ...]]]] = []
-        self.regions.append((name, cached_ops, runs))
+        self.regions.append((region, cached_ops, runs))
 
         def run(*args: Any, **kwargs: Any) -> Any:
             runs.append([])
@@ -231,7 +238,7 @@ class _RecomputeComparison:
         compared = 0
         mismatched: list[str] = []
         why: list[str] = []
-        for name, cached_ops, runs in self.regions:
+        for region, cached_ops, runs in self.regions:
             if not runs:  # an enclosing recomputation stopped before it ran
                 continue
             forward, *recomputations = runs
@@ -252,11 +259,11 @@ class _RecomputeComparison:
                     compared += 1
                     if index >= len(forward_ops) or forward_ops[index] != (op, digests):
                         original = forward_ops[index][0] if index < len(forward_ops) else "nothing"
-                        module = name.split("[")[0]
+                        module = region.module
                         if module not in mismatched:
                             mismatched.append(module)
                             why.append(
-                                f"recomputation of {name} differs from its forward at op "
+                                f"recomputation of {region} differs from its forward at op "
                                 f"{index} ({op}; the forward ran {original})"
                             )
                         break

@@ -53,13 +53,13 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils.checkpoint import checkpoint
 
-from planner.apply import apply_plan, observing_recomputation, selective_contexts
+from planner.apply import Region, apply_plan, observing_recomputation, selective_contexts
 from planner.core.records import CostSource, ModuleProfile, OptionCost, Profile, StorageKind
 from planner.measure.host_allocator import steady_host_allocator
 from planner.measure.tracking import MemoryLimitExceeded, PeakMemoryTracker, workload_tensors
@@ -162,12 +162,15 @@ def timed_module_calls(
             handle.remove()
 
 
+_Name = TypeVar("_Name")  # a module's name, or a checkpointed function's Region
+
+
 def summed_ms(
-    spans: list[tuple[str, bool, Any, Any]], clock: Clock
-) -> tuple[dict[str, float], dict[str, float]]:
+    spans: list[tuple[_Name, bool, Any, Any]], clock: Clock
+) -> tuple[dict[_Name, float], dict[_Name, float]]:
     """Per module, the summed time of its calls in forward, and during backward."""
-    forward_ms: dict[str, float] = defaultdict(float)
-    backward_ms: dict[str, float] = defaultdict(float)
+    forward_ms: dict[_Name, float] = defaultdict(float)
+    backward_ms: dict[_Name, float] = defaultdict(float)
     for name, in_backward, start, stop in spans:
         (backward_ms if in_backward else forward_ms)[name] += clock.elapsed_ms(start, stop)
     return dict(forward_ms), dict(backward_ms)
@@ -180,16 +183,16 @@ class _RegionSpans:
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self.spans: list[tuple[str, bool, Any, Any]] = []
+        self.spans: list[tuple[Region, bool, Any, Any]] = []
 
-    def region(self, name: str, function: Any, cached_ops: frozenset[str]) -> Any:
+    def region(self, region: Region, function: Any, cached_ops: frozenset[str]) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
             in_backward = torch._C._current_graph_task_id() != -1
             begin = self.clock.mark()
             try:
                 return function(*args, **kwargs)
             finally:
-                self.spans.append((name, in_backward, begin, self.clock.mark()))
+                self.spans.append((region, in_backward, begin, self.clock.mark()))
 
         return run
 
@@ -197,8 +200,8 @@ class _RegionSpans:
 @dataclass(frozen=True)
 class _TimedStep:
     forward_ms: dict[str, float]  # per module, its forward calls
-    region_forward_ms: dict[str, float]  # per checkpointed function, its forward run
-    region_recompute_ms: dict[str, float]  # ... and its recomputation
+    region_forward_ms: dict[Region, float]  # per checkpointed function, its forward run
+    region_recompute_ms: dict[Region, float]  # ... and its recomputation
     step_ms: float
 
 
@@ -230,10 +233,10 @@ def _recompute_ratio(plan: Plan, step: _TimedStep) -> float | None:
         if decision.policy is None and decision.nested_in is None
     }
     recomputed = forward = 0.0
-    for name, ms in step.region_recompute_ms.items():
-        if name.split("[", 1)[0] in whole:  # a module, or one checkpoint_sequential segment
+    for region, ms in step.region_recompute_ms.items():
+        if region.module in whole:  # a module, or one checkpoint_sequential segment
             recomputed += ms
-            forward += step.region_forward_ms.get(name, 0.0)
+            forward += step.region_forward_ms.get(region, 0.0)
     return recomputed / forward if forward > 0 and recomputed > 0 else None
 
 
