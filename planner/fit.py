@@ -37,8 +37,9 @@ from planner.core.parallel import ParallelLayout
 from planner.core.records import MemorySource, Profile
 from planner.core.units import format_bytes
 from planner.measure.distributed import record_rank_memory
-from planner.measure.hf import is_hf_source, max_seq_len, parse_hf_source
+from planner.measure.hf import max_seq_len
 from planner.measure.profiler import ProgressCallback
+from planner.measure.source import WorkloadSource
 from planner.measure.workload import (
     ModelFile,
     load_model_file,
@@ -79,7 +80,7 @@ class FitPoint:
     many modules it wraps)."""
 
     size: int
-    source: str
+    source: WorkloadSource
     lowest_peak_bytes: int
     unplanned_peak_bytes: int
     step_ms: float | None = None
@@ -116,7 +117,7 @@ class FitResult:
     planned: PlanningResult
 
     @property
-    def source(self) -> str:
+    def source(self) -> WorkloadSource:
         """The workload at the largest size (the plan's)."""
         return self.point(self.largest).source
 
@@ -127,8 +128,7 @@ class FitResult:
 def _resized(model_file: ModelFile, dimension: str, size: int) -> ModelFile:
     if dimension == "batch_size":
         return with_batch_size(model_file, size)
-    workload = parse_hf_source(model_file.source)
-    return load_model_file(dataclasses.replace(workload, seq_len=size).source)
+    return load_model_file(model_file.source.with_seq_len(size))
 
 
 def fit_largest(
@@ -158,7 +158,7 @@ def fit_largest(
         raise ValueError(f"dimension must be one of {DIMENSIONS}, not {dimension!r}")
     if (
         dimension == "batch_size"
-        and not is_hf_source(model_file.source)
+        and not model_file.source.is_hugging_face
         and not takes_batch_size(model_file.sample_batch)
     ):
         raise ModelFileError(
@@ -166,12 +166,12 @@ def fit_largest(
             "sample_batch(batch_size=...) so that fit can try other sizes"
         )
     if dimension == "seq_len":
-        if not is_hf_source(model_file.source):
+        if not model_file.source.is_hugging_face:
             raise ModelFileError(
                 "only a Hugging Face workload (--hf CONFIG) has a sequence length to fit; "
                 "fit the batch size of a model file"
             )
-        max_size = min(max_size, max_seq_len(parse_hf_source(model_file.source)) or max_size)
+        max_size = min(max_size, max_seq_len(model_file.source) or max_size)
     if target is not None:
         if parallel is not None:
             raise ParallelLayoutError(

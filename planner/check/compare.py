@@ -55,6 +55,7 @@ from planner.plan.plan_file import Plan, save_plan
 
 if TYPE_CHECKING:
     from planner.apply import Region
+    from planner.measure.source import WorkloadSource
 
 __all__ = ["CheckReference", "PlanCheck", "check_plan", "run_check"]
 
@@ -517,7 +518,7 @@ def _compare_steps(reference: Any, planned: Any) -> tuple[bool, bool, float, lis
 
 
 def check_plan(
-    model_path: str | Path,
+    model_path: WorkloadSource | str | Path,
     plan: Plan,
     *,
     device: str = "cpu",

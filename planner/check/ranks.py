@@ -86,6 +86,7 @@ from planner.core.fileio import atomic_write_text
 from planner.plan.plan_file import Plan, load_plan, save_plan
 
 if TYPE_CHECKING:
+    from planner.measure.source import WorkloadSource
     from planner.measure.step import StepMeasurement
     from planner.measure.workload import Workload
 
@@ -334,7 +335,7 @@ def run_rank(
 
 
 def check_plan_on_ranks(
-    model_path: str | Path,
+    model_path: WorkloadSource | str | Path,
     plan: Plan,
     *,
     device: str = "cpu",

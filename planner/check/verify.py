@@ -19,6 +19,7 @@ from planner.check.compare import CheckReference, PlanCheck, check_plan
 from planner.check.ranks import RanksCheck, check_plan_on_ranks
 from planner.core.errors import ModelFileError, PlanMismatchError, PlannerError
 from planner.core.units import format_bytes
+from planner.measure.source import WorkloadSource
 from planner.measure.workload import _user_code, load_model_file
 from planner.plan.plan_file import Plan, load_plan
 
@@ -153,7 +154,7 @@ def choose_reference(plan: Plan, device: str) -> CheckReference:
 
 
 def verify_plan(
-    model_path: str | Path | None,
+    model_path: WorkloadSource | str | Path | None,
     plan_path: str | Path,
     *,
     device: str | None = None,
@@ -164,8 +165,8 @@ def verify_plan(
     nproc: int | None = None,
 ) -> Verification:
     """Run the plan at ``plan_path`` against the model file at ``model_path``: a path, a
-    Hugging Face workload's source (:mod:`planner.measure.hf`), or None for the one the
-    plan records (``Plan.model_file``).
+    workload's source (:mod:`planner.measure.source`), or None for the one the plan records
+    (``Plan.model_file``).
 
     ``reference`` (default: :func:`choose_reference`) is what the planned step is compared
     with (:class:`CheckReference`). ``device`` defaults to the plan's. ``debug`` runs the

@@ -885,7 +885,7 @@ def _profile_from_timeline(
     return Profile(
         schema_version=PROFILE_SCHEMA_VERSION,
         model_name=workload.model_file.name,
-        model_file=workload.model_file.source,
+        model_file=str(workload.model_file.source),
         device=device,
         torch_version=torch.__version__,
         fingerprint=model_fingerprint(model),

@@ -31,7 +31,7 @@ import torch
 from planner.core.errors import ModelFileError, ProfilingError
 from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
 from planner.core.records import Phase
-from planner.measure.hf import BATCH_SIZE_QUERY
+from planner.measure.source import WorkloadSource
 from planner.model_switches import flag_names, own_checkpointing_flags, switch_off_caches
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "compute_loss",
     "load_model_file",
     "map_tensors",
-    "model_file_source",
     "optimizer_takes_model",
     "own_checkpointing_notes",
     "run_training_step",
@@ -58,8 +57,9 @@ class ModelFile:
     """The functions a model file provides, checked against the contract.
 
     ``source`` is what :func:`load_model_file` builds it again from, in another process or
-    from a saved profile: the file's path (the default), or a Hugging Face workload's source
-    string (:mod:`planner.measure.hf`; ``path`` is then its config). ``assumptions``: what
+    from a saved profile (:mod:`planner.measure.source`): the file's path, with the batch
+    size given to its ``sample_batch``, or a Hugging Face workload (:mod:`planner.measure.hf`;
+    ``path`` is then its config). ``assumptions``: what
     the workload itself assumed, one line each, for the profile's assumptions.
     ``parallelize(model, mesh)`` (optional) lays the model out with ``fully_shard`` for an
     FSDP2 ``torchrun`` job, as torchtitan's ``parallelize_*`` functions do, after
@@ -72,13 +72,9 @@ class ModelFile:
     training_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None
     loss_fn: Callable[[Any, Any], torch.Tensor] | None
     build_optimizer: Callable[[Any], torch.optim.Optimizer] | None
-    source: str = ""
+    source: WorkloadSource
     parallelize: Callable[[torch.nn.Module, Any], Any] | None = None
     assumptions: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.source:
-            object.__setattr__(self, "source", str(self.path))
 
 
 @dataclass
@@ -159,25 +155,6 @@ def _error_location(error: BaseException, path: Path) -> str:
     return str(path)
 
 
-def model_file_source(path: str | Path, batch_size: int | None = None) -> str:
-    """The source string of a model file's workload: its path, and with ``batch_size``
-    ``PATH?batch_size=N`` (the file's ``sample_batch(batch_size=N)``), carried wherever a
-    path is (a separate check process, the profile and the plan)."""
-    return str(path) if batch_size is None else f"{path}{BATCH_SIZE_QUERY}{batch_size}"
-
-
-def _split_source(path: str | Path) -> tuple[str | Path, int | None]:
-    """``PATH?batch_size=N`` -> (PATH, N); anything else -> (path, None). A file whose own
-    name holds the query is read as that file."""
-    text = str(path)
-    base, query, count = text.rpartition(BATCH_SIZE_QUERY)
-    if not query or Path(text).expanduser().is_file():
-        return path, None
-    if not count.isdigit() or int(count) < 1:
-        raise ModelFileError(f"{text}: the batch size after '?batch_size=' must be a whole number")
-    return base, int(count)
-
-
 def takes_batch_size(sample_batch: Callable[..., Any]) -> bool:
     """Whether ``sample_batch`` accepts a ``batch_size`` keyword (needed by ``--batch-size``
     on a model file and by ``ckpt-plan fit``)."""
@@ -194,50 +171,46 @@ def with_batch_size(model_file: ModelFile, batch_size: int) -> ModelFile:
     """The same workload at another batch size: a Hugging Face workload's ``batch_size``, or
     the model file's ``sample_batch(batch_size=...)``. Raises :class:`ModelFileError` where
     ``sample_batch`` takes no batch size."""
-    from planner.measure.hf import is_hf_source, parse_hf_source
-
-    if is_hf_source(model_file.source):
-        workload = parse_hf_source(model_file.source)
-        return load_model_file(dataclasses.replace(workload, batch_size=batch_size).source)
-    return load_model_file(model_file_source(model_file.path, batch_size))
+    return load_model_file(model_file.source.with_batch_size(batch_size))
 
 
-def load_model_file(path: str | Path) -> ModelFile:
-    """Import the Python file at ``path`` and check it defines the model-file contract.
+def load_model_file(source: WorkloadSource | str | Path) -> ModelFile:
+    """Import the Python file at ``source`` and check it defines the model-file contract.
 
-    ``path`` may also be a Hugging Face workload's source string (``hf:CONFIG?...``, see
-    :mod:`planner.measure.hf`), for which the contract is built from the config, or a model
-    file's at a batch size (``PATH?batch_size=N``, :func:`model_file_source`): every stage
-    that carries a model file's path carries that string instead."""
-    from planner.measure.hf import is_hf_source, load_hf_model_file, parse_hf_source
+    ``source`` is a model file's path, or any :class:`~planner.measure.source.WorkloadSource`
+    (as text where it comes from a profile, a plan or another process): a Hugging Face
+    workload's, for which the contract is built from the config
+    (:func:`~planner.measure.hf.load_hf_model_file`), or a model file's at a batch size
+    (``PATH?batch_size=N``), which its ``sample_batch(batch_size=N)`` makes."""
+    source = WorkloadSource.of(source)
+    if source.is_hugging_face:
+        from planner.measure.hf import load_hf_model_file
 
-    if is_hf_source(path):
-        assert isinstance(path, str)
-        return load_hf_model_file(parse_hf_source(path))
-    path, batch_size = _split_source(path)
-    source = Path(path).expanduser().resolve()
-    if not source.is_file():
+        return load_hf_model_file(source)
+    path, batch_size = source.path, source.batch_size
+    source_file = path.expanduser().resolve()
+    if not source_file.is_file():
         raise ModelFileError(f"model file {path} does not exist; pass the path to a .py file")
-    digest = hashlib.sha1(str(source).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(str(source_file).encode()).hexdigest()[:12]
     module_name = f"ckpt_plan_model_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, source)
+    spec = importlib.util.spec_from_file_location(module_name, source_file)
     if spec is None or spec.loader is None:
         raise ModelFileError(f"cannot import {path}: is it a Python (.py) file?")
     module: ModuleType = importlib.util.module_from_spec(spec)
     # Let the file import its neighbours, as `python model.py` would.
-    sys.path.insert(0, str(source.parent))
+    sys.path.insert(0, str(source_file.parent))
     try:
         sys.modules[module_name] = module
         spec.loader.exec_module(module)
     except Exception as error:
         sys.modules.pop(module_name, None)
-        where = _error_location(error, source)
+        where = _error_location(error, source_file)
         raise ModelFileError(
             f"cannot import model file ({where}): {type(error).__name__}: {error}"
         ) from error
     finally:
         with contextlib.suppress(ValueError):
-            sys.path.remove(str(source.parent))
+            sys.path.remove(str(source_file.parent))
 
     def required(name: str, signature: str) -> Callable[..., Any]:
         function = getattr(module, name, None)
@@ -254,14 +227,15 @@ def load_model_file(path: str | Path) -> ModelFile:
         return function
 
     model_file = ModelFile(
-        path=source,
-        name=source.stem,
+        path=source_file,
+        name=source_file.stem,
         build_model=required("build_model", "build_model() -> torch.nn.Module"),
         sample_batch=required("sample_batch", "sample_batch() returning one training batch"),
         training_step=optional("training_step"),
         loss_fn=optional("loss_fn"),
         build_optimizer=optional("build_optimizer"),
         parallelize=optional("parallelize"),
+        source=WorkloadSource.model_file(source_file),
     )
     if model_file.build_optimizer is not None:
         optimizer_takes_model(model_file)  # a wrong signature fails here, before any work
@@ -275,7 +249,7 @@ def load_model_file(path: str | Path) -> ModelFile:
         model_file = dataclasses.replace(
             model_file,
             sample_batch=functools.partial(sample_batch, batch_size=batch_size),
-            source=model_file_source(source, batch_size),
+            source=WorkloadSource.model_file(source_file, batch_size),
         )
     return model_file
 
