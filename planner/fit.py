@@ -38,14 +38,10 @@ from planner.core.records import MemorySource, Profile
 from planner.core.units import format_bytes
 from planner.measure.distributed import record_rank_memory
 from planner.measure.hf import max_seq_len
+from planner.measure.model_file import ModelFile, takes_batch_size
 from planner.measure.profiler import ProgressCallback
 from planner.measure.source import WorkloadSource
-from planner.measure.workload import (
-    ModelFile,
-    load_model_file,
-    takes_batch_size,
-    with_batch_size,
-)
+from planner.measure.workload import load_model_file, with_batch_size
 from planner.pipeline import (
     PlanningResult,
     estimated_costs,

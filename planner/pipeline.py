@@ -43,11 +43,12 @@ from planner.core.records import CostSource, MemorySource, Profile
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.measure.distributed import record_rank_memory
 from planner.measure.fake import FakeExecutionError, build_fake_workload
+from planner.measure.model_file import ModelFile
 from planner.measure.profiler import ProgressCallback, record_memory
 from planner.measure.source import WorkloadSource, workload_in_command
 from planner.measure.timing import measure_costs, with_measured_costs
 from planner.measure.tracking import MemoryLimitExceeded
-from planner.measure.workload import ModelFile, build_workload, load_model_file
+from planner.measure.workload import build_workload, load_model_file
 from planner.plan.plan_file import CheckpointMethod, Plan
 from planner.plan.targets import DeviceSpec, check_budget_fits, provisional_costs, roofline_costs
 from planner.solve import Solver

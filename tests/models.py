@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from planner.measure.model_file import ModelFile
 from planner.measure.source import WorkloadSource
-from planner.measure.workload import ModelFile
 
 
 class Block(nn.Module):

@@ -19,8 +19,9 @@ from planner.check.compare import CheckReference, PlanCheck, check_plan
 from planner.check.ranks import RanksCheck, check_plan_on_ranks
 from planner.core.errors import ModelFileError, PlanMismatchError, PlannerError
 from planner.core.units import format_bytes
+from planner.measure.model_file import _user_code
 from planner.measure.source import WorkloadSource
-from planner.measure.workload import _user_code, load_model_file
+from planner.measure.workload import load_model_file
 from planner.plan.plan_file import Plan, load_plan
 
 __all__ = ["Verification", "batch_mismatch_warning", "format_batch", "verify_plan"]

@@ -62,7 +62,8 @@ from planner.core.errors import ModelFileError, ParallelLayoutError, ProfilingEr
 from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.parallel import ParallelLayout, ParallelStrategy
 from planner.core.records import Profile
-from planner.measure.workload import ModelFile, Workload, build_optimizer
+from planner.measure.model_file import ModelFile
+from planner.measure.workload import Workload, build_optimizer
 
 if TYPE_CHECKING:
     from planner.measure.profiler import ProgressCallback

@@ -74,14 +74,11 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from planner.core.errors import ProfilingError
 from planner.core.loop import PLAIN_LOOP, LoopShape
+from planner.measure.model_file import ModelFile, _error_location, _user_code, checked_model
 from planner.measure.tracking import writes_in_place, written_arguments
 from planner.measure.workload import (
-    ModelFile,
     Workload,
-    _error_location,
-    _user_code,
     build_optimizer,
-    checked_model,
     map_tensors,
     switch_off_own_checkpointing,
 )

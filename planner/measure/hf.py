@@ -4,7 +4,7 @@ A user of ``transformers`` already has the model as a config: this builds the mo
 contract from it, so no model file needs writing. :func:`hf_workload` checks the config and
 the batch shape and returns the workload's
 :class:`~planner.measure.source.WorkloadSource`; :func:`load_hf_model_file` turns that into a
-:class:`~planner.measure.workload.ModelFile`, which every stage then runs like any other (the
+:class:`~planner.measure.model_file.ModelFile`, which every stage then runs like any other (the
 fake-tensor profile, timing, the check in a separate process, ``verify``).
 
 What is built, and why:
@@ -45,7 +45,7 @@ from planner.measure.source import WorkloadSource
 if TYPE_CHECKING:
     import torch
 
-    from planner.measure.workload import ModelFile
+    from planner.measure.model_file import ModelFile
 
 __all__ = ["DTYPES", "hf_workload", "load_hf_model_file", "max_seq_len"]
 
@@ -215,9 +215,10 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     """The model-file contract for ``source`` (module docstring). The workload is checked
     as :func:`hf_workload` checks a new one, and the config read and its class found here,
     so an architecture ``transformers`` cannot build fails now, before any work."""
+    # Imported here: the cli reads --hf options (hf_workload) without importing torch.
     import torch
 
-    from planner.measure.workload import ModelFile
+    from planner.measure.model_file import ModelFile
 
     batch_size, seq_len, dtype_name = _shape(source)
     source = hf_workload(source.path, batch_size, seq_len, dtype_name)

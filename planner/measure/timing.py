@@ -62,9 +62,9 @@ from torch.utils.checkpoint import checkpoint
 from planner.apply import Region, apply_plan, observing_recomputation, selective_contexts
 from planner.core.records import CostSource, ModuleProfile, OptionCost, Profile, StorageKind
 from planner.measure.host_allocator import steady_host_allocator
+from planner.measure.model_file import ModelFile
 from planner.measure.tracking import MemoryLimitExceeded, PeakMemoryTracker, workload_tensors
 from planner.measure.workload import (
-    ModelFile,
     Workload,
     build_workload,
     compute_loss,
