@@ -31,6 +31,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+from planner.core.devices import device_type
 from planner.core.errors import InfeasibleBudgetError, ModelFileError, ParallelLayoutError
 from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.parallel import ParallelLayout
@@ -187,7 +188,7 @@ def fit_largest(
                 profile = record_rank_memory(
                     sized,
                     parallel,
-                    device_type=device.split(":")[0],
+                    device_type=device_type(device),
                     seed=seed,
                     loop=loop,
                     budget_bytes=budget_bytes,

@@ -30,6 +30,7 @@ from pathlib import Path
 from planner.check.compare import CheckReference, check_plan
 from planner.check.ranks import check_plan_on_ranks
 from planner.check.safety import exclude_modules, find_recompute_mismatches
+from planner.core.devices import device_type
 from planner.core.errors import (
     InfeasibleBudgetError,
     ParallelLayoutError,
@@ -209,7 +210,7 @@ def profile_model_file(
         profile = record_rank_memory(
             model_file,
             parallel,
-            device_type=target.device_type if target is not None else device.split(":")[0],
+            device_type=target.device_type if target is not None else device_type(device),
             seed=seed,
             loop=loop,
             budget_bytes=budget_bytes,
@@ -339,7 +340,7 @@ def _probe(
     recorded for real because fake tensors cannot run the step, on a real step."""
     model_file = load_model_file(model_path)
     if profile.memory_source is MemorySource.FAKE:
-        workload, session = build_fake_workload(model_file, device.split(":")[0], seed)
+        workload, session = build_fake_workload(model_file, device_type(device), seed)
         return find_recompute_mismatches(workload, names, seed=seed, session=session)
     workload = build_workload(model_file, device=device, seed=seed)
     return find_recompute_mismatches(workload, names, seed=seed)

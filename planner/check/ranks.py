@@ -81,6 +81,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from planner.check.compare import PlanCheck
 from planner.core import errors
+from planner.core.devices import device_type
 from planner.core.errors import PlannerError, ProfilingError
 from planner.core.fileio import atomic_write_text
 from planner.plan.plan_file import Plan, load_plan, save_plan
@@ -381,7 +382,7 @@ def check_plan_on_ranks(
             "--out",
             folder,
             "--device",
-            device.split(":")[0],
+            device_type(device),
             "--seed",
             str(seed),
             *(["--cross-check"] if cross_check else []),

@@ -17,6 +17,7 @@ from typing import Any
 from planner.apply.tensors import describe_batch
 from planner.check.compare import CheckReference, PlanCheck, check_plan
 from planner.check.ranks import RanksCheck, check_plan_on_ranks
+from planner.core.devices import device_type
 from planner.core.errors import ModelFileError, PlanMismatchError, PlannerError
 from planner.core.units import format_bytes
 from planner.measure.model_file import _user_code
@@ -199,7 +200,7 @@ def verify_plan(
     batch_warning = batch_mismatch_warning(plan, batch)
     if batch_warning:
         warnings.append(batch_warning)
-    if target.split(":")[0] != plan.device.split(":")[0]:
+    if device_type(target) != device_type(plan.device):
         warnings.append(
             f"the plan was made on {plan.device} and is run on {target}: its predicted peak "
             "is for the other device"

@@ -35,6 +35,7 @@ from torch.utils.flop_counter import flop_registry
 
 from planner.apply import model_fingerprint
 from planner.apply.tensors import describe_batch, iter_tensors
+from planner.core.devices import device_type
 from planner.core.errors import ProfilingError
 from planner.core.records import (
     PROFILE_SCHEMA_VERSION,
@@ -639,7 +640,7 @@ def _module_profiles(
                 f"its forward stores tensors into {', '.join(updated)}: recomputing it would "
                 f"store them again{_updated_argument_hint(updated)}"
             )
-        elif len({d.split(":")[0] for d in devices}) > 1:
+        elif len({device_type(d) for d in devices}) > 1:
             reason = f"its forward moves tensors across devices ({', '.join(sorted(devices))})"
         elif saving <= 0:
             reason = "checkpointing it frees nothing"
