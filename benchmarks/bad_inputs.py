@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.apply import apply_plan, model_fingerprint  # noqa: E402
+from planner.apply.tensors import describe_batch  # noqa: E402
 from planner.core.fileio import atomic_write_text  # noqa: E402
 from planner.core.records import Unit  # noqa: E402
 from planner.measure.profiler import profile_workload  # noqa: E402
-from planner.measure.workload import build_workload, describe_batch, load_model_file  # noqa: E402
+from planner.measure.workload import build_workload, load_model_file  # noqa: E402
 from planner.plan.plan_file import plan_to_dict, save_plan  # noqa: E402
 from planner.solve.planning import build_plan  # noqa: E402
 

@@ -25,8 +25,9 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from benchmarks.cuda_plans import MODELS  # noqa: E402
+from planner.apply.tensors import iter_tensors  # noqa: E402
 from planner.core.fileio import atomic_write_text  # noqa: E402
-from planner.measure.tracking import allocated_bytes, iter_tensors  # noqa: E402
+from planner.measure.tracking import allocated_bytes  # noqa: E402
 from planner.measure.workload import build_workload, load_model_file, run_training_step  # noqa: E402
 from planner.pipeline import profile_model_file  # noqa: E402
 

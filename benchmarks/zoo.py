@@ -54,7 +54,8 @@ from planner.core.errors import PlannerError  # noqa: E402
 from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.core.loop import PLAIN_LOOP  # noqa: E402
 from planner.core.records import MemorySource, Unit  # noqa: E402
-from planner.measure.workload import ModelFile, load_model_file  # noqa: E402
+from planner.measure.model_file import ModelFile  # noqa: E402
+from planner.measure.workload import load_model_file  # noqa: E402
 from planner.pipeline import plan_checked, profile_model_file, record_step_memory  # noqa: E402
 from planner.plan.memory_model import MemoryModel  # noqa: E402
 from planner.solve import Solver  # noqa: E402

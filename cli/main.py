@@ -17,7 +17,7 @@ from rich.table import Table
 from planner.core import errors
 from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.records import CostSource, MemorySource, Profile
-from planner.measure.hf import workload_in_command
+from planner.measure.source import workload_in_command
 
 from .boundary import (
     configure_logging,
@@ -172,7 +172,7 @@ def profile(
                     if spec is not None
                     else f" {workload_in_command(source)}"
                     if hf is not None
-                    else f" --check {shlex.quote(source)}"
+                    else f" --check {shlex.quote(str(source))}"
                 )
                 stdout.print(
                     "re-solve it without profiling again: ckpt-plan solve "

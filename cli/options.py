@@ -17,6 +17,7 @@ from planner.core.units import parse_bytes
 from .boundary import EXIT_CODES, fail
 
 if TYPE_CHECKING:
+    from planner.measure.source import WorkloadSource
     from planner.plan.targets import DeviceSpec
 
 __all__ = [
@@ -201,14 +202,16 @@ def workload_source(
     *,
     model_option: str = "MODEL.py",
     recorded: str | None = None,
-) -> str | None:
-    """The workload a command runs, as the library carries it: the model file's path, or
-    the source of the Hugging Face workload the ``--hf`` options name (``--batch-size``,
+) -> WorkloadSource | None:
+    """The workload a command runs, as the library carries it: the model file (its path
+    may carry a batch size, ``PATH?batch_size=N``, as printed commands write it), or the
+    Hugging Face workload the ``--hf`` options name (``--batch-size``,
     ``--seq-len`` and ``--dtype`` default to those of ``recorded``, the source a profile or
     plan holds, where that is a Hugging Face workload). None when neither is given.
     Raises ModelFileError for a config that cannot be used; a bad combination of options is
     a usage error (exit 2)."""
-    from planner.measure.hf import hf_workload, is_hf_source, parse_hf_source
+    from planner.measure.hf import hf_workload
+    from planner.measure.source import WorkloadSource
 
     if model is not None and hf is not None:
         fail(f"pass either {model_option} or --hf CONFIG, not both", 2)
@@ -220,19 +223,17 @@ def workload_source(
                 fail(f"--batch-size goes with {model_option} or --hf CONFIG", 2)
             return None
         if batch_size is None:
-            return str(model)
-        from planner.measure.workload import model_file_source
-
-        return model_file_source(model, batch_size)
+            return WorkloadSource.parse(model)
+        return WorkloadSource.model_file(model, batch_size)
     dtype_name = dtype.value if dtype is not None else None
-    if recorded is not None and is_hf_source(recorded):
-        before = parse_hf_source(recorded)
+    before = WorkloadSource.parse(recorded) if recorded is not None else None
+    if before is not None and before.is_hugging_face:
         batch_size = batch_size or before.batch_size
         seq_len = seq_len or before.seq_len
         dtype_name = dtype_name or before.dtype
     if batch_size is None or seq_len is None:
         fail("--hf needs --batch-size and --seq-len (the shape of the token batch)", 2)
-    return hf_workload(hf, batch_size, seq_len, dtype_name).source
+    return hf_workload(hf, batch_size, seq_len, dtype_name)
 
 
 def target_and_device(target: str | None, device: Device) -> tuple[DeviceSpec | None, Device]:

@@ -123,11 +123,12 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
             "the unplanned step's; state_dict keys unchanged"
         )
     elif plan.target:
-        from planner.measure.hf import workload_in_command
+        from planner.measure.source import WorkloadSource, workload_in_command
 
+        source = WorkloadSource.parse(plan.model_file) if plan.model_file else None
         stdout.print(
             f"not run: made for {plan.target}, which is not here; run `ckpt-plan verify "
-            f"{workload_in_command(plan.model_file)} PLAN` on it before training"
+            f"{workload_in_command(source)} PLAN` on it before training"
         )
     elif plan.parallel is not None:
         for note in plan.notes:
@@ -140,8 +141,6 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
 def print_fit(result: Any) -> None:
     """The sizes ``fit`` tried (a :class:`planner.fit.FitResult`), and its answers."""
     import shlex
-
-    from planner.measure.hf import workload_arguments
 
     budget = format_bytes(result.budget_bytes)
     what = result.dimension.replace("_", " ")
@@ -197,7 +196,7 @@ def print_fit(result: Any) -> None:
     stdout.print(
         f"fastest: {what} {result.fastest}, {result.point(result.fastest).throughput:,.1f} {per} "
         f"predicted with its cheapest plan ({times}); plan it with: ckpt-plan profile "
-        f"{shlex.join(workload_arguments(result.point(result.fastest).source))} "
+        f"{shlex.join(result.point(result.fastest).source.command_arguments())} "
         f"--budget {result.budget_bytes}{layout}"
     )
 

@@ -53,6 +53,7 @@ __all__ = [
     "ProfilingError",
     "ProgressCallback",
     "TargetSpecError",
+    "WorkloadSource",
     "apply_plan",
     "load_plan",
     "profile_and_plan",
@@ -63,6 +64,7 @@ __all__ = [
 if TYPE_CHECKING:
     from planner.apply import apply_plan, remove_plan
     from planner.measure.profiler import ProgressCallback
+    from planner.measure.source import WorkloadSource
     from planner.pipeline import profile_and_plan
 
 # Names whose modules import torch, imported when first asked for: planning from a saved
@@ -72,6 +74,7 @@ _LAZY = {
     "remove_plan": "planner.apply",
     "profile_and_plan": "planner.pipeline",
     "ProgressCallback": "planner.measure.profiler",
+    "WorkloadSource": "planner.measure.source",
 }
 
 

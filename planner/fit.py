@@ -31,20 +31,18 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+from planner.core.devices import device_type
 from planner.core.errors import InfeasibleBudgetError, ModelFileError, ParallelLayoutError
 from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.parallel import ParallelLayout
 from planner.core.records import MemorySource, Profile
 from planner.core.units import format_bytes
 from planner.measure.distributed import record_rank_memory
-from planner.measure.hf import is_hf_source, max_seq_len, parse_hf_source
+from planner.measure.hf import max_seq_len
+from planner.measure.model_file import ModelFile, takes_batch_size
 from planner.measure.profiler import ProgressCallback
-from planner.measure.workload import (
-    ModelFile,
-    load_model_file,
-    takes_batch_size,
-    with_batch_size,
-)
+from planner.measure.source import WorkloadSource
+from planner.measure.workload import load_model_file, with_batch_size
 from planner.pipeline import (
     CheckedPlan,
     estimated_costs,
@@ -79,7 +77,7 @@ class FitPoint:
     many modules it wraps)."""
 
     size: int
-    source: str
+    source: WorkloadSource
     lowest_peak_bytes: int
     unplanned_peak_bytes: int
     step_ms: float | None = None
@@ -116,7 +114,7 @@ class FitResult:
     planned: CheckedPlan
 
     @property
-    def source(self) -> str:
+    def source(self) -> WorkloadSource:
         """The workload at the largest size (the plan's)."""
         return self.point(self.largest).source
 
@@ -127,8 +125,7 @@ class FitResult:
 def _resized(model_file: ModelFile, dimension: str, size: int) -> ModelFile:
     if dimension == "batch_size":
         return with_batch_size(model_file, size)
-    workload = parse_hf_source(model_file.source)
-    return load_model_file(dataclasses.replace(workload, seq_len=size).source)
+    return load_model_file(model_file.source.with_seq_len(size))
 
 
 def fit_largest(
@@ -158,7 +155,7 @@ def fit_largest(
         raise ValueError(f"dimension must be one of {DIMENSIONS}, not {dimension!r}")
     if (
         dimension == "batch_size"
-        and not is_hf_source(model_file.source)
+        and not model_file.source.is_hugging_face
         and not takes_batch_size(model_file.sample_batch)
     ):
         raise ModelFileError(
@@ -166,12 +163,12 @@ def fit_largest(
             "sample_batch(batch_size=...) so that fit can try other sizes"
         )
     if dimension == "seq_len":
-        if not is_hf_source(model_file.source):
+        if not model_file.source.is_hugging_face:
             raise ModelFileError(
                 "only a Hugging Face workload (--hf CONFIG) has a sequence length to fit; "
                 "fit the batch size of a model file"
             )
-        max_size = min(max_size, max_seq_len(parse_hf_source(model_file.source)) or max_size)
+        max_size = min(max_size, max_seq_len(model_file.source) or max_size)
     if target is not None:
         if parallel is not None:
             raise ParallelLayoutError(
@@ -191,7 +188,7 @@ def fit_largest(
                 profile = record_rank_memory(
                     sized,
                     parallel,
-                    device_type=device.split(":")[0],
+                    device_type=device_type(device),
                     seed=seed,
                     loop=loop,
                     budget_bytes=budget_bytes,

@@ -1,7 +1,9 @@
 """Switches in a live model that change a training step's memory, set the way a plan
-assumes (:mod:`planner.core.switches`). The lowest torch layer, beside ``apply``: training
-scripts import it through :func:`planner.apply_plan`, and the profiler uses the same
-functions so that the step it records is the step ``apply_plan`` leaves.
+assumes (:mod:`planner.core.switches`): Hugging Face's key/value cache, the model's own
+checkpointing, a mixture of experts' routing. In the lowest torch layer with
+:mod:`planner.apply`: training scripts import it through :func:`planner.apply_plan`, and the
+profiler uses the same functions so that the step it records is the step ``apply_plan``
+leaves.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
+    "OWN_CHECKPOINTING_FLAGS",
     "RoutingAsPlanned",
     "RoutingWatcher",
     "assumed_routing",
     "busiest_expert_load",
     "cache_owners",
+    "flag_names",
     "is_routing_choice",
+    "own_checkpointing_flags",
     "routing_as_planned",
     "routing_for_choice",
     "switch_off_caches",
@@ -59,6 +64,32 @@ def switch_off_caches(model: torch.nn.Module) -> tuple[str, ...]:
     for _, config in owners:
         config.use_cache = False
     return tuple(name for name, _ in owners)
+
+
+# -- the model's own checkpointing --------------------------------------------------------
+# Checkpointing a model does itself, switched by a flag on its modules: Hugging Face's
+# `gradient_checkpointing` (set by `gradient_checkpointing_enable()`) and timm's
+# `grad_checkpointing` (set by `set_grad_checkpointing()`). Checkpointing in the model's own
+# code with no flag is seen in the recorded step instead (planner.measure.profiler).
+OWN_CHECKPOINTING_FLAGS = ("gradient_checkpointing", "grad_checkpointing")
+
+
+def own_checkpointing_flags(model: torch.nn.Module) -> list[tuple[str, str]]:
+    """(module name, flag) for each own-checkpointing flag that is on (``True``)."""
+    return [
+        (name, flag)
+        for name, module in model.named_modules()
+        for flag in OWN_CHECKPOINTING_FLAGS
+        if vars(module).get(flag) is True
+    ]
+
+
+def flag_names(flags: list[tuple[str, str]]) -> str:
+    """``flags`` (:func:`own_checkpointing_flags`) as a message lists them:
+    ``layers.0.gradient_checkpointing, ...``, four and how many more."""
+    names = [f"{name}.{flag}" if name else flag for name, flag in flags]
+    shown = ", ".join(names[:4])
+    return shown + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 # -- mixture-of-experts routing ------------------------------------------------------------

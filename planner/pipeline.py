@@ -31,6 +31,7 @@ from planner.check.compare import CheckReference, check_plan
 from planner.check.ranks import check_plan_on_ranks
 from planner.check.safety import exclude_modules, find_recompute_mismatches
 from planner.checked_plan import CheckedPlan
+from planner.core.devices import device_type
 from planner.core.errors import (
     InfeasibleBudgetError,
     ParallelLayoutError,
@@ -44,11 +45,12 @@ from planner.core.records import CostSource, MemorySource, Note, NoteTopic, Prof
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.measure.distributed import record_rank_memory
 from planner.measure.fake import FakeExecutionError, build_fake_workload
-from planner.measure.hf import is_hf_source, workload_in_command
+from planner.measure.model_file import ModelFile
 from planner.measure.profiler import ProgressCallback, record_memory
+from planner.measure.source import WorkloadSource, workload_in_command
 from planner.measure.timing import measure_costs, with_measured_costs
 from planner.measure.tracking import MemoryLimitExceeded
-from planner.measure.workload import ModelFile, build_workload, load_model_file
+from planner.measure.workload import build_workload, load_model_file
 from planner.plan.plan_file import CheckpointMethod, Plan
 from planner.plan.targets import DeviceSpec, check_budget_fits, provisional_costs, roofline_costs
 from planner.solve import Solver
@@ -208,7 +210,7 @@ def profile_model_file(
         profile = record_rank_memory(
             model_file,
             parallel,
-            device_type=target.device_type if target is not None else device.split(":")[0],
+            device_type=target.device_type if target is not None else device_type(device),
             seed=seed,
             loop=loop,
             budget_bytes=budget_bytes,
@@ -330,29 +332,35 @@ def _probe_names(profile: Profile, plan: Plan) -> list[str]:
 
 
 def _probe(
-    profile: Profile, names: list[str], *, model_path: str | Path, device: str, seed: int
+    profile: Profile,
+    names: list[str],
+    *,
+    model_path: WorkloadSource | str | Path,
+    device: str,
+    seed: int,
 ) -> dict[str, str]:
     """Try the recomputation of ``names`` on fake tensors (no memory); for a profile
     recorded for real because fake tensors cannot run the step, on a real step."""
     model_file = load_model_file(model_path)
     if profile.memory_source is MemorySource.FAKE:
-        workload, session = build_fake_workload(model_file, device.split(":")[0], seed)
+        workload, session = build_fake_workload(model_file, device_type(device), seed)
         return find_recompute_mismatches(workload, names, seed=seed, session=session)
     workload = build_workload(model_file, device=device, seed=seed)
     return find_recompute_mismatches(workload, names, seed=seed)
 
 
-def _workload_here(source: str | Path) -> bool:
+def _workload_here(source: WorkloadSource | str | Path) -> bool:
     """Whether a profile's workload can be built here: a Hugging Face source, or a model
     file that exists."""
-    return is_hf_source(source) or Path(source).is_file()
+    workload = WorkloadSource.of(source)
+    return workload.is_hugging_face or workload.path.is_file()
 
 
 def _timed(
     profile: Profile,
     budget_bytes: int,
     *,
-    model_path: str | Path | None,
+    model_path: WorkloadSource | str | Path | None,
     seed: int,
     progress: ProgressCallback | None,
 ) -> Profile:
@@ -375,7 +383,7 @@ def _timed(
 def with_times(
     profile: Profile,
     *,
-    model_path: str | Path | None = None,
+    model_path: WorkloadSource | str | Path | None = None,
     seed: int = 0,
     progress: ProgressCallback | None = None,
 ) -> Profile:
@@ -402,7 +410,7 @@ def plan_checked(
     profile: Profile,
     budget_bytes: int,
     *,
-    model_path: str | Path | None,
+    model_path: WorkloadSource | str | Path | None,
     device: str = "cpu",
     seed: int = 0,
     max_attempts: int = 3,
@@ -511,7 +519,7 @@ def plan_checked(
 
 
 def profile_and_plan(
-    model_path: str | Path,
+    model_path: WorkloadSource | str | Path,
     budget_bytes: int,
     *,
     device: str = "cpu",
@@ -534,8 +542,9 @@ def profile_and_plan(
     step is profiled, timed and checked in it, and the plan records it. ``expert_load``: the
     routing planned for where a mixture-of-experts step's memory depends on it.
 
-    ``model_path`` is a model file's path or a Hugging Face workload's source
-    (:attr:`planner.measure.hf.HfWorkload.source`); either travels to every stage."""
+    ``model_path`` is a model file's path or any workload's source
+    (:class:`~planner.measure.source.WorkloadSource`, or its text); it travels to every
+    stage."""
     model_file = load_model_file(model_path)
     if target is not None:
         check_budget_fits(target, budget_bytes)
@@ -583,7 +592,7 @@ def ranks_run_here(parallel: ParallelLayout | None, device: str) -> bool:
 
 
 def marked_unchecked_ranks(
-    result: CheckedPlan, parallel: ParallelLayout, source: str
+    result: CheckedPlan, parallel: ParallelLayout, source: WorkloadSource
 ) -> CheckedPlan:
     """``result`` with a note that its plan for more ranks than run here is not checked, and
     the command that checks it on the job's machines."""
@@ -602,7 +611,9 @@ MAX_CHECKED_RANKS = 4
 """The most ranks ``profile`` launches on this machine to check a plan for a parallel job."""
 
 
-def marked_unchecked(result: CheckedPlan, target: DeviceSpec, source: str) -> CheckedPlan:
+def marked_unchecked(
+    result: CheckedPlan, target: DeviceSpec, source: WorkloadSource
+) -> CheckedPlan:
     """``result`` with its plan noted as unchecked: made for ``target``, which is not here,
     to be run by ``ckpt-plan verify`` on the workload of ``source`` there before training."""
     note = Note(

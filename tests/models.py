@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.measure.workload import ModelFile
+from planner.measure.model_file import ModelFile
+from planner.measure.source import WorkloadSource
 
 
 class Block(nn.Module):
@@ -84,6 +85,7 @@ def model_file(build: Any, batch: Any, **functions: Any) -> ModelFile:
         training_step=functions.pop("training_step", None),
         loss_fn=functions.pop("loss_fn", None),
         build_optimizer=functions.pop("build_optimizer", None),
+        source=WorkloadSource.model_file(Path(__file__)),
     )
 
 

@@ -8,6 +8,7 @@ import dataclasses
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -256,6 +257,36 @@ def test_wrapped_block_runs_forward_twice_per_step() -> None:
     reset_calls(model)
     train_step(model)
     assert forward_calls(model) == [2, 1, 2]
+
+
+def test_the_recomputation_observer_sees_each_checkpointed_function_by_its_region() -> None:
+    """A module's forward is its name; a checkpoint_sequential segment, its children's span
+    (the last segment runs plainly, unobserved): each runs in the forward and again in
+    backward."""
+    from planner.apply import Region, observing_recomputation
+
+    class Observer:
+        def __init__(self) -> None:
+            self.runs: list[Region] = []
+
+        def region(self, region: Region, function: Any, cached_ops: frozenset[str]) -> Any:
+            def run(*args: Any, **kwargs: Any) -> Any:
+                self.runs.append(region)
+                return function(*args, **kwargs)
+
+            return run
+
+    model = build_model()
+    sequential = decision("blocks.1.mlp", method=CheckpointMethod.CHECKPOINT_SEQUENTIAL, segments=3)
+    apply_plan(model, make_plan(model, decision("blocks.0"), sequential))
+    observer = Observer()
+    with observing_recomputation(observer):
+        train_step(model)
+    first, second = Region("blocks.1.mlp", 0, 1), Region("blocks.1.mlp", 1, 2)
+    assert sorted(observer.runs, key=str) == sorted(
+        [Region("blocks.0"), first, second] * 2, key=str
+    )
+    assert [str(first), str(Region("blocks.0"))] == ["blocks.1.mlp[0:1]", "blocks.0"]
 
 
 def test_wrapped_block_runs_once_under_no_grad() -> None:

@@ -47,7 +47,7 @@ def test_fit_on_the_gpt_example() -> None:
     result = fit_largest(load_model_file(EXAMPLES / "gpt.py"), budget, timing_steps=1)
     _assert_largest(result, budget)
     assert result.largest > 1 and not result.capped
-    assert result.source.endswith(f"gpt.py?batch_size={result.largest}")
+    assert str(result.source).endswith(f"gpt.py?batch_size={result.largest}")
     assert result.planned.profile.batch["input_ids"]["shape"][0] == result.largest  # type: ignore[index]
 
 

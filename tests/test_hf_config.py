@@ -20,14 +20,9 @@ pytest.importorskip("transformers")
 from planner.cli.main import app
 from planner.core.errors import ModelFileError
 from planner.measure.fake import build_fake_workload
-from planner.measure.hf import (
-    HfWorkload,
-    hf_workload,
-    is_hf_source,
-    load_hf_model_file,
-    parse_hf_source,
-)
+from planner.measure.hf import hf_workload, load_hf_model_file
 from planner.measure.profiler import record_memory
+from planner.measure.source import WorkloadSource
 from planner.measure.workload import build_workload, load_model_file, run_training_step
 from planner.plan.plan_file import Plan, load_plan, plan_to_dict
 from planner.plan.profile_file import load_profile
@@ -88,7 +83,7 @@ def _error_line(result, *fragments: str) -> str:  # type: ignore[no-untyped-def]
     return lines[0]
 
 
-def _mid_budget(source: str) -> int:
+def _mid_budget(source: WorkloadSource) -> int:
     """Halfway between every block checkpointed and no checkpointing, from a fake step."""
     workload, session = build_fake_workload(load_model_file(source))
     profile = record_memory(workload, session=session)
@@ -102,11 +97,12 @@ def test_a_workload_travels_as_one_string_and_builds_the_same_step(tmp_path: Pat
     config = _write(tmp_path / "tiny-llama" / "config.json", TINY_LLAMA)
     workload = hf_workload(config.parent, batch_size=2, seq_len=16)
     # A folder means its config.json; the dtype is the config's; the name is the folder's.
-    assert workload == HfWorkload(config.resolve(), 2, 16, "bfloat16")
+    assert workload == WorkloadSource.hugging_face(config.resolve(), 2, 16, "bfloat16")
     assert workload.name == "tiny-llama"
-    assert is_hf_source(workload.source) and parse_hf_source(workload.source) == workload
-    model_file = load_model_file(workload.source)
-    assert model_file.source == workload.source and model_file.name == "tiny-llama"
+    text = str(workload)
+    assert text.startswith("hf:") and WorkloadSource.parse(text) == workload
+    model_file = load_model_file(text)
+    assert model_file.source == workload and model_file.name == "tiny-llama"
     losses = []
     for _ in range(2):
         built = build_workload(model_file, seed=0)
@@ -138,7 +134,7 @@ def test_the_shipped_configs_name_classes_transformers_builds(
 ) -> None:
     model_file = load_hf_model_file(hf_workload(CONFIGS / name, 1, 256))
     assert model_file.name == name.removesuffix(".json")
-    assert parse_hf_source(model_file.source).dtype == dtype  # the config's own
+    assert model_file.source.dtype == dtype  # the config's own
     assert model_file.assumptions[0].startswith(f"Hugging Face {model_class} from ")
 
 
@@ -146,7 +142,7 @@ def test_the_shipped_configs_name_classes_transformers_builds(
 def test_profile_a_tiny_gpt2_config_then_verify_it_with_hf(workdir: Path) -> None:
     folder = _write(workdir / "gpt2-tiny" / "config.json", TINY_GPT2).parent
     shape = ["--batch-size", "2", "--seq-len", "32"]
-    source = hf_workload(folder, 2, 32).source
+    source = hf_workload(folder, 2, 32)
     budget = _mid_budget(source)
     runner = CliRunner()
     result = runner.invoke(app, ["profile", "--hf", str(folder), *shape, "--budget", str(budget)])
@@ -155,11 +151,13 @@ def test_profile_a_tiny_gpt2_config_then_verify_it_with_hf(workdir: Path) -> Non
     assert plan.modules and plan.checked
     assert plan.measured_peak_bytes is not None
     assert plan.measured_peak_bytes <= plan.budget_bytes == budget < plan.baseline_peak_bytes
-    assert plan.model_file == source and plan.model_name == "gpt2-tiny"
+    assert plan.model_file == str(source) and plan.model_name == "gpt2-tiny"
     assert set(plan.batch) == {"input_ids", "attention_mask", "labels"}
     assert plan.batch["input_ids"] == {"shape": [2, 32], "dtype": "int64"}
     assert any("GPT2LMHeadModel" in note.text for note in plan.assumptions)
-    assert load_profile(workdir / "profiles" / "gpt2-tiny" / "profile.json").model_file == source
+    assert load_profile(workdir / "profiles" / "gpt2-tiny" / "profile.json").model_file == str(
+        source
+    )
     # verify takes the config again; the batch shape and dtype default to the plan's.
     plan_path = str(workdir / "profiles" / "gpt2-tiny" / "plan.json")
     verified = runner.invoke(app, ["verify", "--hf", str(folder), plan_path])
@@ -186,7 +184,7 @@ def test_a_tiny_llama_config_too_small_a_budget_then_solve_and_verify(workdir: P
         "--dtype",
         "bfloat16",
     ]
-    budget = _mid_budget(hf_workload(config, 2, 32).source)
+    budget = _mid_budget(hf_workload(config, 2, 32))
     command[command.index("--budget") + 1] = str(budget)
     solved = runner.invoke(app, command)
     assert solved.exit_code == 0, solved.output

@@ -1,6 +1,6 @@
-"""The import graph points one way: core -> plan -> solve -> report -> measure -> check ->
-pipeline -> cli. Each layer is one package of ``planner`` (one file for ``apply`` and
-``pipeline``):
+"""The import graph points one way: core -> plan -> solve -> report -> apply -> measure ->
+check -> pipeline -> cli. Each layer is one package of ``planner`` (one file for
+``pipeline``; ``model_switches`` beside ``apply``):
 
 * **core** (``planner.core``: errors, units, records, file writes): plain data and helpers.
 * **plan** (``planner.plan``: the memory model, plan and profile files, device targets):
@@ -8,8 +8,11 @@ pipeline -> cli. Each layer is one package of ``planner`` (one file for ``apply`
 * **solve** (``planner.solve``: the unit tree, memory rows, the three searches, planning):
   the cheapest plan under a budget.
 * **report** (``planner.report``): tables, figures and summaries of a profile and its plans.
-* **measure** (``planner.measure``: tracking, workloads, fake tensors, the profiler,
-  timing, measured steps; and ``planner.apply``): runs torch.
+* **apply** (``planner.apply``: wrapping, locating the planned model, the first-forward
+  guard, the recomputation observer; and ``planner.model_switches``): the lowest torch
+  layer, which every training script imports; it knows plans, not model files.
+* **measure** (``planner.measure``: model files, workloads, tracking, fake tensors, the
+  profiler, timing, measured steps): runs torch.
 * **check** (``planner.check``: the recomputation probe, checking and verifying plans):
   runs plans for real.
 * **pipeline** (``pipeline``, ``fit``, and ``checked_plan``, the torch-free record of its
@@ -36,7 +39,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "plan": ("plan",),
     "solve": ("solve",),
     "report": ("report",),
-    "measure": ("measure", "apply", "model_switches"),
+    "apply": ("apply", "model_switches"),
+    "measure": ("measure",),
     "check": ("check",),
     "pipeline": ("pipeline", "fit", "checked_plan"),
 }

@@ -23,9 +23,9 @@ from planner.check.compare import CheckReference, check_plan, run_check
 from planner.check.safety import exclude_modules, find_recompute_mismatches
 from planner.core.errors import PlanCheckError, ProfilingError
 from planner.core.records import Profile, Unit
+from planner.measure.model_file import ModelFile
 from planner.measure.profiler import profile_workload
 from planner.measure.workload import (
-    ModelFile,
     Workload,
     build_workload,
     load_model_file,

@@ -122,6 +122,7 @@ def test_the_recompute_ratio_comes_from_whole_module_checkpoints_only() -> None:
     and a nested module's do not count."""
     from types import SimpleNamespace
 
+    from planner.apply import Region
     from planner.measure.timing import _recompute_ratio, _TimedStep
     from planner.plan.plan_file import ModuleDecision
 
@@ -133,10 +134,11 @@ def test_the_recompute_ratio_comes_from_whole_module_checkpoints_only() -> None:
             ModuleDecision("a.inner", nested_in="a"),
         ]
     )
+    a, seq, p, inner = Region("a"), Region("seq", 0, 2), Region("p"), Region("a.inner")
     step = _TimedStep(
         forward_ms={},
-        region_forward_ms={"a": 10.0, "seq[0:2]": 4.0, "p": 10.0, "a.inner": 3.0},
-        region_recompute_ms={"a": 8.0, "seq[0:2]": 4.0, "p": 1.0, "a.inner": 9.0},
+        region_forward_ms={a: 10.0, seq: 4.0, p: 10.0, inner: 3.0},
+        region_recompute_ms={a: 8.0, seq: 4.0, p: 1.0, inner: 9.0},
         step_ms=100.0,
     )
     assert _recompute_ratio(plan, step) == pytest.approx(12.0 / 14.0)  # type: ignore[arg-type]

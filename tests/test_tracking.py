@@ -8,13 +8,13 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from planner.apply.tensors import iter_tensors
 from planner.core.errors import ProfilingError
 from planner.core.records import StorageKind
 from planner.measure.tracking import (
     AllocatorPeakTracker,
     PeakMemoryTracker,
     StorageWatcher,
-    iter_tensors,
 )
 
 

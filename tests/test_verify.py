@@ -16,11 +16,12 @@ import torch
 from typer.testing import CliRunner
 
 from planner.apply import apply_plan, is_wrapped, model_fingerprint
+from planner.apply.tensors import describe_batch
 from planner.cli.main import app
 from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.core.records import Unit
 from planner.measure.profiler import profile_workload
-from planner.measure.workload import build_workload, describe_batch, load_model_file
+from planner.measure.workload import build_workload, load_model_file
 from planner.plan.plan_file import Plan, plan_to_dict, save_plan
 from planner.solve.planning import build_plan
 

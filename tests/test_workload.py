@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from planner.apply.tensors import describe_batch
 from planner.core.errors import ModelFileError, ProfilingError
 from planner.core.records import NoteTopic
-from planner.measure.workload import build_workload, compute_loss, describe_batch, load_model_file
+from planner.measure.workload import build_workload, compute_loss, load_model_file
 from tests.models import model_file
 
 GOOD = """

@@ -57,6 +57,7 @@ from planner.core.errors import (
 from planner.plan.plan_file import Plan, save_plan
 
 if TYPE_CHECKING:
+    from planner.measure.source import WorkloadSource
     from planner.measure.step import StepMeasurement
 
 __all__ = [
@@ -302,7 +303,7 @@ def compare_steps(reference: StepMeasurement, planned: StepMeasurement) -> StepC
 
 
 def check_plan(
-    model_path: str | Path,
+    model_path: WorkloadSource | str | Path,
     plan: Plan,
     *,
     device: str = "cpu",

@@ -80,10 +80,12 @@ from planner.check.child import ChildFailure, answer, log_output, read_reply, ru
 from planner.check.compare import compare_steps
 from planner.check.result import Difference, PlanCheck
 from planner.core import errors
+from planner.core.devices import device_type
 from planner.core.errors import ProfilingError
 from planner.plan.plan_file import Plan, load_plan, save_plan
 
 if TYPE_CHECKING:
+    from planner.measure.source import WorkloadSource
     from planner.measure.step import StepMeasurement
     from planner.measure.workload import Workload
 
@@ -321,7 +323,7 @@ def run_rank(
 
 
 def check_plan_on_ranks(
-    model_path: str | Path,
+    model_path: WorkloadSource | str | Path,
     plan: Plan,
     *,
     device: str = "cpu",
@@ -367,7 +369,7 @@ def check_plan_on_ranks(
             "--out",
             folder,
             "--device",
-            device.split(":")[0],
+            device_type(device),
             "--seed",
             str(seed),
             *(["--cross-check"] if cross_check else []),

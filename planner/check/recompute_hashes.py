@@ -15,9 +15,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.check.result import Difference, DifferenceKind
+
+if TYPE_CHECKING:
+    from planner.apply import Region
 
 __all__ = ["RecomputeComparison", "RecomputeVerdict"]
 
@@ -63,15 +66,19 @@ class RecomputeComparison:
         self.mode = Mode()
         self.model = model
         self._buffer_storages = {b.untyped_storage().data_ptr() for b in model.buffers()}
-        # (name, ops a selective policy may hand back, [ops of each run])
-        self.regions: list[tuple[str, frozenset[str], list[list[tuple[str, tuple[Any, ...]]]]]] = []
+        # (region, ops a selective policy may hand back, [ops of each run])
+        self.regions: list[
+            tuple[Region, frozenset[str], list[list[tuple[str, tuple[Any, ...]]]]]
+        ] = []
         self._open: list[list[tuple[str, tuple[Any, ...]]]] = []
         self._state_after_forward: tuple[Any, ...] | None = None
 
     # -- what the planned step shows us ---------------------------------------------------
-    def region(self, name: str, function: Any, cached_ops: frozenset[str] = frozenset()) -> Any:
+    def region(
+        self, region: Region, function: Any, cached_ops: frozenset[str] = frozenset()
+    ) -> Any:
         runs: list[list[tuple[str, tuple[Any, ...]]]] = []
-        self.regions.append((name, cached_ops, runs))
+        self.regions.append((region, cached_ops, runs))
 
         def run(*args: Any, **kwargs: Any) -> Any:
             runs.append([])
@@ -86,7 +93,8 @@ class RecomputeComparison:
     def _record(self, func: Any, out: Any) -> None:
         import torch
 
-        from planner.measure.tracking import iter_tensors, returns_view
+        from planner.apply.tensors import iter_tensors
+        from planner.measure.tracking import returns_view
 
         name = func._schema.name.removeprefix("aten::")
         if (
@@ -153,7 +161,7 @@ class RecomputeComparison:
         compared = 0
         mismatched: list[str] = []
         reasons: list[Difference] = []
-        for name, cached_ops, runs in self.regions:
+        for region, cached_ops, runs in self.regions:
             if not runs:  # an enclosing recomputation stopped before it ran
                 continue
             forward, *recomputations = runs
@@ -174,13 +182,13 @@ class RecomputeComparison:
                     compared += 1
                     if index >= len(forward_ops) or forward_ops[index] != (op, digests):
                         original = forward_ops[index][0] if index < len(forward_ops) else "nothing"
-                        module = name.split("[")[0]
+                        module = region.module
                         if module not in mismatched:
                             mismatched.append(module)
                             reasons.append(
                                 Difference(
                                     DifferenceKind.RECOMPUTATION,
-                                    name,
+                                    str(region),
                                     f"differs from its forward at op {index} ({op}; the "
                                     f"forward ran {original})",
                                 )

@@ -60,11 +60,12 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from planner.apply.tensors import iter_tensors
 from planner.core.errors import ProfilingError
 from planner.core.records import Profile
 from planner.measure.fake import FakeSession
 from planner.measure.shadows import is_fake
-from planner.measure.tracking import iter_tensors, written_arguments
+from planner.measure.tracking import written_arguments
 from planner.measure.workload import Workload, compute_loss, user_code_errors
 
 __all__ = ["exclude_modules", "find_recompute_mismatches"]

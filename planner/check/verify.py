@@ -14,12 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.apply.tensors import describe_batch
 from planner.check.compare import check_plan
 from planner.check.ranks import RanksCheck, check_plan_on_ranks
 from planner.check.result import CheckReference, Difference, DifferenceKind, PlanCheck
+from planner.core.devices import device_type
 from planner.core.errors import ModelFileError, PlanMismatchError, PlannerError
 from planner.core.units import format_bytes
-from planner.measure.workload import _user_code, describe_batch, load_model_file
+from planner.measure.model_file import _user_code
+from planner.measure.source import WorkloadSource
+from planner.measure.workload import load_model_file
 from planner.plan.plan_file import Plan, load_plan
 
 __all__ = ["Verification", "batch_mismatch_warning", "format_batch", "verify_plan"]
@@ -155,7 +159,7 @@ def choose_reference(plan: Plan, device: str) -> CheckReference:
 
 
 def verify_plan(
-    model_path: str | Path | None,
+    model_path: WorkloadSource | str | Path | None,
     plan_path: str | Path,
     *,
     device: str | None = None,
@@ -166,8 +170,8 @@ def verify_plan(
     nproc: int | None = None,
 ) -> Verification:
     """Run the plan at ``plan_path`` against the model file at ``model_path``: a path, a
-    Hugging Face workload's source (:mod:`planner.measure.hf`), or None for the one the
-    plan records (``Plan.model_file``).
+    workload's source (:mod:`planner.measure.source`), or None for the one the plan records
+    (``Plan.model_file``).
 
     ``reference`` (default: :func:`choose_reference`) is what the planned step is compared
     with (:class:`CheckReference`). ``device`` defaults to the plan's. ``debug`` runs the
@@ -199,7 +203,7 @@ def verify_plan(
     batch_warning = batch_mismatch_warning(plan, batch)
     if batch_warning:
         warnings.append(batch_warning)
-    if target.split(":")[0] != plan.device.split(":")[0]:
+    if device_type(target) != device_type(plan.device):
         warnings.append(
             f"the plan was made on {plan.device} and is run on {target}: its predicted peak "
             "is for the other device"

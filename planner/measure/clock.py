@@ -12,7 +12,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -78,12 +78,15 @@ def timed_module_calls(
             handle.remove()
 
 
+_Name = TypeVar("_Name")  # a module's name, or a checkpointed function's Region
+
+
 def summed_ms(
-    spans: list[tuple[str, bool, Any, Any]], clock: Clock
-) -> tuple[dict[str, float], dict[str, float]]:
+    spans: list[tuple[_Name, bool, Any, Any]], clock: Clock
+) -> tuple[dict[_Name, float], dict[_Name, float]]:
     """Per module, the summed time of its calls in forward, and during backward."""
-    forward_ms: dict[str, float] = defaultdict(float)
-    backward_ms: dict[str, float] = defaultdict(float)
+    forward_ms: dict[_Name, float] = defaultdict(float)
+    backward_ms: dict[_Name, float] = defaultdict(float)
     for name, in_backward, start, stop in spans:
         (backward_ms if in_backward else forward_ms)[name] += clock.elapsed_ms(start, stop)
     return dict(forward_ms), dict(backward_ms)

@@ -54,7 +54,8 @@ from planner.measure.ddp import (
     ddp_options,
     gradients_into_buckets,
 )
-from planner.measure.workload import ModelFile, Workload, build_optimizer
+from planner.measure.model_file import ModelFile
+from planner.measure.workload import Workload, build_optimizer
 
 if TYPE_CHECKING:
     from planner.measure.profiler import ProgressCallback

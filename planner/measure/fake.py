@@ -55,14 +55,11 @@ from planner.measure.cuda_emulation import (
     _device_kernel_dtypes,
     fake_tensor_device,
 )
+from planner.measure.model_file import ModelFile, _error_location, _user_code, checked_model
 from planner.measure.shadows import _VALUE_ERRORS, _ValueShadows, is_fake
 from planner.measure.workload import (
-    ModelFile,
     Workload,
-    _error_location,
-    _user_code,
     build_optimizer,
-    checked_model,
     map_tensors,
     switch_off_own_checkpointing,
 )

@@ -2,9 +2,10 @@
 
 A user of ``transformers`` already has the model as a config: this builds the model-file
 contract from it, so no model file needs writing. :func:`hf_workload` checks the config and
-the batch shape and returns an :class:`HfWorkload`; :func:`load_hf_model_file` turns that
-into a :class:`~planner.measure.workload.ModelFile`, which every stage then runs like any
-other (the fake-tensor profile, timing, the check in a separate process, ``verify``).
+the batch shape and returns the workload's
+:class:`~planner.measure.source.WorkloadSource`; :func:`load_hf_model_file` turns that into a
+:class:`~planner.measure.model_file.ModelFile`, which every stage then runs like any other (the
+fake-tensor profile, timing, the check in a separate process, ``verify``).
 
 What is built, and why:
 
@@ -26,137 +27,33 @@ What is built, and why:
 Nothing is downloaded: the config is read from disk, and a config that needs remote code (a
 class ``transformers`` does not have) is an error naming the fix.
 
-A workload travels between processes and into profiles and plans as its **source**, one
-string: ``hf:/abs/path/config.json?batch_size=1&seq_len=4096&dtype=bfloat16``
-(:attr:`HfWorkload.source`, :func:`parse_hf_source`). Where a model file's path is carried,
-this string is carried instead, and :func:`planner.measure.workload.load_model_file` reads
-either.
+A workload travels between processes and into profiles and plans as its source
+(:mod:`planner.measure.source`: ``hf:/abs/path/config.json?batch_size=1&seq_len=4096&dtype=
+bfloat16``), as a model file's does, and :func:`planner.measure.workload.load_model_file`
+loads either.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
-import urllib.parse
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.core.errors import ModelFileError
+from planner.measure.source import WorkloadSource
 
 if TYPE_CHECKING:
     import torch
 
-    from planner.measure.workload import ModelFile
+    from planner.measure.model_file import ModelFile
 
-__all__ = [
-    "BATCH_SIZE_QUERY",
-    "DTYPES",
-    "HF_SOURCE_PREFIX",
-    "HfWorkload",
-    "hf_workload",
-    "is_hf_source",
-    "load_hf_model_file",
-    "max_seq_len",
-    "parse_hf_source",
-    "workload_arguments",
-    "workload_in_command",
-]
+__all__ = ["DTYPES", "hf_workload", "load_hf_model_file", "max_seq_len"]
 
-HF_SOURCE_PREFIX = "hf:"
 DTYPES = ("float32", "bfloat16", "float16")
 """The parameter dtypes ``--dtype`` takes."""
 
 # The Hugging Face Trainer's default optimizer (optim="adamw_torch_fused", learning_rate).
 _LEARNING_RATE = 5e-5
-
-
-@dataclass(frozen=True)
-class HfWorkload:
-    """A Hugging Face config and the synthetic batch to plan it for (see the module
-    docstring). ``config_path`` is the ``config.json`` itself, resolved."""
-
-    config_path: Path
-    batch_size: int
-    seq_len: int
-    dtype: str
-
-    @property
-    def source(self) -> str:
-        """The one string this workload is carried as (module docstring)."""
-        query = urllib.parse.urlencode(
-            {"batch_size": self.batch_size, "seq_len": self.seq_len, "dtype": self.dtype}
-        )
-        return f"{HF_SOURCE_PREFIX}{self.config_path}?{query}"
-
-    @property
-    def name(self) -> str:
-        """The model's name: its folder's for a ``config.json`` (``Meta-Llama-3-8B``),
-        else the file's stem (``llama-3-8b`` for ``llama-3-8b.json``)."""
-        if self.config_path.name == "config.json" and self.config_path.parent.name:
-            return self.config_path.parent.name
-        return self.config_path.stem
-
-    def command_arguments(self) -> list[str]:
-        """The command-line options that name this workload (``--hf CONFIG --batch-size B
-        --seq-len S --dtype D``), for commands printed to the user."""
-        return [
-            "--hf",
-            str(self.config_path),
-            "--batch-size",
-            str(self.batch_size),
-            "--seq-len",
-            str(self.seq_len),
-            "--dtype",
-            self.dtype,
-        ]
-
-
-def is_hf_source(source: object) -> bool:
-    """Whether ``source`` (a model file's path, or a workload's source string) names a
-    Hugging Face workload."""
-    return isinstance(source, str) and source.startswith(HF_SOURCE_PREFIX)
-
-
-BATCH_SIZE_QUERY = "?batch_size="
-"""How a model file's source names a batch size: ``PATH?batch_size=N``
-(:func:`planner.measure.workload.model_file_source`)."""
-
-
-def workload_arguments(source: str, model: str | None = None) -> list[str]:
-    """The command-line options that name the workload of ``source`` (a profile's or plan's
-    ``model_file``): the ``--hf`` options of a Hugging Face workload, else the model file
-    (``model`` in its place where given, e.g. ``MODEL.py`` for a command to run on another
-    machine), with ``--batch-size N`` for a model file's ``PATH?batch_size=N``."""
-    if is_hf_source(source):
-        return parse_hf_source(source).command_arguments()
-    path, query, batch_size = source.rpartition(BATCH_SIZE_QUERY)
-    if not (query and batch_size.isdigit()):
-        path, batch_size = source, ""
-    return [model or path, *(["--batch-size", batch_size] if batch_size else [])]
-
-
-def workload_in_command(source: str | None) -> str:
-    """How a printed command names the workload of ``source`` on the machine a plan is for:
-    its ``--hf`` options, or ``MODEL.py`` (see :func:`workload_arguments`)."""
-    return shlex.join(workload_arguments(source or "", model="MODEL.py"))
-
-
-def parse_hf_source(source: str) -> HfWorkload:
-    """The :class:`HfWorkload` that :attr:`HfWorkload.source` wrote, as written: its config
-    is not read here (a plan made elsewhere names a config path of that machine);
-    :func:`load_hf_model_file` checks it."""
-    path, _, query = source.removeprefix(HF_SOURCE_PREFIX).rpartition("?")
-    values = dict(urllib.parse.parse_qsl(query))
-    try:
-        batch_size, seq_len = int(values["batch_size"]), int(values["seq_len"])
-        dtype = values["dtype"]
-    except (KeyError, ValueError):
-        raise ModelFileError(
-            f"{source!r} is not a Hugging Face workload source (expected "
-            f"{HF_SOURCE_PREFIX}CONFIG?batch_size=B&seq_len=S&dtype=D); re-create the profile"
-        ) from None
-    return HfWorkload(Path(path), batch_size, seq_len, dtype)
 
 
 def _config_file(config: str | Path) -> Path:
@@ -212,14 +109,14 @@ def _positions(data: dict[str, Any]) -> int | None:
     return positions if isinstance(positions, int) else None
 
 
-def max_seq_len(workload: HfWorkload) -> int | None:
+def max_seq_len(source: WorkloadSource) -> int | None:
     """The most positions the workload's config allows, or None where it names no limit."""
-    return _positions(_read_config(workload.config_path))
+    return _positions(_read_config(source.path))
 
 
 def hf_workload(
     config: str | Path, batch_size: int, seq_len: int, dtype: str | None = None
-) -> HfWorkload:
+) -> WorkloadSource:
     """Check a Hugging Face workload before anything is built: ``config`` is a local
     ``config.json`` or a folder holding one, with a ``model_type``; ``batch_size`` and
     ``seq_len`` are positive and the sequence fits the config's positions; ``dtype``
@@ -239,7 +136,9 @@ def hf_workload(
         )
     if dtype is not None and dtype not in DTYPES:
         raise ModelFileError(f"--dtype {dtype}: use one of {', '.join(DTYPES)}")
-    return HfWorkload(path, batch_size, seq_len, dtype or _config_dtype(data, path))
+    return WorkloadSource.hugging_face(
+        path, batch_size, seq_len, dtype or _config_dtype(data, path)
+    )
 
 
 def _transformers() -> Any:
@@ -252,16 +151,16 @@ def _transformers() -> Any:
     return transformers
 
 
-def _build_config(workload: HfWorkload) -> Any:
+def _build_config(source: WorkloadSource) -> Any:
     """The ``transformers`` config object, for training (``use_cache=False``)."""
     transformers = _transformers()
-    data = _read_config(workload.config_path)
+    data = _read_config(source.path)
     model_type = data["model_type"]
     try:
         config_class = transformers.CONFIG_MAPPING[model_type]
     except KeyError:
         raise ModelFileError(
-            f"--hf {workload.config_path}: transformers {transformers.__version__} does not "
+            f"--hf {source.path}: transformers {transformers.__version__} does not "
             f"know model_type {model_type!r} (a model needing remote code, or a newer "
             "transformers); upgrade transformers, or write a model file for it"
         ) from None
@@ -269,14 +168,14 @@ def _build_config(workload: HfWorkload) -> Any:
         config = config_class.from_dict(data)
     except Exception as error:  # the config's own validation: a field out of range
         raise ModelFileError(
-            f"--hf {workload.config_path}: transformers rejects the config "
+            f"--hf {source.path}: transformers rejects the config "
             f"({type(error).__name__}: {error}); fix that field"
         ) from error
     config.use_cache = False
     return config
 
 
-def _model_class(workload: HfWorkload, config: Any) -> Any:
+def _model_class(source: WorkloadSource, config: Any) -> Any:
     """The class the config's ``architectures`` names, if ``transformers`` has it, else
     ``AutoModelForCausalLM``'s class for the config."""
     transformers = _transformers()
@@ -288,7 +187,7 @@ def _model_class(workload: HfWorkload, config: Any) -> Any:
     if type(config) in causal:
         return causal[type(config)]
     raise ModelFileError(
-        f"--hf {workload.config_path}: transformers has no causal language model for "
+        f"--hf {source.path}: transformers has no causal language model for "
         f"model_type {config.model_type!r}, and the config's architectures "
         f"({', '.join(getattr(config, 'architectures', None) or ['none'])}) name no "
         'transformers class; name one in "architectures", or write a model file'
@@ -303,32 +202,41 @@ def _torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def load_hf_model_file(workload: HfWorkload) -> ModelFile:
-    """The model-file contract for ``workload`` (module docstring). The workload is checked
+def _shape(source: WorkloadSource) -> tuple[int, int, str]:
+    """A Hugging Face workload's batch size, sequence length and dtype."""
+    if not source.is_hugging_face:
+        raise ValueError(f"not a Hugging Face workload: {source}")
+    assert source.batch_size is not None and source.seq_len is not None
+    assert source.dtype is not None
+    return source.batch_size, source.seq_len, source.dtype
+
+
+def load_hf_model_file(source: WorkloadSource) -> ModelFile:
+    """The model-file contract for ``source`` (module docstring). The workload is checked
     as :func:`hf_workload` checks a new one, and the config read and its class found here,
     so an architecture ``transformers`` cannot build fails now, before any work."""
+    # Imported here: the cli reads --hf options (hf_workload) without importing torch.
     import torch
 
-    from planner.measure.workload import ModelFile
+    from planner.measure.model_file import ModelFile
 
-    workload = hf_workload(
-        workload.config_path, workload.batch_size, workload.seq_len, workload.dtype
-    )
+    batch_size, seq_len, dtype_name = _shape(source)
+    source = hf_workload(source.path, batch_size, seq_len, dtype_name)
     transformers = _transformers()
-    config = _build_config(workload)
-    model_class = _model_class(workload, config)
+    config = _build_config(source)
+    model_class = _model_class(source, config)
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
     if not isinstance(vocab_size, int) or vocab_size < 1:
         raise ModelFileError(
-            f'--hf {workload.config_path}: the config has no "vocab_size"; add it (the '
+            f'--hf {source.path}: the config has no "vocab_size"; add it (the '
             "synthetic batch draws token ids below it)"
         )
-    dtype = _torch_dtype(workload.dtype)
+    dtype = _torch_dtype(dtype_name)
     causal_models = transformers.MODEL_FOR_CAUSAL_LM_MAPPING  # lazy: look up one key only
     causal = type(config) in causal_models and causal_models[type(config)] is model_class
 
     def build_model() -> torch.nn.Module:
-        model = model_class._from_config(_build_config(workload), dtype=dtype)
+        model = model_class._from_config(_build_config(source), dtype=dtype)
         if causal and model.loss_type is None:
             # transformers picks the loss from the class name, which some causal LMs'
             # ("GPT2LMHeadModel") do not match: it falls back to this same loss with a
@@ -337,7 +245,7 @@ def load_hf_model_file(workload: HfWorkload) -> ModelFile:
         return model
 
     def sample_batch() -> dict[str, torch.Tensor]:
-        shape = (workload.batch_size, workload.seq_len)  # (B, T)
+        shape = (batch_size, seq_len)  # (B, T)
         input_ids = torch.randint(0, vocab_size, shape)
         return {
             "input_ids": input_ids,
@@ -349,18 +257,18 @@ def load_hf_model_file(workload: HfWorkload) -> ModelFile:
         return torch.optim.AdamW(parameters, lr=_LEARNING_RATE, fused=True)
 
     return ModelFile(
-        path=workload.config_path,
-        name=workload.name,
+        path=source.path,
+        name=source.name,
         build_model=build_model,
         sample_batch=sample_batch,
         training_step=None,
         loss_fn=None,
         build_optimizer=build_optimizer,
-        source=workload.source,
+        source=source,
         assumptions=(
-            f"Hugging Face {model_class.__name__} from {workload.config_path} in "
-            f"{workload.dtype} (use_cache=False); a synthetic batch of {workload.batch_size} "
-            f"x {workload.seq_len} random token ids with attention_mask and labels; "
+            f"Hugging Face {model_class.__name__} from {source.path} in "
+            f"{dtype_name} (use_cache=False); a synthetic batch of {batch_size} "
+            f"x {seq_len} random token ids with attention_mask and labels; "
             "AdamW(fused=True, lr=5e-5), the Trainer's default",
         ),
     )

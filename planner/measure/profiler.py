@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from planner.apply import model_fingerprint
+from planner.apply.tensors import describe_batch
+from planner.core.devices import device_type
 from planner.core.errors import ProfilingError
 from planner.core.records import (
     PROFILE_SCHEMA_VERSION,
@@ -58,12 +60,11 @@ from planner.core.text import and_more
 from planner.measure.candidates import _is_torch_layer, find_blocks
 from planner.measure.clock import Clock, _time_forward
 from planner.measure.recorder import _record_step
-from planner.measure.tracking import PeakMemoryTracker, workload_tensors
-from planner.measure.workload import (
-    Workload,
-    describe_batch,
-    run_training_step,
+from planner.measure.tracking import (
+    PeakMemoryTracker,
+    workload_tensors,
 )
+from planner.measure.workload import Workload, run_training_step
 from planner.plan.memory_model import NESTED, MemoryModel
 from planner.plan.policies import nested_recompute_ms
 
@@ -121,7 +122,7 @@ def _module_profiles(
                 f"its forward stores tensors into {', '.join(updated)}: recomputing it would "
                 f"store them again{_updated_argument_hint(updated)}"
             )
-        elif len({d.split(":")[0] for d in devices}) > 1:
+        elif len({device_type(d) for d in devices}) > 1:
             reason = f"its forward moves tensors across devices ({', '.join(sorted(devices))})"
         elif saving <= 0:
             reason = "checkpointing it frees nothing"
@@ -373,7 +374,7 @@ def _profile_from_timeline(
     return Profile(
         schema_version=PROFILE_SCHEMA_VERSION,
         model_name=workload.model_file.name,
-        model_file=workload.model_file.source,
+        model_file=str(workload.model_file.source),
         device=device,
         torch_version=torch.__version__,
         fingerprint=model_fingerprint(model),

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from planner.apply import apply_plan, observing_recomputation
+from planner.apply import Region, apply_plan, observing_recomputation
 from planner.core.records import (
     CostSource,
     ModuleProfile,
@@ -70,6 +70,7 @@ from planner.core.records import (
 )
 from planner.measure.clock import Clock, summed_ms, timed_module_calls
 from planner.measure.host_allocator import steady_host_allocator
+from planner.measure.model_file import ModelFile
 from planner.measure.option_timing import (
     _captured_inputs,
     _group_key,
@@ -78,7 +79,6 @@ from planner.measure.option_timing import (
 )
 from planner.measure.tracking import PeakMemoryTracker, workload_tensors
 from planner.measure.workload import (
-    ModelFile,
     Workload,
     build_workload,
     run_training_step,
@@ -127,16 +127,16 @@ class _RegionSpans:
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self.spans: list[tuple[str, bool, Any, Any]] = []
+        self.spans: list[tuple[Region, bool, Any, Any]] = []
 
-    def region(self, name: str, function: Any, cached_ops: frozenset[str]) -> Any:
+    def region(self, region: Region, function: Any, cached_ops: frozenset[str]) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
             in_backward = torch._C._current_graph_task_id() != -1
             begin = self.clock.mark()
             try:
                 return function(*args, **kwargs)
             finally:
-                self.spans.append((name, in_backward, begin, self.clock.mark()))
+                self.spans.append((region, in_backward, begin, self.clock.mark()))
 
         return run
 
@@ -144,8 +144,8 @@ class _RegionSpans:
 @dataclass(frozen=True)
 class _TimedStep:
     forward_ms: dict[str, float]  # per module, its forward calls
-    region_forward_ms: dict[str, float]  # per checkpointed function, its forward run
-    region_recompute_ms: dict[str, float]  # ... and its recomputation
+    region_forward_ms: dict[Region, float]  # per checkpointed function, its forward run
+    region_recompute_ms: dict[Region, float]  # ... and its recomputation
     step_ms: float
 
 
@@ -177,10 +177,10 @@ def _recompute_ratio(plan: Plan, step: _TimedStep) -> float | None:
         if decision.policy is None and decision.nested_in is None
     }
     recomputed = forward = 0.0
-    for name, ms in step.region_recompute_ms.items():
-        if name.split("[", 1)[0] in whole:  # a module, or one checkpoint_sequential segment
+    for region, ms in step.region_recompute_ms.items():
+        if region.module in whole:  # a module, or one checkpoint_sequential segment
             recomputed += ms
-            forward += step.region_forward_ms.get(name, 0.0)
+            forward += step.region_forward_ms.get(region, 0.0)
     return recomputed / forward if forward > 0 and recomputed > 0 else None
 
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from planner.apply.tensors import iter_tensors
 from planner.core.errors import ProfilingError
 from planner.core.records import StorageKind
 from planner.core.units import format_bytes
@@ -37,7 +38,6 @@ __all__ = [
     "PeakMemoryTracker",
     "StorageWatcher",
     "allocated_bytes",
-    "iter_tensors",
     "local_tensors",
     "returns_view",
     "workload_tensors",
@@ -66,34 +66,6 @@ class MemoryLimitExceeded(ProfilingError):
         super().__init__(message)
         self.limit_bytes = limit_bytes
         self.reached_bytes = reached_bytes
-
-
-def iter_tensors(
-    value: Any, *, _depth: int = 0, _seen: set[int] | None = None
-) -> Iterator[torch.Tensor]:
-    """Yield every tensor inside ``value``: tensors, mappings (``ModelOutput`` is one),
-    lists, tuples, and the attributes of plain objects such as Hugging Face caches."""
-    if _seen is None:
-        _seen = set()
-    if id(value) in _seen or _depth > 6:
-        return
-    if isinstance(value, torch.Tensor):
-        _seen.add(id(value))
-        yield value
-        return
-    if isinstance(value, (str, bytes, int, float, bool, type(None), torch.nn.Module)):
-        return
-    _seen.add(id(value))
-    if isinstance(value, Mapping):
-        children: Iterable[Any] = value.values()
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        children = value
-    elif hasattr(value, "__dict__") and not isinstance(value, type):
-        children = vars(value).values()
-    else:
-        return
-    for child in children:
-        yield from iter_tensors(child, _depth=_depth + 1, _seen=_seen)
 
 
 _WRITE_POSITIONS: dict[Any, tuple[tuple[int, str], ...]] = {}

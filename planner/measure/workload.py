@@ -1,86 +1,50 @@
-"""Load a model file and run training steps on it (docs/architecture.md, "Model file").
+"""A workload: the model file of a source, built into a live model, batch and optimizer,
+and its training step run.
 
-A model file defines ``build_model()`` and ``sample_batch()``, and optionally
-``training_step(model, batch)``, ``loss_fn(output, batch)`` and
-``build_optimizer(parameters)`` or ``build_optimizer(model)`` (see
-:func:`optimizer_takes_model`). :func:`load_model_file` checks that contract once and
-returns a :class:`ModelFile`; :func:`build_workload` makes a fresh, seeded model, batch and
-optimizer; :func:`run_training_step` runs one step the same way everywhere (profiling,
-checking a plan, benchmarks), so that every measurement is of the same step.
+:func:`load_model_file` loads the model file of any
+:class:`~planner.measure.source.WorkloadSource` (a Python file,
+:mod:`planner.measure.model_file`; a Hugging Face config, :mod:`planner.measure.hf`);
+:func:`build_workload` makes a fresh, seeded model, batch and optimizer from it;
+:func:`run_training_step` runs one step the same way everywhere (profiling, checking a plan,
+benchmarks), so that every measurement is of the same step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
-import hashlib
-import importlib.util
-import inspect
-import os
-import sys
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 
-from planner.core.errors import ModelFileError, ProfilingError
+from planner.core.errors import ModelFileError
 from planner.core.loop import PLAIN_LOOP, LoopShape, ZeroGrad
 from planner.core.records import Note, NoteTopic, Phase, general_notes
-from planner.core.text import and_more
-from planner.measure.hf import BATCH_SIZE_QUERY
-from planner.measure.tracking import iter_tensors
-from planner.model_switches import switch_off_caches
+from planner.measure.hf import load_hf_model_file
+from planner.measure.model_file import (
+    ModelFile,
+    _user_code,
+    checked_model,
+    load_python_model_file,
+    optimizer_takes_model,
+)
+from planner.measure.source import WorkloadSource
+from planner.model_switches import flag_names, own_checkpointing_flags, switch_off_caches
 
 __all__ = [
-    "ModelFile",
     "Workload",
     "build_optimizer",
     "build_workload",
-    "checked_model",
     "compute_loss",
-    "describe_batch",
     "load_model_file",
     "map_tensors",
-    "model_file_source",
-    "optimizer_takes_model",
     "run_training_step",
     "switch_off_own_checkpointing",
-    "takes_batch_size",
+    "user_code_errors",
     "with_batch_size",
 ]
-
-
-@dataclass(frozen=True)
-class ModelFile:
-    """The functions a model file provides, checked against the contract.
-
-    ``source`` is what :func:`load_model_file` builds it again from, in another process or
-    from a saved profile: the file's path (the default), or a Hugging Face workload's source
-    string (:mod:`planner.measure.hf`; ``path`` is then its config). ``assumptions``: what
-    the workload itself assumed, one line each, for the profile's assumptions.
-    ``parallelize(model, mesh)`` (optional) lays the model out with ``fully_shard`` for an
-    FSDP2 ``torchrun`` job, as torchtitan's ``parallelize_*`` functions do, after
-    ``apply_plan`` (:mod:`planner.measure.distributed`)."""
-
-    path: Path
-    name: str
-    build_model: Callable[[], torch.nn.Module]
-    sample_batch: Callable[[], Any]
-    training_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None
-    loss_fn: Callable[[Any, Any], torch.Tensor] | None
-    build_optimizer: Callable[[Any], torch.optim.Optimizer] | None
-    source: str = ""
-    parallelize: Callable[[torch.nn.Module, Any], Any] | None = None
-    assumptions: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.source:
-            object.__setattr__(self, "source", str(self.path))
 
 
 @dataclass
@@ -101,27 +65,6 @@ class Workload:
     notes: tuple[Note, ...] = ()
     loop: LoopShape = PLAIN_LOOP
     caches_off: tuple[str, ...] = ()
-
-
-# Checkpointing a model does itself, switched by a flag on its modules: Hugging Face's
-# `gradient_checkpointing` (set by `gradient_checkpointing_enable()`) and timm's
-# `grad_checkpointing` (set by `set_grad_checkpointing()`). Checkpointing in the model's own
-# code with no flag is seen in the recorded step instead (planner.measure.profiler).
-OWN_CHECKPOINTING_FLAGS = ("gradient_checkpointing", "grad_checkpointing")
-
-
-def own_checkpointing_flags(model: torch.nn.Module) -> list[tuple[str, str]]:
-    """(module name, flag) for each own-checkpointing flag that is on (``True``)."""
-    return [
-        (name, flag)
-        for name, module in model.named_modules()
-        for flag in OWN_CHECKPOINTING_FLAGS
-        if vars(module).get(flag) is True
-    ]
-
-
-def flag_names(flags: list[tuple[str, str]]) -> str:
-    return and_more([f"{name}.{flag}" if name else flag for name, flag in flags], 4)
 
 
 def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[Note, ...]:
@@ -168,169 +111,25 @@ def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[Note, ...]:
     )
 
 
-def _error_location(error: BaseException, path: Path) -> str:
-    """``path:line`` of the deepest frame of ``error`` inside the model file, if any."""
-    if isinstance(error, SyntaxError) and error.lineno:
-        return f"{path}:{error.lineno}"
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        if Path(frame.filename).resolve() == path:
-            return f"{path}:{frame.lineno}"
-    return str(path)
-
-
-def model_file_source(path: str | Path, batch_size: int | None = None) -> str:
-    """The source string of a model file's workload: its path, and with ``batch_size``
-    ``PATH?batch_size=N`` (the file's ``sample_batch(batch_size=N)``), carried wherever a
-    path is (a separate check process, the profile and the plan)."""
-    return str(path) if batch_size is None else f"{path}{BATCH_SIZE_QUERY}{batch_size}"
-
-
-def _split_source(path: str | Path) -> tuple[str | Path, int | None]:
-    """``PATH?batch_size=N`` -> (PATH, N); anything else -> (path, None). A file whose own
-    name holds the query is read as that file."""
-    text = str(path)
-    base, query, count = text.rpartition(BATCH_SIZE_QUERY)
-    if not query or Path(text).expanduser().is_file():
-        return path, None
-    if not count.isdigit() or int(count) < 1:
-        raise ModelFileError(f"{text}: the batch size after '?batch_size=' must be a whole number")
-    return base, int(count)
-
-
-def takes_batch_size(sample_batch: Callable[..., Any]) -> bool:
-    """Whether ``sample_batch`` accepts a ``batch_size`` keyword (needed by ``--batch-size``
-    on a model file and by ``ckpt-plan fit``)."""
-    try:
-        parameters = inspect.signature(sample_batch).parameters
-    except (TypeError, ValueError):
-        return False
-    return "batch_size" in parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-    )
-
-
 def with_batch_size(model_file: ModelFile, batch_size: int) -> ModelFile:
     """The same workload at another batch size: a Hugging Face workload's ``batch_size``, or
     the model file's ``sample_batch(batch_size=...)``. Raises :class:`ModelFileError` where
     ``sample_batch`` takes no batch size."""
-    from planner.measure.hf import is_hf_source, parse_hf_source
-
-    if is_hf_source(model_file.source):
-        workload = parse_hf_source(model_file.source)
-        return load_model_file(dataclasses.replace(workload, batch_size=batch_size).source)
-    return load_model_file(model_file_source(model_file.path, batch_size))
+    return load_model_file(model_file.source.with_batch_size(batch_size))
 
 
-def load_model_file(path: str | Path) -> ModelFile:
-    """Import the Python file at ``path`` and check it defines the model-file contract.
+def load_model_file(source: WorkloadSource | str | Path) -> ModelFile:
+    """Import the Python file at ``source`` and check it defines the model-file contract.
 
-    ``path`` may also be a Hugging Face workload's source string (``hf:CONFIG?...``, see
-    :mod:`planner.measure.hf`), for which the contract is built from the config, or a model
-    file's at a batch size (``PATH?batch_size=N``, :func:`model_file_source`): every stage
-    that carries a model file's path carries that string instead."""
-    from planner.measure.hf import is_hf_source, load_hf_model_file, parse_hf_source
-
-    if is_hf_source(path):
-        assert isinstance(path, str)
-        return load_hf_model_file(parse_hf_source(path))
-    path, batch_size = _split_source(path)
-    source = Path(path).expanduser().resolve()
-    if not source.is_file():
-        raise ModelFileError(f"model file {path} does not exist; pass the path to a .py file")
-    digest = hashlib.sha1(str(source).encode()).hexdigest()[:12]
-    module_name = f"ckpt_plan_model_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, source)
-    if spec is None or spec.loader is None:
-        raise ModelFileError(f"cannot import {path}: is it a Python (.py) file?")
-    module: ModuleType = importlib.util.module_from_spec(spec)
-    # Let the file import its neighbours, as `python model.py` would.
-    sys.path.insert(0, str(source.parent))
-    try:
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    except Exception as error:
-        sys.modules.pop(module_name, None)
-        where = _error_location(error, source)
-        raise ModelFileError(
-            f"cannot import model file ({where}): {type(error).__name__}: {error}"
-        ) from error
-    finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(str(source.parent))
-
-    def required(name: str, signature: str) -> Callable[..., Any]:
-        function = getattr(module, name, None)
-        if not callable(function):
-            raise ModelFileError(
-                f"model file {path} must define {signature}; see the README's 'Model file' section"
-            )
-        return function
-
-    def optional(name: str) -> Callable[..., Any] | None:
-        function = getattr(module, name, None)
-        if function is not None and not callable(function):
-            raise ModelFileError(f"{name} in {path} must be a function")
-        return function
-
-    model_file = ModelFile(
-        path=source,
-        name=source.stem,
-        build_model=required("build_model", "build_model() -> torch.nn.Module"),
-        sample_batch=required("sample_batch", "sample_batch() returning one training batch"),
-        training_step=optional("training_step"),
-        loss_fn=optional("loss_fn"),
-        build_optimizer=optional("build_optimizer"),
-        parallelize=optional("parallelize"),
-    )
-    if model_file.build_optimizer is not None:
-        optimizer_takes_model(model_file)  # a wrong signature fails here, before any work
-    if batch_size is not None:
-        if not takes_batch_size(model_file.sample_batch):
-            raise ModelFileError(
-                f"sample_batch() in {path} takes no batch size: define it as "
-                "sample_batch(batch_size=...) to choose the batch size from the command line"
-            )
-        sample_batch: Callable[..., Any] = model_file.sample_batch
-        model_file = dataclasses.replace(
-            model_file,
-            sample_batch=functools.partial(sample_batch, batch_size=batch_size),
-            source=model_file_source(source, batch_size),
-        )
-    return model_file
-
-
-def optimizer_takes_model(model_file: ModelFile) -> bool:
-    """Whether the model file's ``build_optimizer`` is given the model, or its parameters.
-
-    The rule, by the signature: a function whose one parameter is named ``model`` gets the
-    model (``build_optimizer(model)``: weight-decay groups by module type, as nanoGPT's
-    ``configure_optimizers`` builds them); any other name gets ``model.parameters()``
-    (``build_optimizer(parameters)``). It must take exactly one argument."""
-    function = model_file.build_optimizer
-    assert function is not None
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):  # a builtin without a signature: the classic contract
-        return False
-    positional = [
-        parameter
-        for parameter in signature.parameters.values()
-        if parameter.kind
-        in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    required = [
-        parameter
-        for parameter in signature.parameters.values()
-        if parameter.default is inspect.Parameter.empty
-        and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    ]
-    if not positional or len(required) > 1 or (required and required[0] is not positional[0]):
-        raise ModelFileError(
-            f"build_optimizer{signature} in {model_file.path} must take one argument: "
-            "build_optimizer(model) to get the model, or build_optimizer(parameters) to get "
-            "model.parameters()"
-        )
-    return positional[0].name == "model"
+    ``source`` is a model file's path, or any :class:`~planner.measure.source.WorkloadSource`
+    (as text where it comes from a profile, a plan or another process): a Hugging Face
+    workload's, for which the contract is built from the config
+    (:func:`~planner.measure.hf.load_hf_model_file`), or a model file's at a batch size
+    (``PATH?batch_size=N``), which its ``sample_batch(batch_size=N)`` makes."""
+    source = WorkloadSource.of(source)
+    if source.is_hugging_face:
+        return load_hf_model_file(source)
+    return load_python_model_file(source)
 
 
 def map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -348,60 +147,6 @@ def map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) ->
 
 def _to_device(value: Any, device: torch.device) -> Any:
     return map_tensors(value, lambda tensor: tensor.to(device))
-
-
-@contextlib.contextmanager
-def _user_code(what: str, path: Path) -> Iterator[None]:
-    """Turn an exception raised by the model file's code into a one-line ProfilingError."""
-    try:
-        yield
-    except (ModelFileError, ProfilingError):
-        raise
-    except Exception as error:
-        where = _error_location(error, path)
-        hint = ""
-        if what == "build_model()" and _raised_in_torch_distributed(error):
-            hint = f"; {_SHARDED_AT_BUILD.format(path=path)}"
-        raise ProfilingError(
-            f"{what} raised {type(error).__name__} ({where}): {error}{hint}"
-        ) from error
-
-
-def _raised_in_torch_distributed(error: BaseException) -> bool:
-    """Whether ``error`` came from inside ``torch.distributed`` (a model file sharding its
-    model, or starting a process group, where there is none)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    return any(f"torch{os.sep}distributed{os.sep}" in frame.filename for frame in frames)
-
-
-def checked_model(model_file: ModelFile, model: object) -> torch.nn.Module:
-    """What ``build_model()`` returned, if it is a module (a one-line error if not)."""
-    if not isinstance(model, torch.nn.Module):
-        raise ModelFileError(
-            f"build_model() in {model_file.path} returned {type(model).__name__}, "
-            "not a torch.nn.Module"
-        )
-    if _is_laid_out(model):
-        raise ModelFileError(_SHARDED_AT_BUILD.format(path=model_file.path))
-    return model
-
-
-_SHARDED_AT_BUILD = (
-    "build_model() in {path} shards or wraps the model itself (fully_shard or "
-    "DistributedDataParallel): return the unsharded model and move that code into "
-    "parallelize(model, mesh), which ckpt-plan calls after applying the plan, as training must"
-)
-
-
-def _is_laid_out(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is sharded by ``fully_shard`` or wrapped in DDP already."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return True
-    if not (torch.distributed.is_available() and "torch.distributed.fsdp" in sys.modules):
-        return False
-    from torch.distributed.fsdp import FSDPModule
-
-    return any(isinstance(module, FSDPModule) for module in model.modules())
 
 
 def build_workload(
@@ -539,29 +284,3 @@ def run_training_step(
         if phase_ended:
             phase_ended(Phase.OPTIMIZER)
     return loss.detach()
-
-
-def describe_tensor(tensor: torch.Tensor) -> dict[str, object]:
-    """A tensor's shape and dtype as the plan file records them (``{"shape": [4, 128],
-    "dtype": "int64"}``)."""
-    return {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
-
-
-def describe_batch(batch: Any) -> dict[str, object]:
-    """Shapes and dtypes of the batch's tensors, for the plan file and mismatch warnings."""
-    if isinstance(batch, dict):
-        items = list(batch.items())
-    elif isinstance(batch, (list, tuple)):
-        items = [(str(index), value) for index, value in enumerate(batch)]
-    else:
-        items = [("0", batch)]
-    described: dict[str, object] = {}
-    for key, value in items:
-        tensors = list(iter_tensors(value))
-        if isinstance(value, torch.Tensor):
-            described[key] = describe_tensor(value)
-        elif tensors:
-            described[key] = [describe_tensor(t) for t in tensors]
-        else:
-            described[key] = repr(value)[:80]
-    return described

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from planner.core.devices import device_type
 from planner.core.errors import BudgetError, PlannerError, TargetSpecError
 from planner.core.records import (
     CostSource,
@@ -260,4 +261,4 @@ _PROVISIONAL_SPECS = {
 def provisional_costs(profile: Profile, device: str) -> Profile:
     """``profile`` with rough roofline times for ``device`` (``"cpu"``, ``"cuda:0"``), its
     ``cost_source`` unchanged: enough to solve for a plan that fits before measuring."""
-    return roofline_costs(profile, _PROVISIONAL_SPECS[device.split(":")[0]], estimate_only=True)
+    return roofline_costs(profile, _PROVISIONAL_SPECS[device_type(device)], estimate_only=True)

@@ -1,0 +1,165 @@
+"""Where a workload comes from: a model file, or a Hugging Face config (``--hf``).
+
+A workload travels between processes (a plan's check runs in a child process) and into
+profiles and plans (their ``model_file``) as one line of text, its source:
+
+* ``/abs/path/model.py``: a model file;
+* ``/abs/path/model.py?batch_size=8``: a model file whose ``sample_batch(batch_size=8)``
+  makes the batch;
+* ``hf:/abs/path/config.json?batch_size=1&seq_len=4096&dtype=bfloat16``: a Hugging Face
+  config and the synthetic batch to plan it for (:mod:`planner.measure.hf`).
+
+:class:`WorkloadSource` is that line as a record: :meth:`WorkloadSource.parse` reads it where
+text comes in (a path passed to :func:`~planner.measure.workload.load_model_file`, a profile's
+or plan's ``model_file``, a child process's argument) and ``str()`` writes it; no other
+module reads or writes the text. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import shlex
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.core.errors import ModelFileError
+
+__all__ = ["SourceKind", "WorkloadSource", "workload_in_command"]
+
+_HF_PREFIX = "hf:"
+_BATCH_SIZE_QUERY = "?batch_size="
+
+
+class SourceKind(enum.Enum):
+    MODEL_FILE = "model file"
+    HUGGING_FACE = "hf"
+
+
+@dataclass(frozen=True)
+class WorkloadSource:
+    """A workload's source (see the module docstring). ``path`` is the model file, or the
+    Hugging Face ``config.json``. ``batch_size``: for a model file, the one its
+    ``sample_batch(batch_size=...)`` is given (None: its own default); for a Hugging Face
+    workload, with ``seq_len`` and ``dtype`` (the parameters'), the synthetic batch's shape.
+    Build one with :meth:`model_file` or :meth:`hugging_face`; nothing here reads the file."""
+
+    kind: SourceKind
+    path: Path
+    batch_size: int | None = None
+    seq_len: int | None = None
+    dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        shape = (self.batch_size, self.seq_len, self.dtype)
+        if self.kind is SourceKind.HUGGING_FACE and None in shape:
+            raise ValueError(f"a Hugging Face workload needs a batch size, seq_len, dtype: {self}")
+        if self.kind is SourceKind.MODEL_FILE and (self.seq_len, self.dtype) != (None, None):
+            raise ValueError("a model file's source takes no seq_len or dtype")
+
+    @classmethod
+    def model_file(
+        cls, path: str | os.PathLike[str], batch_size: int | None = None
+    ) -> WorkloadSource:
+        return cls(SourceKind.MODEL_FILE, Path(path), batch_size)
+
+    @classmethod
+    def hugging_face(
+        cls, config_path: str | os.PathLike[str], batch_size: int, seq_len: int, dtype: str
+    ) -> WorkloadSource:
+        return cls(SourceKind.HUGGING_FACE, Path(config_path), batch_size, seq_len, dtype)
+
+    @classmethod
+    def parse(cls, text: str | os.PathLike[str]) -> WorkloadSource:
+        """The source ``str()`` wrote, or a model file's path. A model file whose own name
+        holds ``?batch_size=`` is read as that file. Raises :class:`ModelFileError` for a
+        malformed batch size or Hugging Face source."""
+        text = os.fspath(text)
+        if text.startswith(_HF_PREFIX):
+            path, _, query = text.removeprefix(_HF_PREFIX).rpartition("?")
+            values = dict(urllib.parse.parse_qsl(query))
+            try:
+                batch_size, seq_len = int(values["batch_size"]), int(values["seq_len"])
+                dtype = values["dtype"]
+            except (KeyError, ValueError):
+                raise ModelFileError(
+                    f"{text!r} is not a Hugging Face workload source (expected "
+                    f"{_HF_PREFIX}CONFIG?batch_size=B&seq_len=S&dtype=D); re-create the profile"
+                ) from None
+            return cls.hugging_face(path, batch_size, seq_len, dtype)
+        base, query, count = text.rpartition(_BATCH_SIZE_QUERY)
+        if not query or Path(text).expanduser().is_file():
+            return cls.model_file(text)
+        if not count.isdigit() or int(count) < 1:
+            raise ModelFileError(
+                f"{text}: the batch size after '{_BATCH_SIZE_QUERY}' must be a whole number"
+            )
+        return cls.model_file(base, int(count))
+
+    @classmethod
+    def of(cls, value: WorkloadSource | str | os.PathLike[str]) -> WorkloadSource:
+        """``value`` if it is a source already, else :meth:`parse` of it."""
+        return value if isinstance(value, WorkloadSource) else cls.parse(value)
+
+    def __str__(self) -> str:
+        if self.kind is SourceKind.HUGGING_FACE:
+            query = urllib.parse.urlencode(
+                {"batch_size": self.batch_size, "seq_len": self.seq_len, "dtype": self.dtype}
+            )
+            return f"{_HF_PREFIX}{self.path}?{query}"
+        if self.batch_size is None:
+            return str(self.path)
+        return f"{self.path}{_BATCH_SIZE_QUERY}{self.batch_size}"
+
+    @property
+    def is_hugging_face(self) -> bool:
+        return self.kind is SourceKind.HUGGING_FACE
+
+    @property
+    def name(self) -> str:
+        """The model's name: a model file's stem; a Hugging Face config's folder's for a
+        ``config.json`` (``Meta-Llama-3-8B``), else its stem (``llama-3-8b`` for
+        ``llama-3-8b.json``)."""
+        if self.is_hugging_face and self.path.name == "config.json" and self.path.parent.name:
+            return self.path.parent.name
+        return self.path.stem
+
+    def with_batch_size(self, batch_size: int) -> WorkloadSource:
+        return dataclasses.replace(self, batch_size=batch_size)
+
+    def with_seq_len(self, seq_len: int) -> WorkloadSource:
+        if not self.is_hugging_face:
+            raise ModelFileError(
+                "only a Hugging Face workload (--hf CONFIG) has a sequence length to set"
+            )
+        return dataclasses.replace(self, seq_len=seq_len)
+
+    def command_arguments(self, model: str | None = None) -> list[str]:
+        """The command-line options that name this workload: a Hugging Face workload's
+        ``--hf CONFIG --batch-size B --seq-len S --dtype D``; else the model file (``model``
+        in its place where given, e.g. ``MODEL.py`` for a command to run on another machine)
+        with ``--batch-size N`` where it has one."""
+        if self.is_hugging_face:
+            return [
+                "--hf",
+                str(self.path),
+                "--batch-size",
+                str(self.batch_size),
+                "--seq-len",
+                str(self.seq_len),
+                "--dtype",
+                str(self.dtype),
+            ]
+        sized = ["--batch-size", str(self.batch_size)] if self.batch_size is not None else []
+        return [model or str(self.path), *sized]
+
+
+def workload_in_command(source: WorkloadSource | None) -> str:
+    """How a printed command names the workload of ``source`` on the machine a plan is for:
+    its ``--hf`` options, or ``MODEL.py`` (with its ``--batch-size``; plain ``MODEL.py`` for
+    no source)."""
+    if source is None:
+        return "MODEL.py"
+    return shlex.join(source.command_arguments(model="MODEL.py"))
