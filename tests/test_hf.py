@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from planner.check.compare import check_plan
+from planner.core.records import NoteTopic
 from planner.measure.workload import load_model_file
 from planner.pipeline import profile_model_file
 from planner.solve.planning import baseline_every_block, plan_for_budget
@@ -91,8 +92,9 @@ def test_hugging_face_gradient_checkpointing_is_switched_off_and_said() -> None:
     assert model.is_gradient_checkpointing
     (note,) = switch_off_own_checkpointing(model)
     assert not model.is_gradient_checkpointing
-    assert "checkpoints itself (transformer.gradient_checkpointing, transformer.h.0." in note
-    assert "with model.gradient_checkpointing_disable()" in note
+    assert note.topic is NoteTopic.OWN_CHECKPOINTING
+    assert "checkpoints itself (transformer.gradient_checkpointing, transformer.h.0." in str(note)
+    assert "with model.gradient_checkpointing_disable()" in note.text
 
 
 @pytest.mark.hf

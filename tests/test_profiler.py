@@ -298,7 +298,7 @@ def test_checkpoint_calls_in_the_model_code_are_seen_and_counted(stack_profile) 
     (note,) = profile.assumptions
     assert note.topic is NoteTopic.OWN_CHECKPOINTING
     assert "checkpoints blocks.0, blocks.1 itself" in str(note)
-    assert "cannot be switched off here, so the plan counts it" in note
+    assert "cannot be switched off here, so the plan counts it" in note.text
     # Counted: the recorded step is the real one, recomputation included.
     assert profile.measured_peak_bytes == measure_step(build_workload(own, seed=0)).peak_bytes
     assert profile.module("blocks.0").excluded_reason == "checkpointing it frees nothing"
