@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from planner.check.compare import CheckReference, check_plan, run_check
 from planner.measure.workload import load_model_file
 from planner.pipeline import profile_model_file
@@ -16,6 +18,7 @@ MODEL = Path(__file__).resolve().parent / "data" / "small_cnn.py"
 GPT = Path(__file__).resolve().parent.parent / "examples" / "gpt.py"
 
 
+@pytest.mark.child_process
 def test_a_plan_restoring_batchnorm_buffers_passes_and_one_that_does_not_is_caught() -> None:
     profile = profile_model_file(load_model_file(MODEL))
     assert "1.running_mean" in profile.module("0").mutated_buffers

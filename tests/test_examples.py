@@ -62,6 +62,7 @@ def test_every_block_on_a_cnn_wraps_the_residual_blocks(name: str, blocks: list[
     assert measured < 0.8 * profile.measured_peak_bytes
 
 
+@pytest.mark.child_process
 def test_profile_writes_a_checked_plan_that_fits(tmp_path: Path) -> None:
     budget = "64MiB"
     out = tmp_path / "plans" / "plan.json"

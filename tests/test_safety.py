@@ -422,6 +422,7 @@ def test_a_plan_that_breaks_the_step_is_a_plan_check_error_with_a_trace_under_de
     assert "original forward" in trace and "recomputation" in trace
 
 
+@pytest.mark.child_process
 def test_check_plan_keeps_the_error_type_across_the_process_boundary() -> None:
     profile = _profile_of(CACHE_DECODER)
     plan = build_plan(profile, ["decoder.layers.0"], 10**9, strategy="test")
