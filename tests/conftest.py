@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import importlib.util
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -89,6 +90,16 @@ def _plan_checks_in_this_process(
 
     monkeypatch.setattr(subprocess, "run", run)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _torch_checkpoint_debug_logger_propagates() -> Iterator[None]:
+    """A check under ``debug`` (torch.utils.checkpoint's debug mode) leaves torch's
+    ``LoggingTensor`` logger non-propagating; pytest then attaches its log capture to that
+    logger in later tests, and formatting its records (not %-style) fails the test. A child
+    process ends with the logger; in this process it is put back after each test."""
+    yield
+    logging.getLogger("LoggingTensor").propagate = True
 
 
 # -- profiles shared by the tests (each is made once, on first use) --------------------------
