@@ -15,8 +15,11 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.installed
 CONSTRAINTS := $(VENV)/torch-constraint.txt
+# pytest-xdist workers: `auto` is one per CPU core; PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= auto
+PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
-.PHONY: setup demo test lint typecheck pytest bench clean
+.PHONY: setup demo test test-fast lint typecheck pytest bench clean
 
 setup: $(STAMP)
 
@@ -44,10 +47,16 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# The whole suite (CI runs it through `make test`).
 pytest: setup
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test: lint typecheck pytest
+
+# The edit loop: every test but those marked slow (end-to-end runs, torchrun, examples at
+# full size), about a minute.
+test-fast: setup
+	$(PYTEST) -m "not slow"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -814,6 +814,7 @@ def _adapter_step(model: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tenso
     return loss.detach(), {name: gradient.clone() for name, gradient in trained.items()}
 
 
+@pytest.mark.hf  # peft needs transformers
 def test_a_plan_for_the_model_with_its_adapters_applies_to_the_peft_model() -> None:
     torch.manual_seed(0)
     peft_model = _peft_model(TinyModel())
@@ -834,6 +835,7 @@ def test_a_plan_for_the_model_with_its_adapters_applies_to_the_peft_model() -> N
     assert sorted(wrapped_modules(peft_model)) == names
 
 
+@pytest.mark.hf  # peft needs transformers
 def test_a_plan_without_the_adapters_is_refused_for_a_peft_model_with_the_fix() -> None:
     plain = build_model()
     peft_model = _peft_model(build_model())

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from planner.check.compare import CheckReference, check_plan, run_check
-from planner.core.records import Unit
+from planner.core.records import Profile, Unit
 from planner.measure.workload import load_model_file
 from planner.pipeline import profile_model_file
 from planner.solve.planning import baseline_every_block, build_plan
@@ -17,8 +19,17 @@ MODEL = Path(__file__).resolve().parent / "data" / "small_cnn.py"
 GPT = Path(__file__).resolve().parent.parent / "examples" / "gpt.py"
 
 
-def test_a_plan_restoring_batchnorm_buffers_passes_and_one_that_does_not_is_caught() -> None:
-    profile = profile_model_file(load_model_file(MODEL))
+@pytest.fixture(scope="module")
+def cnn_profile() -> Profile:
+    return profile_model_file(load_model_file(MODEL))
+
+
+@pytest.mark.child_process
+@pytest.mark.slow
+def test_a_plan_restoring_batchnorm_buffers_passes_and_one_that_does_not_is_caught(
+    cnn_profile: Profile,
+) -> None:
+    profile = cnn_profile
     assert "1.running_mean" in profile.module("0").mutated_buffers
     plan = build_plan(profile, [Unit("0"), Unit("1")], profile.measured_peak_bytes, strategy="test")
     assert all(decision.restore_buffers for decision in plan.modules)
@@ -39,10 +50,10 @@ def test_a_plan_restoring_batchnorm_buffers_passes_and_one_that_does_not_is_caug
     assert any("running_mean" in str(difference) for difference in bad.differences)
 
 
-def test_the_recomputation_reference_passes_a_good_plan_without_running_the_unplanned_step() -> (
-    None
-):
-    profile = profile_model_file(load_model_file(MODEL))
+def test_the_recomputation_reference_passes_a_good_plan_without_running_the_unplanned_step(
+    cnn_profile: Profile,
+) -> None:
+    profile = cnn_profile
     plan = build_plan(profile, [Unit("0"), Unit("1")], profile.measured_peak_bytes, strategy="test")
     check = check_plan(MODEL, plan, reference=CheckReference.RECOMPUTATION)
     assert check.passed and check.training_unchanged, check.differences
@@ -51,8 +62,10 @@ def test_the_recomputation_reference_passes_a_good_plan_without_running_the_unpl
     assert check.measured_peak_bytes == plan.predicted_peak_bytes
 
 
-def test_the_recomputation_reference_catches_batchnorm_statistics_updated_twice() -> None:
-    profile = profile_model_file(load_model_file(MODEL))
+def test_the_recomputation_reference_catches_batchnorm_statistics_updated_twice(
+    cnn_profile: Profile,
+) -> None:
+    profile = cnn_profile
     plan = build_plan(profile, [Unit("0"), Unit("1")], profile.measured_peak_bytes, strategy="test")
     careless = dataclasses.replace(
         plan, modules=tuple(dataclasses.replace(d, restore_buffers=()) for d in plan.modules)
@@ -62,8 +75,9 @@ def test_the_recomputation_reference_catches_batchnorm_statistics_updated_twice(
     assert any("running_mean" in str(difference) for difference in bad.differences)
 
 
+@pytest.mark.slow
 def test_the_recomputation_reference_catches_dropout_recomputed_without_its_rng_state() -> None:
-    profile = profile_model_file(load_model_file(GPT))
+    profile = profile_model_file(load_model_file(GPT), timing_steps=1)  # times do not matter
     plan = build_plan(
         profile, [Unit("blocks.1"), Unit("blocks.3")], profile.measured_peak_bytes, strategy="t"
     )
@@ -83,8 +97,8 @@ def test_the_recomputation_reference_catches_dropout_recomputed_without_its_rng_
     assert not unplanned.gradients_equal and not unplanned.passed
 
 
-def test_a_check_stops_a_step_that_passes_its_memory_limit() -> None:
-    profile = profile_model_file(load_model_file(MODEL))
+def test_a_check_stops_a_step_that_passes_its_memory_limit(cnn_profile: Profile) -> None:
+    profile = cnn_profile
     limit = profile.measured_peak_bytes - 1
     plan = build_plan(profile, [], limit, strategy="test")  # the unplanned step: over by 1 byte
     check = run_check(MODEL, plan, reference=CheckReference.RECOMPUTATION, limit_bytes=limit)

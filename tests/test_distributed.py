@@ -559,6 +559,7 @@ def test_the_torchrun_recipe_refuses_a_plan_for_another_world_size(
     assert "made for one rank of 2 (fsdp2), but this process is one rank of 1" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_plan_for_more_ranks_than_run_here_is_marked_unchecked() -> None:
     from planner.pipeline import MAX_CHECKED_RANKS, profile_and_plan
 
@@ -573,6 +574,7 @@ def test_a_plan_for_more_ranks_than_run_here_is_marked_unchecked() -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_rank_of_a_job_on_a_target_device_is_emulated_and_timed_by_its_roofline() -> None:
     """--world-size with --target: one rank of an 8-rank FSDP2 job on H100s, its step
     emulated on fake tensors (CUDA's storage blocks, the target's workspaces) and its times
@@ -591,6 +593,7 @@ def test_a_rank_of_a_job_on_a_target_device_is_emulated_and_timed_by_its_rooflin
     assert profile.measured_peak_bytes > on_cpu.measured_peak_bytes  # + workspaces, blocks
 
 
+@pytest.mark.slow
 def test_profile_says_a_plan_for_more_ranks_than_run_here_was_not_run(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app,
@@ -618,6 +621,7 @@ def test_profile_says_a_plan_for_more_ranks_than_run_here_was_not_run(tmp_path: 
     assert load_plan(tmp_path / "plan.json").parallel == ParallelLayout(8, "fsdp2", (2, 4))  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_fit_and_solve_plan_one_rank_and_check_it_on_real_ranks(tmp_path: Path) -> None:
     """fit --world-size/--parallel fits the batch size of one rank (its times estimated from
     the ops, as profile's are for a rank) and checks the plan on the real ranks; solve on a

@@ -18,14 +18,20 @@ from planner.plan.plan_file import load_plan
 from planner.plan.profile_file import load_profile
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-ALL = ["gpt", "mlp", "cnn", "resnet", "functional_blocks", "hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
+HF = ["hf_gpt2", "hf_llama", "hf_vit", "hf_t5"]
+ALL = ["gpt", "mlp", "cnn", "resnet", "functional_blocks", *HF]
 DATA = Path(__file__).resolve().parent / "data"
 
 
-@pytest.mark.parametrize("name", ALL)
+def _marks(name: str) -> list[pytest.MarkDecorator]:
+    """Hugging Face examples need transformers; they and resnet take seconds each."""
+    if name in HF:
+        return [pytest.mark.hf, pytest.mark.slow]
+    return [pytest.mark.slow] if name == "resnet" else []
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=_marks(name)) for name in ALL])
 def test_example_follows_the_contract_and_is_deterministic(name: str) -> None:
-    if name.startswith("hf_"):
-        pytest.importorskip("transformers")
     model_file = load_model_file(EXAMPLES / f"{name}.py")
     losses = []
     for _ in range(2):
@@ -42,6 +48,7 @@ def test_example_follows_the_contract_and_is_deterministic(name: str) -> None:
         ("resnet", [f"layer{stage}.{index}" for stage in (1, 2, 3, 4) for index in (0, 1)]),
     ],
 )
+@pytest.mark.slow
 def test_every_block_on_a_cnn_wraps_the_residual_blocks(name: str, blocks: list[str]) -> None:
     """The baseline users compare with is what they would checkpoint by hand, and it saves
     what it should: predicted (fake step) and measured (real step) far below unplanned."""
@@ -63,6 +70,8 @@ def test_every_block_on_a_cnn_wraps_the_residual_blocks(name: str, blocks: list[
     assert measured < 0.8 * profile.measured_peak_bytes
 
 
+@pytest.mark.child_process
+@pytest.mark.slow
 def test_profile_writes_a_checked_plan_that_fits(tmp_path: Path) -> None:
     budget = "64MiB"
     out = tmp_path / "plans" / "plan.json"
@@ -102,6 +111,7 @@ def test_profile_writes_a_checked_plan_that_fits(tmp_path: Path) -> None:
     assert f"wrote {out}" in result.stdout
 
 
+@pytest.mark.slow
 def test_profile_with_a_budget_too_small_exits_3_and_keeps_the_profile(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     result = CliRunner().invoke(
@@ -208,6 +218,7 @@ def _checked_plan(tmp_path: Path, model: Path, budget: str, *options: str):  # t
     return result, plan
 
 
+@pytest.mark.slow
 def test_a_nanogpt_style_file_with_build_optimizer_of_the_model(tmp_path: Path) -> None:
     """build_optimizer(model) with weight-decay groups by module type (nanoGPT's
     configure_optimizers): planned and checked like any optimizer, its state counted. The
@@ -230,6 +241,7 @@ def test_a_nanogpt_style_file_with_build_optimizer_of_the_model(tmp_path: Path) 
         ("own_checkpoint", "3.0MiB", "cannot be switched off here, so the plan counts it"),
     ],
 )
+@pytest.mark.slow
 def test_profile_names_checkpointing_the_model_does_itself(
     tmp_path: Path, name: str, budget: str, said: str
 ) -> None:
@@ -241,6 +253,7 @@ def test_profile_names_checkpointing_the_model_does_itself(
     )
 
 
+@pytest.mark.slow
 def test_profile_plans_and_checks_the_training_loop_it_is_given(tmp_path: Path) -> None:
     """The step profiled, timed and checked is the last micro-batch of a Lightning loop
     accumulating two; plan, profile and summary record the loop, and `solve` and `verify`

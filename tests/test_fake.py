@@ -235,6 +235,7 @@ def test_cuda_is_emulated_on_cpu_fakes_with_cuda_allocation_sizes() -> None:
     assert "step counters on the host" in assumptions
 
 
+@pytest.mark.slow
 def test_fake_profiles_of_the_examples_equal_the_real_ones() -> None:
     fake, real = _fake_profile(EXAMPLES / "gpt.py"), _real_profile(EXAMPLES / "gpt.py")
     assert fake.measured_peak_bytes == real.measured_peak_bytes == 117_818_680
@@ -242,6 +243,7 @@ def test_fake_profiles_of_the_examples_equal_the_real_ones() -> None:
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_hugging_face_sdpa_models_take_their_eager_path_on_fake_tensors() -> None:
     transformers = pytest.importorskip("transformers")
 

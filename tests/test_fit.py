@@ -42,6 +42,7 @@ def _assert_largest(result, budget_bytes: int) -> None:  # type: ignore[no-untyp
     assert throughput[result.fastest] == max(throughput.values())
 
 
+@pytest.mark.slow
 def test_fit_on_the_gpt_example() -> None:
     budget = 30 * MIB
     result = fit_largest(load_model_file(EXAMPLES / "gpt.py"), budget, timing_steps=1)
@@ -51,8 +52,9 @@ def test_fit_on_the_gpt_example() -> None:
     assert result.planned.profile.batch["input_ids"]["shape"][0] == result.largest  # type: ignore[index]
 
 
+@pytest.mark.hf
+@pytest.mark.slow
 def test_fit_on_the_hf_llama_example() -> None:
-    pytest.importorskip("transformers")
     budget = 24 * MIB
     result = fit_largest(load_model_file(EXAMPLES / "hf_llama.py"), budget, timing_steps=1)
     _assert_largest(result, budget)
@@ -94,6 +96,7 @@ def test_the_batch_size_travels_with_the_model_file(tmp_path: Path) -> None:
     assert result.exit_code == 2
 
 
+@pytest.mark.slow
 def test_fit_cli_writes_the_plan_for_the_largest(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(
@@ -110,10 +113,11 @@ def test_fit_cli_writes_the_plan_for_the_largest(tmp_path: Path, monkeypatch) ->
     assert plan.model_file is not None and "?batch_size=" in plan.model_file
 
 
+@pytest.mark.hf
+@pytest.mark.slow
 def test_fit_the_sequence_length_of_a_hf_config(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """With --hf and --batch-size, fit grows the sequence length instead, capped by the
     config's positions; the plan for the longest is checked by running it."""
-    pytest.importorskip("transformers")
     monkeypatch.chdir(tmp_path)
     config = EXAMPLES / "configs" / "tiny-llama.json"
     arguments = ["fit", "--hf", str(config), "--batch-size", "2", "--budget", "6MiB"]
@@ -131,6 +135,7 @@ def test_fit_the_sequence_length_of_a_hf_config(tmp_path: Path, monkeypatch) -> 
     assert both.exit_code == 2 and "give one of --seq-len" in both.output
 
 
+@pytest.mark.slow
 def test_fit_for_a_target_device_leaves_its_plan_unchecked_and_says_so() -> None:
     """A plan for a device that is not here is not run, and is marked so, as `profile`'s."""
     from planner.plan.targets import load_spec

@@ -4,26 +4,33 @@ The full three-budget sweep over all models is benchmarks/check_plans.py."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-
 from planner.check.compare import check_plan
-from planner.core.records import NoteTopic
+from planner.core.records import NoteTopic, Profile
 from planner.measure.workload import load_model_file
 from planner.pipeline import profile_model_file
 from planner.solve.planning import baseline_every_block, plan_for_budget
 
+pytestmark = pytest.mark.hf
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-@pytest.mark.hf
+@functools.cache
+def _example_profile(name: str) -> Profile:
+    """The profile of ``examples/<name>.py``, made once for the tests that share it."""
+    return profile_model_file(load_model_file(EXAMPLES / f"{name}.py"))
+
+
 @pytest.mark.parametrize("name", ["hf_gpt2", "hf_llama"])
+@pytest.mark.slow
 def test_a_mid_budget_plan_fits_and_trains_identically(name: str) -> None:
     path = EXAMPLES / f"{name}.py"
-    profile = profile_model_file(load_model_file(path))
+    profile = _example_profile(name)
     low = baseline_every_block(profile).predicted_peak_bytes
     assert low < profile.measured_peak_bytes
     budget = (low + profile.measured_peak_bytes) // 2
@@ -38,14 +45,14 @@ def test_a_mid_budget_plan_fits_and_trains_identically(name: str) -> None:
     )
 
 
-@pytest.mark.hf
+@pytest.mark.slow
 def test_the_tree_program_takes_llamas_shared_rotary_inputs() -> None:
     """Every Llama layer takes the same rotary tables: under a plan they live while any
     checkpointed layer holds them. The tree program tracks that with a flag (no integer
     program needed) and agrees with the integer program at budgets across the range."""
     from planner.solve import Solver
 
-    profile = profile_model_file(load_model_file(EXAMPLES / "hf_llama.py"))
+    profile = _example_profile("hf_llama")
     # Nesting is not of prefix form (the integer program takes it, below the floor of
     # plans without it): the tree program's own search, without it.
     solver = Solver(profile, nesting=False, exhaustive_evaluations=0)
@@ -65,8 +72,8 @@ def test_the_tree_program_takes_llamas_shared_rotary_inputs() -> None:
     assert any(row is not None and row.shared.any() for row in program.rows.values())
 
 
-@pytest.mark.hf
 @pytest.mark.parametrize("index", range(6))
+@pytest.mark.slow
 def test_predicted_peak_equals_measured_on_random_small_configs(tmp_path: Path, index: int) -> None:
     """Property test (issue 17): random small GPT-2, Llama and GPT-NeoX configs (layers,
     widths, heads and KV heads, batch and sequence, tied embeddings, dropout, use_cache,
@@ -97,7 +104,7 @@ def test_hugging_face_gradient_checkpointing_is_switched_off_and_said() -> None:
     assert "with model.gradient_checkpointing_disable()" in note.text
 
 
-@pytest.mark.hf
+@pytest.mark.slow
 def test_the_guard_names_a_bigger_batch_and_hugging_faces_own_checkpointing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -110,7 +117,7 @@ def test_the_guard_names_a_bigger_batch_and_hugging_faces_own_checkpointing(
 
     path = EXAMPLES / "hf_gpt2.py"
     model_file = load_model_file(path)
-    profile = profile_model_file(model_file)
+    profile = _example_profile("hf_gpt2")
     plan = baseline_every_block(profile, budget_bytes=profile.measured_peak_bytes)
     workload = build_workload(model_file, seed=0)
     model = apply_plan(workload.model, plan)

@@ -139,6 +139,7 @@ def test_the_shipped_configs_name_classes_transformers_builds(
 
 
 # -- end to end through the CLI -------------------------------------------------------------
+@pytest.mark.slow
 def test_profile_a_tiny_gpt2_config_then_verify_it_with_hf(workdir: Path) -> None:
     folder = _write(workdir / "gpt2-tiny" / "config.json", TINY_GPT2).parent
     shape = ["--batch-size", "2", "--seq-len", "32"]
@@ -166,6 +167,7 @@ def test_profile_a_tiny_gpt2_config_then_verify_it_with_hf(workdir: Path) -> Non
     assert "warning" not in verified.stderr
 
 
+@pytest.mark.slow
 def test_a_tiny_llama_config_too_small_a_budget_then_solve_and_verify(workdir: Path) -> None:
     """An infeasible budget keeps the profile and prints a `solve` command naming the same
     workload; that command times it, plans and checks; `verify PLAN` rebuilds it from the

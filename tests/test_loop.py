@@ -118,6 +118,7 @@ def _fake_profile(loop: LoopShape) -> Profile:
 
 
 @pytest.mark.parametrize("loop", [LIGHTNING, ACCUMULATION], ids=["lightning", "accumulation"])
+@pytest.mark.slow
 def test_the_predicted_peak_is_what_the_hand_written_loop_measures(loop: LoopShape) -> None:
     profile = _fake_profile(loop)
     assert profile.loop == loop
@@ -136,6 +137,7 @@ def test_the_predicted_peak_is_what_the_hand_written_loop_measures(loop: LoopSha
 
 
 @pytest.mark.parametrize("loop", [LIGHTNING, ACCUMULATION], ids=["lightning", "accumulation"])
+@pytest.mark.slow
 def test_a_plan_for_the_plain_loop_goes_over_its_budget_in_another_loop(loop: LoopShape) -> None:
     # blocks.0 wrapped: the peak is in the forward, where the other loops keep gradients.
     plain = _fake_profile(PLAIN_LOOP)
@@ -151,6 +153,7 @@ def test_a_plan_for_the_plain_loop_goes_over_its_budget_in_another_loop(loop: Lo
     assert made_for_loop.predicted_peak_bytes == over
 
 
+@pytest.mark.slow
 def test_the_check_runs_the_loop_the_plan_records() -> None:
     # In its own process, from the plan file alone: the unplanned and the planned step of
     # the accumulation loop (the plain loop's peaks are lower: see the test above).

@@ -52,9 +52,6 @@ def test_routing_as_planned_routes_a_real_topk_and_keeps_values_consistent() -> 
     assert scores.grad is not None
 
 
-transformers = pytest.importorskip("transformers")
-
-
 def _llama_file(tmp_path: Path) -> Path:
     """A Llama built as users ship it: use_cache left at its default (on)."""
     path = tmp_path / "llama_defaults.py"
@@ -91,6 +88,7 @@ def _moe_file(tmp_path: Path, experts: str) -> Path:
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_a_default_config_model_plans_every_block_with_the_cache_off(tmp_path: Path) -> None:
     """use_cache on (the default) made every block refused; planned with it off, as Hugging
     Face's own checkpointing trains, every block is a candidate and the plan at every
@@ -101,7 +99,7 @@ def test_a_default_config_model_plans_every_block_with_the_cache_off(tmp_path: P
     from planner.solve.planning import baseline_every_block, plan_for_budget
 
     path = _llama_file(tmp_path)
-    profile = profile_model_file(load_model_file(path))
+    profile = profile_model_file(load_model_file(path), timing_steps=1)
     assert profile.switches.caches_off == ("",)
     assert all(profile.module(name).is_candidate for name in profile.block_names)
     budget = baseline_every_block(profile).predicted_peak_bytes
@@ -113,6 +111,7 @@ def test_a_default_config_model_plans_every_block_with_the_cache_off(tmp_path: P
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_apply_plan_turns_the_cache_off_with_one_log_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -122,7 +121,7 @@ def test_apply_plan_turns_the_cache_off_with_one_log_line(
     from planner.solve.planning import plan_for_budget
 
     model_file = load_model_file(_llama_file(tmp_path))
-    plan, _ = plan_for_budget(profile_model_file(model_file), 1 << 40)
+    plan, _ = plan_for_budget(profile_model_file(model_file, timing_steps=1), 1 << 40)
     model = model_file.build_model()
     assert model.config.use_cache is True
     with caplog.at_level(logging.WARNING, logger="planner.apply"):
@@ -133,6 +132,7 @@ def test_apply_plan_turns_the_cache_off_with_one_log_line(
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_grouped_experts_run_on_fake_tensors_with_no_routing_assumed(tmp_path: Path) -> None:
     """grouped_mm's fake kernel takes bf16 only; the real CPU kernel runs fp32. The fake
     step runs it as the device does, its peak equals the real step's, and since no shape
@@ -160,6 +160,7 @@ def test_grouped_experts_run_on_fake_tensors_with_no_routing_assumed(tmp_path: P
 
 @pytest.mark.hf
 @pytest.mark.parametrize("expert_load", [1.0, 2.0])
+@pytest.mark.slow
 def test_eager_experts_plan_for_the_assumed_routing_and_measure_as_predicted(
     tmp_path: Path, expert_load: float
 ) -> None:
@@ -186,6 +187,7 @@ def test_eager_experts_plan_for_the_assumed_routing_and_measure_as_predicted(
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_the_first_training_forward_warns_when_real_routing_is_busier_than_planned(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -201,12 +203,13 @@ def test_the_first_training_forward_warns_when_real_routing_is_busier_than_plann
         model(**batch)
     assert watcher.picks == 2 and watcher.busiest_load > 1.0  # one router per layer
 
-    def forward_warnings(expert_load: float) -> list[str]:
-        from planner.pipeline import profile_model_file
-        from planner.solve.planning import plan_for_budget
+    from planner.pipeline import profile_model_file
+    from planner.solve.planning import plan_for_budget
 
-        plan, _ = plan_for_budget(profile_model_file(model_file, timing_steps=1), 1 << 40)
-        plan = dataclasses.replace(plan, switches=StepSwitches(expert_load=expert_load))
+    planned, _ = plan_for_budget(profile_model_file(model_file, timing_steps=1), 1 << 40)
+
+    def forward_warnings(expert_load: float) -> list[str]:
+        plan = dataclasses.replace(planned, switches=StepSwitches(expert_load=expert_load))
         torch.manual_seed(0)
         fresh = model_file.build_model()  # the same weights as `model`
         apply_plan(fresh, plan)

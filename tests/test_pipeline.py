@@ -10,11 +10,8 @@ import pytest
 from planner import pipeline
 from planner.check.result import Difference, DifferenceKind, PlanCheck
 from planner.core.errors import InfeasibleBudgetError, PlanCheckError
-from planner.core.records import Unit
-from planner.measure.profiler import profile_workload
-from planner.measure.workload import build_workload
+from planner.core.records import Profile, Unit
 from planner.plan.memory_model import MemoryModel
-from tests.models import stack_file
 
 
 @pytest.fixture(autouse=True)
@@ -24,8 +21,8 @@ def _no_recompute_probe(monkeypatch):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def profile():  # type: ignore[no-untyped-def]
-    return profile_workload(build_workload(stack_file(depth=4), seed=0), timing_passes=1)
+def profile(stack_profile: Profile) -> Profile:
+    return stack_profile
 
 
 def _check(measured: int, budget: int, **overrides: object) -> PlanCheck:

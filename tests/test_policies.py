@@ -165,6 +165,7 @@ def test_nesting_lowers_the_floor_below_every_block() -> None:
     assert any(unit.option == NESTED for unit in units)
 
 
+@pytest.mark.slow
 def test_the_solver_takes_an_option_only_where_it_is_cheaper(sdpa_profile) -> None:  # type: ignore[no-untyped-def]
     from planner.solve import Solver
     from planner.solve.exhaustive import branch_and_bound

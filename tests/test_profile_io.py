@@ -10,18 +10,15 @@ import pytest
 
 from planner.core.errors import ProfileFileError
 from planner.core.loop import PLAIN_LOOP, LoopShape
-from planner.core.records import Phase, StorageKind, Unit
-from planner.measure.profiler import profile_workload
-from planner.measure.workload import build_workload
+from planner.core.records import Phase, Profile, StorageKind, Unit
 from planner.plan.memory_model import MemoryModel
 from planner.plan.profile_file import load_profile, module_table, save_profile, save_profile_table
 from planner.solve import solve
-from tests.models import stack_file
 
 
 @pytest.fixture(scope="module")
-def profile():  # type: ignore[no-untyped-def]
-    return profile_workload(build_workload(stack_file(depth=3), seed=0), timing_passes=1)
+def profile(stack_profile: Profile) -> Profile:
+    return stack_profile
 
 
 def test_round_trip_keeps_the_profile_and_its_predictions(profile, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

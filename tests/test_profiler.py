@@ -306,6 +306,7 @@ def test_checkpoint_calls_in_the_model_code_are_seen_and_counted(stack_profile) 
     assert recomputed_in_backward(stack_profile[1].timeline) == ()  # none in a plain model
 
 
+@pytest.mark.slow
 def test_blocks_without_child_modules_are_blocks_and_candidates() -> None:
     """A stack of leaf modules that hold their own parameters and compute with torch
     functions is the model's blocks; each is a candidate, since checkpointing it frees its

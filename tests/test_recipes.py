@@ -25,6 +25,8 @@ import torch
 from planner.core.loop import PLAIN_LOOP
 from planner.measure.tracking import AllocatorPeakTracker, PeakMemoryTracker
 
+pytestmark = pytest.mark.hf  # every recipe trains a Hugging Face model
+
 RECIPES = Path(__file__).resolve().parent.parent / "examples" / "recipes"
 STEPS = 2  # the second step is the first with optimizer state (and, in Lightning, gradients)
 
@@ -63,6 +65,7 @@ def guard_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
         ("accelerate_loop", ("transformers", "accelerate")),
     ],
 )
+@pytest.mark.slow
 def test_a_recipe_trains_within_its_budget_with_the_unplanned_losses(
     name: str, packages: tuple[str, ...], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -76,6 +79,7 @@ def test_a_recipe_trains_within_its_budget_with_the_unplanned_losses(
     assert not guard_warnings(caplog)  # the framework's step is the one the plan was made for
 
 
+@pytest.mark.slow
 def test_lightning_with_a_plain_loop_plan_goes_over_by_at_most_the_gradients(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -99,6 +103,7 @@ def test_lightning_with_a_plain_loop_plan_goes_over_by_at_most_the_gradients(
     print(f"Lightning, plain-loop plan: {peak - plan.budget_bytes:+,} bytes against its budget")
 
 
+@pytest.mark.slow
 def test_lightning_with_a_plan_for_its_loop_trains_within_the_budget(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -113,6 +118,7 @@ def test_lightning_with_a_plan_for_its_loop_trains_within_the_budget(
     assert not guard_warnings(caplog)
 
 
+@pytest.mark.slow
 def test_compiled_planned_loop_trains_with_the_compiled_unplanned_losses() -> None:
     """The compiled planned step's peak is documented (recipe docstring, docs/results.md), not
     asserted to fit: the plan's figures are for the eager step. Asserted: the losses equal

@@ -14,8 +14,6 @@ from typer.testing import CliRunner
 from planner.cli.main import app
 from planner.core.records import ModuleProfile, Profile, Unit
 from planner.core.units import format_bytes
-from planner.measure.profiler import profile_workload
-from planner.measure.workload import build_workload
 from planner.plan.plan_file import ModuleDecision, Plan, save_plan
 from planner.plan.profile_file import save_profile
 from planner.report import (
@@ -29,12 +27,11 @@ from planner.report import (
     write_report,
 )
 from planner.solve.planning import baseline_every_block, baseline_plans, build_plan, frontier
-from tests.models import stack_file
 
 
 @pytest.fixture(scope="module")
-def profile() -> Profile:
-    return profile_workload(build_workload(stack_file(depth=4), seed=0), timing_passes=1)
+def profile(stack_profile: Profile) -> Profile:
+    return stack_profile
 
 
 @pytest.fixture(scope="module")
@@ -290,6 +287,7 @@ def test_write_report_writes_the_charts_and_a_summary_linking_them(
 # -- ckpt-plan report --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_report_on_a_saved_profile_and_plan(
     profile: Profile, chosen: Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

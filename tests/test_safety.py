@@ -135,6 +135,7 @@ def test_excluded_modules_keep_their_reason_and_the_solver_avoids_them() -> None
     assert plan.modules and not set(plan.module_names) & CACHED_LAYERS
 
 
+@pytest.mark.slow
 def test_the_written_plan_for_the_cache_model_trains_identically() -> None:
     profile = _probed_profile(CACHE_DECODER)
     _, lowest = Solver(profile).lowest_peak()
@@ -364,6 +365,7 @@ def test_the_probe_accepts_dropout_and_batchnorm_which_plans_handle(name: str) -
     assert find_recompute_mismatches(workload, names) == {}
 
 
+@pytest.mark.slow
 def test_a_dropout_plan_replays_the_rng_and_trains_identically() -> None:
     path = DATA / "small_gpt.py"
     profile, _ = _profile(path)
@@ -394,6 +396,7 @@ def test_the_lowest_budget_plan_for_a_batchnorm_model_keeps_buffers() -> None:
 
 
 # -- tensors on another device -----------------------------------------------------------
+@pytest.mark.slow
 def test_a_module_reaching_another_device_is_excluded_and_the_plan_trains() -> None:
     # On CPU the "meta" device stands in for a second device (see tests/data/cross_device.py).
     path = DATA / "cross_device.py"
@@ -425,6 +428,7 @@ def test_a_plan_that_breaks_the_step_is_a_plan_check_error_with_a_trace_under_de
     assert "original forward" in trace and "recomputation" in trace
 
 
+@pytest.mark.child_process
 def test_check_plan_keeps_the_error_type_across_the_process_boundary() -> None:
     profile = _profile_of(CACHE_DECODER)
     plan = build_plan(profile, [Unit("decoder.layers.0")], 10**9, strategy="test")
@@ -449,6 +453,7 @@ def _mid_budget_plan_trains(path: Path, profile: Profile) -> Plan:
     return result.plan
 
 
+@pytest.mark.slow
 def test_the_dropout_gpt_example_plan_trains_identically() -> None:
     path = EXAMPLES / "gpt.py"
     profile = _probed_profile(path)
@@ -457,6 +462,7 @@ def test_the_dropout_gpt_example_plan_trains_identically() -> None:
     assert any(decision.preserve_rng_state for decision in plan.modules)
 
 
+@pytest.mark.slow
 def test_the_batchnorm_cnn_example_plan_trains_identically() -> None:
     path = EXAMPLES / "cnn.py"
     profile = _probed_profile(path)
@@ -465,8 +471,8 @@ def test_the_batchnorm_cnn_example_plan_trains_identically() -> None:
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_the_t5_example_plan_trains_identically_once_cached_attention_is_excluded() -> None:
-    pytest.importorskip("transformers")
     path = DATA / "t5_cache_in_call.py"  # the cache asked for in the call: not planned off
     profile, workload = _profile(path)
     # The profiler excludes the decoder's cache fillers up front; the probe agrees.
@@ -491,8 +497,8 @@ def test_the_t5_example_plan_trains_identically_once_cached_attention_is_exclude
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_t5_cross_attention_with_a_cache_raises_checkpoint_error_when_checkpointed() -> None:
-    pytest.importorskip("transformers")
     with pytest.raises(CheckpointError, match="different number of tensors"):
         _planned_loss(DATA / "t5_cache_in_call.py", ["decoder.block.0.layer.1"])
 

@@ -31,6 +31,7 @@ def _memory_profile(path: Path):  # type: ignore[no-untyped-def]
     return record_memory(workload, session=session)
 
 
+@pytest.mark.slow
 def test_times_are_measured_with_a_plan_that_fits_and_identical_blocks_share_them() -> None:
     profile = _memory_profile(WIDE)
     timing_plan = baseline_every_block(profile)
@@ -68,6 +69,7 @@ def test_an_infeasible_budget_is_reported_before_anything_real_is_allocated() ->
     assert watcher.peak_bytes <= 33 * 2**20  # the batch (32 MiB), made for real; no model
 
 
+@pytest.mark.slow
 def test_profile_and_plan_checks_the_plan_it_writes_within_the_budget() -> None:
     profile = _memory_profile(SMALL_GPT)
     every_block = baseline_every_block(profile).predicted_peak_bytes
@@ -100,6 +102,7 @@ def test_a_plan_for_a_target_device_is_estimated_and_left_unchecked() -> None:
 
 
 @pytest.mark.parametrize("model", ["small_gpt.py", "sdpa_blocks.py"])
+@pytest.mark.slow
 def test_timing_never_holds_more_than_the_budget_in_this_process(model: str) -> None:
     """Every real pass of the job in this process (warm-up, timed steps, the inputs the
     selective options are timed on) stays within the budget, counted over all live

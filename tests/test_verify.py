@@ -118,6 +118,7 @@ def test_verify_lists_what_differs_and_exits_5(
     assert _files(workdir) == {"plan.json"}
 
 
+@pytest.mark.slow
 def test_verify_a_plan_whose_recomputation_differs_exits_5_and_debug_traces_it(
     runner: CliRunner, workdir: Path
 ) -> None:
@@ -138,6 +139,7 @@ def test_verify_a_plan_whose_recomputation_differs_exits_5_and_debug_traces_it(
     assert _files(workdir) == {"plan.json"}
 
 
+@pytest.mark.slow
 def test_verify_warns_when_the_batch_shape_differs(
     runner: CliRunner, workdir: Path, cnn_plan: Plan
 ) -> None:

@@ -10,8 +10,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-pytest.importorskip("transformers")
-
 from benchmarks import zoo
 from benchmarks.zoo_models import ZOO
 
