@@ -567,6 +567,41 @@ def test_a_stalled_lowest_peak_search_keeps_a_true_bound_and_agrees_with_solve(
             assert "the lowest found, and no plan peaks below" in str(refused.value)
 
 
+def test_an_integer_program_cut_short_keeps_a_true_bound() -> None:
+    """Where HiGHS stops at its node limit (here at once: no node at all), the answer is a
+    plan that fits (the fitting plan it was given, where it finds nothing cheaper), and
+    ``cost_bound_ms`` is a true lower bound: no plan that fits costs less. Proven means the
+    cheapest. The lowest-peak search cut short keeps a true bound too."""
+    unproven = bounded = 0
+    for seed in range(40):
+        profile = random_profile(seed)
+        plans = _brute_force(profile)
+        solver = Solver(profile, exhaustive_evaluations=0)
+        program = solver.integer_program()
+        program.max_nodes = 0
+        # The cost resolution: half a quantum per unit, at most every unit.
+        slack = program.quantum_ms / 2 * len(solver.names) + 1e-9
+        lowest_names = program.lowest_peak()
+        true_lowest = min(peak for _, peak, _ in plans)
+        assert program.lowest_bound_bytes <= true_lowest <= solver.peak(lowest_names)
+        peaks = sorted({peak for _, peak, _ in plans})
+        for budget in peaks[:: max(1, len(peaks) // 6)]:
+            fitting = [(cost, plan) for cost, peak, plan in plans if peak <= budget]
+            best = min(cost for cost, _ in fitting)
+            given_cost, given = max(fitting)  # the dearest plan that fits
+            names, proven = program.solve(budget, given)
+            assert names is not None and solver.peak(names) <= budget
+            _assert_antichain(names)
+            assert solver.cost(names) <= given_cost + slack
+            assert program.cost_bound_ms <= best + slack
+            if proven:
+                assert solver.cost(names) == pytest.approx(best, abs=slack)
+            else:
+                unproven += 1
+                bounded += program.cost_bound_ms > 0
+    assert unproven and bounded  # the property is not empty
+
+
 def _incompatible() -> None:
     raise Incompatible(("point", 0, -1))
 
