@@ -25,6 +25,7 @@ from planner.core.records import (
 )
 from planner.plan.memory_model import MemoryModel
 from planner.solve import Solver, lowest_peak, solve
+from planner.solve.planning import plan_for_budget
 from planner.solve.tree_dp import Incompatible
 from tests.test_memory_model import timeline_a, timeline_b
 
@@ -600,6 +601,35 @@ def test_an_integer_program_cut_short_keeps_a_true_bound() -> None:
                 unproven += 1
                 bounded += program.cost_bound_ms > 0
     assert unproven and bounded  # the property is not empty
+
+
+def test_a_solution_cut_short_says_what_it_proved() -> None:
+    """Through the solver: ``lower_bound_ms`` is the cost when proven, and otherwise a true
+    lower bound of the cheapest plan that fits; the plan's note says the gap."""
+    gaps = 0
+    for seed in range(20):
+        profile = random_profile(seed)
+        plans = _brute_force(profile)
+        solver = Solver(profile, exhaustive_evaluations=0, nesting=False)
+        solver.tree_program = _incompatible  # type: ignore[method-assign]
+        solver.integer_program().max_nodes = 0
+        slack = solver.integer_program().quantum_ms / 2 * len(solver.names) + 1e-9
+        _, lowest = solver.lowest_peak()
+        for budget in sorted({peak for _, peak, _ in plans if peak >= lowest}):
+            best = min(cost for cost, peak, _ in plans if peak <= budget)
+            plan, solution = plan_for_budget(profile, budget, solver=solver)
+            assert solution.predicted_peak_bytes <= budget
+            assert solution.lower_bound_ms <= solution.recompute_ms
+            assert solution.lower_bound_ms <= best + slack
+            if solution.proven_optimal:
+                assert solution.lower_bound_ms == solution.recompute_ms
+                assert solution.recompute_ms == pytest.approx(best, abs=slack)
+                assert "(search finished)" in plan.notes[0]
+            elif solution.lower_bound_ms > 0:
+                gap_ms = solution.recompute_ms - solution.lower_bound_ms
+                assert f"at most {gap_ms:.2f} ms" in plan.notes[0]
+                gaps += 1
+    assert gaps  # the property is not empty
 
 
 def _incompatible() -> None:

@@ -202,11 +202,16 @@ def plan_for_budget(
     """
     solver = solver or Solver(profile)
     solution = solver.solve(plan_budget_bytes if plan_budget_bytes is not None else budget_bytes)
-    note = (
-        "solver: cheapest plan under the memory model (search finished)"
-        if solution.proven_optimal
-        else f"solver: best plan found in {solution.evaluations} evaluations (search cut short)"
-    )
+    if solution.proven_optimal:
+        note = "solver: cheapest plan under the memory model (search finished)"
+    elif solution.lower_bound_ms > 0:
+        gap_ms = solution.recompute_ms - solution.lower_bound_ms
+        note = (
+            f"solver: at most {gap_ms:.2f} ms ({gap_ms / solution.recompute_ms:.1%}) more "
+            "recompute than the cheapest plan under the memory model (search cut short)"
+        )
+    else:
+        note = f"solver: best plan found in {solution.evaluations} evaluations (search cut short)"
     plan = build_plan(
         profile,
         solution.module_names,
