@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         proven.append(solution.proven_optimal)
         path = "integer program" if fresh.integer_program_used else "tree program"
         # The integer program on the same budget, for comparison (not timed against the
-        # target; it may stop at its time limit unproven).
+        # target; it may stop at its node limit unproven).
         program = Solver(profile, solver.memory).integer_program()
         started = time.perf_counter()
         other, other_proven = program.solve(budget)

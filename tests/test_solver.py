@@ -26,6 +26,7 @@ from planner.core.records import (
 )
 from planner.plan.memory_model import MemoryModel
 from planner.solve import Solver, lowest_peak, solve
+from planner.solve.planning import plan_for_budget
 from planner.solve.tree_dp import Incompatible
 from tests.test_memory_model import timeline_a, timeline_b
 
@@ -567,6 +568,70 @@ def test_a_stalled_lowest_peak_search_keeps_a_true_bound_and_agrees_with_solve(
         assert refused.value.min_budget_bytes == found
         if solver.lowest_bound_bytes < found:
             assert "the lowest found, and no plan peaks below" in str(refused.value)
+
+
+def test_an_integer_program_cut_short_keeps_a_true_bound() -> None:
+    """Where HiGHS stops at its node limit (here at once: no node at all), the answer is a
+    plan that fits (the fitting plan it was given, where it finds nothing cheaper), and
+    ``cost_bound_ms`` is a true lower bound: no plan that fits costs less. Proven means the
+    cheapest. The lowest-peak search cut short keeps a true bound too."""
+    unproven = bounded = 0
+    for seed in range(40):
+        profile = random_profile(seed)
+        plans = _brute_force(profile)
+        solver = Solver(profile, exhaustive_evaluations=0)
+        program = solver.integer_program()
+        program.max_nodes = 0
+        # The cost resolution: half a quantum per unit, at most every unit.
+        slack = program.quantum_ms / 2 * len(solver.names) + 1e-9
+        lowest_names = program.lowest_peak()
+        true_lowest = min(peak for _, peak, _ in plans)
+        assert program.lowest_bound_bytes <= true_lowest <= solver.peak(lowest_names)
+        peaks = sorted({peak for _, peak, _ in plans})
+        for budget in peaks[:: max(1, len(peaks) // 6)]:
+            fitting = [(cost, plan) for cost, peak, plan in plans if peak <= budget]
+            best = min(cost for cost, _ in fitting)
+            given_cost, given = max(fitting)  # the dearest plan that fits
+            names, proven = program.solve(budget, given)
+            assert names is not None and solver.peak(names) <= budget
+            _assert_antichain(names)
+            assert solver.cost(names) <= given_cost + slack
+            assert program.cost_bound_ms <= best + slack
+            if proven:
+                assert solver.cost(names) == pytest.approx(best, abs=slack)
+            else:
+                unproven += 1
+                bounded += program.cost_bound_ms > 0
+    assert unproven and bounded  # the property is not empty
+
+
+def test_a_solution_cut_short_says_what_it_proved() -> None:
+    """Through the solver: ``lower_bound_ms`` is the cost when proven, and otherwise a true
+    lower bound of the cheapest plan that fits; the plan's note says the gap."""
+    gaps = 0
+    for seed in range(20):
+        profile = random_profile(seed)
+        plans = _brute_force(profile)
+        solver = Solver(profile, exhaustive_evaluations=0, nesting=False)
+        solver.tree_program = _incompatible  # type: ignore[method-assign]
+        solver.integer_program().max_nodes = 0
+        slack = solver.integer_program().quantum_ms / 2 * len(solver.names) + 1e-9
+        _, lowest = solver.lowest_peak()
+        for budget in sorted({peak for _, peak, _ in plans if peak >= lowest}):
+            best = min(cost for cost, peak, _ in plans if peak <= budget)
+            plan, solution = plan_for_budget(profile, budget, solver=solver)
+            assert solution.predicted_peak_bytes <= budget
+            assert solution.lower_bound_ms <= solution.recompute_ms
+            assert solution.lower_bound_ms <= best + slack
+            if solution.proven_optimal:
+                assert solution.lower_bound_ms == solution.recompute_ms
+                assert solution.recompute_ms == pytest.approx(best, abs=slack)
+                assert "(search finished)" in plan.notes[0].text
+            elif solution.lower_bound_ms > 0:
+                gap_ms = solution.recompute_ms - solution.lower_bound_ms
+                assert f"at most {gap_ms:.2f} ms" in plan.notes[0].text
+                gaps += 1
+    assert gaps  # the property is not empty
 
 
 def _incompatible() -> None:

@@ -5,8 +5,14 @@ could each be checkpointed, say), and for the lowest peak there.
 Rows are added lazily: solve, replay the answer exactly, add the row of the event (or spike)
 where the replay exceeds the budget, repeat; the loop ends with a plan whose exact replay
 fits, the cheapest under the memory model (``proven_optimal``) at the program's cost
-resolution (10 microseconds, finer for costs of microseconds), unless HiGHS hit its time
-limit.
+resolution (10 microseconds, finer for costs of microseconds), unless HiGHS hit its node
+limit first: then the best plan found, and the bound HiGHS proved
+(:attr:`IntegerProgram.cost_bound_ms`: no plan that fits costs less).
+
+Why a node limit: the memory rows are knapsack rows over many near-identical items (layers
+of one shape, options of almost equal cost and saving). On such programs HiGHS finds its
+plan at the root node, then spends thousands of nodes without raising its bound above the
+root's. A node limit, unlike a time limit, gives the same answer on a loaded machine.
 """
 
 from __future__ import annotations
@@ -80,6 +86,11 @@ class IntegerProgram:
         self.cost = np.round(cost_ms / self.quantum_ms)
         self.scale = float(memory_rows.base.max()) or 1.0
         self.rounds = 0
+        # Branch-and-bound nodes per HiGHS solve; past it the answer is the best plan found
+        # and the bound proven so far. Fewer for more units, for about the same work per
+        # solve (a node's LP grows with the units): small programs still finish, large ones
+        # stop soon after the root. Time is a safety net only (it depends on the load).
+        self.max_nodes = max(1, 50_000 // max(1, len(self.units)))
         self.time_limit_s = 20.0
         # Rows added per round: every stretch of the replay above the bound, up to this many.
         self.rows_per_round = 32
@@ -90,7 +101,14 @@ class IntegerProgram:
         self.max_rounds = 100
         # The proven lower bound of the last lowest_peak (its answer's peak when proven).
         self.lowest_bound_bytes = 0
-        self.timed_out = False
+        # The proven lower bound of the last solve's cost: no plan that fits its budget
+        # recomputes in less, at the cost resolution (``quantum_ms``); the answer's cost
+        # (at that resolution) when proven.
+        self.cost_bound_ms = 0.0
+        # What the last HiGHS solve proved: the optimum of its rows (False: stopped at the
+        # node or time limit), and the lower bound of its objective.
+        self._optimal = True
+        self._bound = 0.0
 
     # -- solving -------------------------------------------------------------------------
     def _milp(
@@ -101,7 +119,9 @@ class IntegerProgram:
         peak_column: bool = False,
     ) -> np.ndarray | None:
         """Solve with the given rows (plus path and helper-link rows). Columns: units,
-        helpers, then the peak variable when ``peak_column``."""
+        helpers, then the peak variable when ``peak_column``. Returns the best solution
+        found (None: infeasible, or none found within the limits); sets ``_optimal`` and
+        ``_bound``."""
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import coo_array
 
@@ -132,13 +152,22 @@ class IntegerProgram:
                 constraints=[LinearConstraint(matrix, -np.inf, np.array(upper))],
                 integrality=integrality,
                 bounds=Bounds(np.zeros(count), high),
-                options={"mip_rel_gap": 0.0, "time_limit": self.time_limit_s},
+                options={
+                    "mip_rel_gap": 0.0,
+                    "time_limit": self.time_limit_s,
+                    "node_limit": self.max_nodes,
+                },
             )
         self.rounds += 1
-        if result.status == 1:  # time limit: the answer (if any) is not proven optimal
-            self.timed_out = True
+        # 0: optimal; 2: proven infeasible; anything else (a node or time limit): the best
+        # solution found, if any, and the bound proven so far.
+        self._optimal = result.status in (0, 2)
+        dual = result.get("mip_dual_bound")
+        self._bound = float(dual) if dual is not None and np.isfinite(dual) else -np.inf
         if result.x is None:
             return None
+        if self._optimal:
+            self._bound = float(result.fun)
         return np.asarray(result.x)
 
     def _chosen(self, x: np.ndarray) -> tuple[Unit, ...]:
@@ -148,17 +177,25 @@ class IntegerProgram:
         # Memory rows in units of the unplanned peak, so HiGHS's tolerances are relative.
         return {c: v / self.scale for c, v in row.items()}, bound / self.scale
 
-    def solve(self, budget_bytes: int) -> tuple[tuple[Unit, ...] | None, bool]:
+    def solve(
+        self, budget_bytes: int, fitting: tuple[Unit, ...] | None = None
+    ) -> tuple[tuple[Unit, ...] | None, bool]:
+        """The cheapest plan whose exact replay fits ``budget_bytes`` (None: none fits), and
+        whether it is proven the cheapest; :attr:`cost_bound_ms` is the proven bound.
+
+        ``fitting``: a plan known to fit (a cheaper budget's answer, say). It is the answer
+        where HiGHS stops at its limit with nothing cheaper."""
         budget = float(budget_bytes)
         rows: list[tuple[dict[int, float], float]] = []
         added: set[Violation] = set()
         violation = self.memory_rows.violation((), budget)
+        self.cost_bound_ms = 0.0
         if violation is None:
             return (), True
-        self.timed_out = False
         exact = True
         chosen: tuple[Unit, ...] = ()
         violations = [violation]
+        bound = 0.0  # in quanta: each round's rows are a relaxation of the next round's
         for _ in range(self.max_rounds):
             fresh = [v for v in violations if v not in added]
             if not fresh:
@@ -169,14 +206,43 @@ class IntegerProgram:
                 added.add(new)
                 rows.append(self._scaled(*self.memory_rows.row_for(new, budget)))
             x = self._milp(self.cost, rows)
+            bound = max(bound, self._bound)
             if x is None:
-                return None, exact and not self.timed_out
+                if self._optimal:  # infeasible: no plan fits
+                    return None, exact
+                break
             chosen = self._chosen(x)
             violations = self.memory_rows.violations(chosen, budget, self.rows_per_round)
             if not violations:
-                return chosen, exact and not self.timed_out
-        logger.debug("integer program: no plan within %d rounds", self.max_rounds)
-        return None, False
+                return self._answer(chosen, fitting, bound, self._optimal, exact)
+        else:
+            logger.debug("integer program: no plan within %d rounds", self.max_rounds)
+        if fitting is None:
+            return None, False
+        return self._answer(fitting, None, bound, False, exact)
+
+    def _answer(
+        self,
+        chosen: tuple[Unit, ...],
+        fitting: tuple[Unit, ...] | None,
+        bound: float,
+        optimal: bool,
+        exact: bool,
+    ) -> tuple[tuple[Unit, ...], bool]:
+        """``chosen`` (a plan that fits, optimal for the last rows or not), or ``fitting``
+        where that is cheaper; whether it is proven the cheapest, and :attr:`cost_bound_ms`
+        from the proven ``bound`` (in quanta; none where the rows were not exact)."""
+        quanta = self._quanta(chosen)
+        if fitting is not None and self._quanta(fitting) < quanta:
+            chosen, quanta, optimal = fitting, self._quanta(fitting), False
+        if optimal:
+            bound = quanta
+        proven = exact and bound >= quanta
+        self.cost_bound_ms = min(bound, quanta) * self.quantum_ms if exact else 0.0
+        return chosen, proven
+
+    def _quanta(self, units: tuple[Unit, ...]) -> float:
+        return float(sum(self.cost[self.tree.index[u]] for u in units))
 
     def lowest_peak(self) -> tuple[Unit, ...]:
         """Minimise the peak: a column z with z >= each lazily added memory/spike row.
@@ -208,7 +274,10 @@ class IntegerProgram:
             if x is None:
                 break
             chosen = self._chosen(x[:count])
-            lower = float(x[-1]) * self.scale
+            # The answer's own peak under the rows; the proven bound is lower where HiGHS
+            # stopped at its limit (less the tiny cost term of the objective).
+            level = float(x[-1]) * self.scale
+            lower = level if self._optimal else max(0.0, self._bound - 1e-9) * self.scale
             peak = self.peaks(chosen)
             if peak < best[0]:
                 best = (peak, chosen)
@@ -223,7 +292,7 @@ class IntegerProgram:
             if stalled >= self.stall_rounds:
                 logger.debug("lowest peak: bound stalled at %d bytes, best %d", floor, best[0])
                 break
-            violations = self.memory_rows.violations(chosen, lower + 0.5, self.rows_per_round)
+            violations = self.memory_rows.violations(chosen, level + 0.5, self.rows_per_round)
             if not violations:
                 break
         self.lowest_bound_bytes = min(best[0], int(floor))

@@ -26,13 +26,20 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Solution:
-    """A set of units to checkpoint (sorted) with its predicted peak and recompute cost."""
+    """A set of units to checkpoint (sorted) with its predicted peak and recompute cost.
+
+    ``proven_optimal``: no plan within the budget recomputes in less. Otherwise
+    ``lower_bound_ms`` is what the search proved: no plan within the budget recomputes in
+    less than that (at the integer program's cost resolution,
+    :attr:`~planner.solve.integer_program.IntegerProgram.quantum_ms` per unit); 0.0 where it
+    proved nothing (an exhaustive search cut short)."""
 
     units: tuple[Unit, ...]
     predicted_peak_bytes: int
     recompute_ms: float
     proven_optimal: bool
     evaluations: int
+    lower_bound_ms: float
 
     @property
     def module_names(self) -> tuple[str, ...]:
@@ -190,7 +197,7 @@ class Solver:
                 logger.debug("no plan without nesting fits %d bytes; nesting allowed", budget_bytes)
         start = self.evaluations
         limit = self.exhaustive_evaluations if max_evaluations is None else max_evaluations
-        best, proven = None, False
+        best, proven, bound_ms = None, False, 0.0
         if self.plan_count <= limit:
             best, proven = branch_and_bound(self.tree, self.peak, budget_bytes, limit)
         if not proven:
@@ -203,7 +210,9 @@ class Solver:
                 # Below the lowest peak no plan fits (proven, or the lowest found where
                 # that search stalled: the two answers agree).
                 if budget_bytes >= self.lowest_peak()[1]:
-                    best, proven = self.integer_program().solve(budget_bytes)
+                    program = self.integer_program()
+                    best, proven = program.solve(budget_bytes, self._fitting(budget_bytes))
+                    bound_ms = program.cost_bound_ms
         if best is None:
             names, lowest = self.lowest_peak()
             if lowest <= budget_bytes:  # cannot happen with a finished search; be safe
@@ -232,6 +241,7 @@ class Solver:
             recompute_ms=self.cost(best),
             proven_optimal=proven,
             evaluations=self.evaluations - start,
+            lower_bound_ms=self.cost(best) if proven else min(bound_ms, self.cost(best)),
         )
 
     def _remember(self, plan: tuple[Unit, ...]) -> None:
