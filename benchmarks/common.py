@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -33,3 +38,38 @@ def halfway_budget(profile: Profile) -> int:
     _, lowest = Solver(profile, model).lowest_peak()
     low = max(model.peak_bytes(Unit(block) for block in profile.block_names), lowest)
     return (low + profile.measured_peak_bytes) // 2
+
+
+@dataclass(frozen=True)
+class ProcessCost:
+    """What a command cost: exit code, wall and CPU seconds (user + system, of its whole
+    process tree), and the largest resident set of any process of that tree."""
+
+    code: int
+    wall_s: float
+    cpu_s: float
+    max_rss_kib: int
+    stderr: str
+
+
+def process_cost(command: list[str], cwd: Path) -> ProcessCost:
+    """Run ``command`` in a fresh helper process (so that ``RUSAGE_CHILDREN`` holds only
+    its tree) and return what it cost."""
+    helper = (
+        "import json, resource, subprocess, sys, time\n"
+        "t = time.perf_counter()\n"
+        "run = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "wall = time.perf_counter() - t\n"
+        "use = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "print(json.dumps([run.returncode, wall, use.ru_utime + use.ru_stime,"
+        " use.ru_maxrss, run.stderr]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", helper, *command],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    code, wall, cpu, rss, stderr = json.loads(result.stdout)
+    return ProcessCost(int(code), float(wall), float(cpu), int(rss), str(stderr))

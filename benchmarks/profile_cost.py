@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import halfway_budget, markdown_table  # noqa: E402
+from benchmarks.common import halfway_budget, markdown_table, process_cost  # noqa: E402
 from planner.core.fileio import atomic_write_text  # noqa: E402
 from planner.measure import clock, profiler, recorder  # noqa: E402
 from planner.measure.fake import build_fake_workload  # noqa: E402
@@ -138,24 +137,10 @@ def time_part(model: Path, repeats: int) -> str:
 
 
 def _max_rss_kib(command: list[str], cwd: Path) -> tuple[int, int, float]:
-    """Run ``command`` in a fresh helper process; the largest resident set (KiB) of any
-    process of its tree, its exit code, and its wall time."""
-    helper = (
-        "import resource, subprocess, sys, time\n"
-        "t = time.perf_counter()\n"
-        "code = subprocess.run(sys.argv[1:], capture_output=True).returncode\n"
-        "rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
-        "print(rss, code, time.perf_counter() - t)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", helper, *command],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rss, code, seconds = result.stdout.split()
-    return int(rss), int(code), float(seconds)
+    """The largest resident set (KiB) of any process of ``command``'s tree, its exit code,
+    and its wall time."""
+    cost = process_cost(command, cwd)
+    return cost.max_rss_kib, cost.code, cost.wall_s
 
 
 def memory_part(names: list[str]) -> str:
