@@ -129,3 +129,56 @@ def test_the_guard_names_a_bigger_batch_and_hugging_faces_own_checkpointing(
     assert len(warnings) == 2, warnings
     assert "input_ids is [8, 128] int64, the plan's was [4, 128] int64" in warnings[0]
     assert "gradient_checkpointing" in warnings[1]
+
+
+def _zoo_profile(name: str) -> Profile:
+    """The memory half of the profile of the zoo's ``name`` (benchmarks/zoo_models.py), on
+    fake tensors: what ``ckpt-plan profile`` records."""
+    from benchmarks.zoo_models import ZOO
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
+    from tests.models import model_file
+
+    zoo_model = ZOO[name]
+    file = model_file(zoo_model.build_model, zoo_model.sample_batch, name=f"zoo_{name}")
+    workload, session = build_fake_workload(file)
+    return record_memory(workload, session=session)
+
+
+@pytest.mark.slow
+def test_a_hybrid_models_blocks_are_its_layers_as_hugging_face_checkpoints_them() -> None:
+    """Jamba's decoder layers are of two classes (Mamba, attention): its blocks are the
+    entries of its layer list, the modules Hugging Face's gradient checkpointing wraps, and
+    the every-block baseline checkpoints both (on this tiny config it lowers no peak: the
+    step peaks outside the layers)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from benchmarks.zoo_models import ZOO
+
+    profile = _zoo_profile("jamba")
+    assert profile.block_names == ("model.layers.0", "model.layers.1")
+    assert len({profile.module(name).module_type for name in profile.block_names}) == 2
+    model = ZOO["jamba"].build_model()
+    wrapped = tuple(
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, GradientCheckpointingLayer)
+    )
+    assert profile.block_names == wrapped
+    assert baseline_every_block(profile).module_names == profile.block_names
+
+
+@pytest.mark.slow
+def test_convnexts_blocks_are_its_layers_not_its_stages() -> None:
+    """Hugging Face's ConvNeXt keeps each stage's layers in a ModuleList: the blocks are those
+    layers (as timm checkpoints its ConvNeXt, and as every residual block of a CNN is), and
+    checkpointing them all gives a lower peak than checkpointing every stage."""
+    from planner.core.records import Unit
+    from planner.plan.memory_model import MemoryModel
+
+    profile = _zoo_profile("convnext")
+    stages = [f"convnext.encoder.stages.{stage}" for stage in range(4)]
+    assert profile.block_names == tuple(f"{stage}.layers.{i}" for stage in stages for i in (0, 1))
+    every_layer = baseline_every_block(profile).predicted_peak_bytes
+    every_stage = MemoryModel.for_profile(profile).peak_bytes(Unit(stage) for stage in stages)
+    assert every_layer < every_stage < profile.measured_peak_bytes

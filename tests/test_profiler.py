@@ -17,6 +17,7 @@ from planner.plan.memory_model import MemoryModel
 from planner.solve.planning import build_plan
 from tests.models import (
     BatchNormNet,
+    Block,
     SharedBlockModel,
     caching_file,
     model_file,
@@ -223,6 +224,118 @@ def test_find_blocks_keeps_transformer_stacks() -> None:
     # A root Sequential of blocks has no siblings to join.
     root = torch.nn.Sequential(*(_Residual(4) for _ in range(3)))
     assert find_blocks(root) == ("0", "1", "2")
+
+
+class _Gated(torch.nn.Module):
+    """A residual layer of another class than ``Block`` (as a Mamba layer is beside an
+    attention layer in a hybrid model)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.proj = torch.nn.Linear(width, 2 * width)
+        self.out = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        value, gate = self.proj(self.norm(x)).chunk(2, dim=-1)
+        return x + self.out(value * torch.sigmoid(gate))
+
+
+class _Hybrid(torch.nn.Module):
+    """Jamba's layout: one ModuleList of layers of two classes, run one after the other."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            [_Gated(width), Block(width), _Gated(width), Block(width)]
+        )
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return torch.nn.functional.cross_entropy(self.head(x), y)
+
+
+class _ListStage(torch.nn.Module):
+    """Hugging Face ConvNeXt's stage (transformers 5): a ModuleList that downsamples and a
+    ModuleList of residual blocks, both run in the stage's own loop."""
+
+    def __init__(self, width: int, out: int, depth: int) -> None:
+        super().__init__()
+        self.downsampling_layer = torch.nn.ModuleList([torch.nn.Linear(width, out)])
+        self.layers = torch.nn.ModuleList(Block(out) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.downsampling_layer:
+            x = layer(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class _ListStages(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stages = torch.nn.ModuleList([_ListStage(16, 16, 2), _ListStage(16, 32, 3)])
+        self.head = torch.nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for stage in self.stages:
+            x = stage(x)
+        return torch.nn.functional.cross_entropy(self.head(x), y)
+
+
+class _MixtureLayer(torch.nn.Module):
+    """A layer holding its experts in a ModuleList, each expert run on its own rows: not a
+    chain of blocks, so the layer stays one block."""
+
+    def __init__(self, width: int, experts: int = 2) -> None:
+        super().__init__()
+        self.attention = Block(width)
+        self.experts = torch.nn.ModuleList(Block(width) for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attention(x)
+        rows = zip(self.experts, x.chunk(len(self.experts)), strict=True)
+        return x + torch.cat([expert(part) for expert, part in rows])
+
+
+class _Mixture(torch.nn.Module):
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_MixtureLayer(width) for _ in range(2))
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return torch.nn.functional.cross_entropy(self.head(x), y)
+
+
+def _recorded_blocks(build) -> tuple[str, ...]:  # type: ignore[no-untyped-def]
+    """The blocks of a profile recorded on fake tensors (found with the step's timeline)."""
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
+
+    file = model_file(build, lambda: (torch.randn(8, 16), torch.randint(0, 10, (8,))))
+    workload, session = build_fake_workload(file)
+    return record_memory(workload, session=session).block_names
+
+
+def test_find_blocks_takes_the_layers_the_step_ran_in_a_chain() -> None:
+    """The blocks a recorded step shows: the entries of a ModuleList of layers of several
+    classes that ran one after the other (a hybrid model: Jamba), and the blocks of a stage
+    kept in a ModuleList rather than an nn.Sequential (Hugging Face's ConvNeXt). From the
+    structure alone (sharding before any step) neither is a stack of blocks of one class."""
+    assert _recorded_blocks(_Hybrid) == ("layers.0", "layers.1", "layers.2", "layers.3")
+    assert find_blocks(_Hybrid()) == ()
+    stages = ["stages.0.layers.0", "stages.0.layers.1"]
+    stages += [f"stages.1.layers.{index}" for index in range(3)]
+    assert _recorded_blocks(_ListStages) == tuple(stages)
+    assert find_blocks(_ListStages()) == ("stages.0", "stages.1")
+    # Experts each run on their own rows are not a chain: the layers stay the blocks.
+    assert _recorded_blocks(_Mixture) == ("layers.0", "layers.1")
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,18 @@
 """Find a model's repeated blocks, the ones a user checkpoints by hand ("every block"):
-:func:`find_blocks` (the ``blocks.*`` of a GPT, every residual block of a CNN), and tell
-``torch.nn``'s own leaf layers, which are never checkpointed alone (:func:`_is_torch_layer`).
+:func:`find_blocks` (the ``blocks.*`` of a GPT, the layers of a hybrid stack, every residual
+block of a CNN), and tell ``torch.nn``'s own leaf layers, which are never checkpointed alone
+(:func:`_is_torch_layer`).
 """
 
 from __future__ import annotations
 
+import itertools
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from planner.core.records import MemoryTimeline, ModuleCall
 
 __all__ = ["find_blocks"]
 
@@ -34,6 +41,36 @@ def _is_torch_layer(module: torch.nn.Module) -> bool:
     )
 
 
+class _Chains:
+    """Which containers' entries ran as a chain in the recorded step: each entry's first
+    forward call in registration order, from the same caller, taking a tensor the entry
+    before it returned (the hidden states going down a stack). Without a timeline, none."""
+
+    def __init__(self, timeline: MemoryTimeline | None) -> None:
+        self._first: dict[str, ModuleCall] = {}
+        for call in timeline.calls if timeline is not None else ():
+            self._first.setdefault(call.module_name, call)
+
+    def ran(self, name: str, module: torch.nn.Module) -> bool:
+        prefix = f"{name}." if name else ""
+        calls = []
+        for child, _ in module.named_children():
+            call = self._first.get(prefix + child)
+            if call is None:  # never called: not a chain the step ran
+                return False
+            calls.append(call)
+        if not calls:
+            return False
+        for before, after in itertools.pairwise(calls):
+            if (
+                after.forward_start_event < before.forward_end_event
+                or after.parent_call != before.parent_call
+                or not set(before.output_storages) & set(after.input_storages)
+            ):
+                return False
+        return True
+
+
 def _stack_class(module: torch.nn.Module, *, at_least: int = 2) -> type | None:
     """The class of the blocks ``module`` stacks: a ``ModuleList``/``Sequential`` whose
     ``at_least`` or more children are all of one class and blocks (:func:`_is_block`; a run
@@ -48,19 +85,46 @@ def _stack_class(module: torch.nn.Module, *, at_least: int = 2) -> type | None:
     return type(children[0])
 
 
-def _inner_blocks(name: str, module: torch.nn.Module) -> list[str]:
+def _is_stack(name: str, module: torch.nn.Module, chains: _Chains) -> bool:
+    """Whether ``module`` holds a stack of two or more blocks: of one class
+    (:func:`_stack_class`), or a ``ModuleList`` of blocks of several classes that ran as a
+    chain (a hybrid model's layers: Jamba's Mamba and attention layers). A ``Sequential`` of
+    several classes is not one: it is often a whole model (stem, body, head)."""
+    if _stack_class(module) is not None:
+        return True
+    children = list(module.children())
+    return (
+        isinstance(module, torch.nn.ModuleList)
+        and len(children) >= 2
+        and all(_is_block(child) for child in children)
+        and chains.ran(name, module)
+    )
+
+
+def _is_chain_of_blocks(name: str, module: torch.nn.Module, chains: _Chains) -> bool:
+    """Whether ``module`` is a chain of blocks of one class: an ``nn.Sequential``, which runs
+    its children one after the other, or a ``ModuleList`` whose entries ran so (a Hugging
+    Face ConvNeXt stage's layers). A ``ModuleList`` whose entries did not (experts of a
+    mixture, each on its own tokens) is not a chain to descend into."""
+    if _stack_class(module, at_least=1) is None:
+        return False
+    return isinstance(module, torch.nn.Sequential) or chains.ran(name, module)
+
+
+def _inner_blocks(name: str, module: torch.nn.Module, chains: _Chains) -> list[str]:
     """The residual blocks inside one block of a stack, where it is a stage of them: a stage
     that is itself an ``nn.Sequential`` of blocks (``stages.0`` -> ``stages.0.1``), or a
-    stage module holding one (timm's ``stages.0`` -> ``stages.0.blocks.1``). Only
-    ``nn.Sequential`` counts, which runs its children one after the other: a ``ModuleList``
-    inside a block (experts of a mixture) is not a chain of blocks. Otherwise ``[name]``."""
+    stage module holding one chain of blocks (:func:`_is_chain_of_blocks`; timm's
+    ``stages.0`` -> ``stages.0.blocks.1``, Hugging Face's ``stages.0`` ->
+    ``stages.0.layers.1``). Otherwise ``[name]``."""
+    stage: list[tuple[str, torch.nn.Module]]
     if isinstance(module, torch.nn.Sequential) and _stack_class(module, at_least=1):
         stage = [(name, module)]
     else:
         stage = [
             (f"{name}.{child_name}", child)
             for child_name, child in module.named_children()
-            if isinstance(child, torch.nn.Sequential) and _stack_class(child, at_least=1)
+            if _is_chain_of_blocks(f"{name}.{child_name}", child, chains)
         ]
         if len(stage) != 1:
             return [name]
@@ -68,33 +132,40 @@ def _inner_blocks(name: str, module: torch.nn.Module) -> list[str]:
     return [
         block
         for child_name, child in stage_module.named_children()
-        for block in _inner_blocks(f"{stage_name}.{child_name}", child)
+        for block in _inner_blocks(f"{stage_name}.{child_name}", child, chains)
     ]
 
 
-def find_blocks(model: torch.nn.Module) -> tuple[str, ...]:
+def find_blocks(model: torch.nn.Module, timeline: MemoryTimeline | None = None) -> tuple[str, ...]:
     """The model's repeated blocks, the ones a user checkpoints by hand ("every block").
 
     Start from the stack with the most parameters: the children of the
-    ``ModuleList``/``Sequential`` holding two or more blocks of one class
-    (``blocks.*`` of a GPT, ``model.layers.*`` of a Llama). On convolutional networks that
-    stack is one stage, or a stack of stages, and checkpointing a whole stage saves little,
-    so two rules make it every residual block instead:
+    ``ModuleList``/``Sequential`` holding two or more blocks of one class (``blocks.*`` of
+    a GPT, ``model.layers.*`` of a Llama), or, given the ``timeline`` of a recorded step,
+    of a ``ModuleList`` of blocks of several classes that ran as a chain, each entry on
+    the one before's output (a hybrid model's layers: Jamba's ``model.layers.*``, Mamba and
+    attention layers; what Hugging Face's gradient checkpointing checkpoints). On
+    convolutional networks that stack is one stage, or a stack of stages, and checkpointing
+    a whole stage saves little, so two rules make it every residual block instead:
 
     * Sibling stages: an ``nn.Sequential`` stack joins its siblings (same parent) that are
       ``nn.Sequential`` stacks of the same block class, in registration order (torchvision's
       ``layer1.0`` ... ``layer4.1``).
     * Nested stages: a block that is itself an ``nn.Sequential`` of blocks, or that holds
-      exactly one such ``nn.Sequential``, is replaced by those blocks, recursively
-      (``stages.0.1``; timm's ``stages.0.blocks.1``).
+      exactly one chain of blocks of one class (an ``nn.Sequential``, or, given the
+      timeline, a ``ModuleList`` whose entries ran one after the other), is replaced by
+      those blocks, recursively (``stages.0.1``; timm's ``stages.0.blocks.1``; Hugging
+      Face ConvNeXt's ``stages.0.layers.1``).
 
-    Transformer stacks are ``ModuleList``s whose blocks hold no ``nn.Sequential`` of blocks,
-    so neither rule changes them; stacks in different parents (T5's encoder and decoder
-    blocks) stay apart.
+    Transformer stacks are ``ModuleList``s whose blocks hold no chain of blocks of one class
+    (a mixture's experts each run on their own tokens), so neither rule changes them; stacks
+    in different parents (T5's encoder and decoder blocks) stay apart. Without a timeline
+    (sharding a model before any step), the answer is the one-class rules alone.
     """
+    chains = _Chains(timeline)
     best: tuple[int, str, torch.nn.Module | None] = (0, "", None)
     for name, module in model.named_modules():
-        if _stack_class(module) is None:
+        if not isinstance(module, _CONTAINERS) or not _is_stack(name, module, chains):
             continue
         size = sum(p.numel() for p in module.parameters()) + len(module)
         if size > best[0]:
@@ -120,6 +191,6 @@ def find_blocks(model: torch.nn.Module) -> tuple[str, ...]:
         for stack_name, stack_module in stacks
         for child_name, child in stack_module.named_children()
         for block in _inner_blocks(
-            f"{stack_name}.{child_name}" if stack_name else child_name, child
+            f"{stack_name}.{child_name}" if stack_name else child_name, child, chains
         )
     )

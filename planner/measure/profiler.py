@@ -387,7 +387,7 @@ def _profile_from_timeline(
         optimizer_state_bytes=kind_bytes(StorageKind.OPTIMIZER_STATE),
         modules=_module_profiles(model, timeline, forward_ms, memory),
         timeline=timeline,
-        block_names=find_blocks(model),
+        block_names=find_blocks(model, timeline),
         memory_source=memory_source,
         cost_source=cost_source,
         assumptions=(*assumptions, *notes),
