@@ -1,0 +1,321 @@
+"""Offloading saved tensors to host memory (planner.apply.offload), run for real on CPU: the
+hooks run, the copies are made and read back, training is bit-identical, and the offloaded
+storages really leave the device (measured live storages) while the host holds them."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from planner.apply import apply_plan, model_fingerprint, remove_plan, wrapped_modules
+from planner.apply.offload import HOST_MEMORY
+from planner.core.errors import PlanFileError
+from planner.measure.tracking import StorageWatcher, workload_tensors
+from planner.plan.plan_file import (
+    OFFLOAD_SCHEMA_VERSION,
+    CheckpointMethod,
+    ModuleDecision,
+    Plan,
+    load_plan,
+    save_plan,
+)
+
+WIDTH = 64
+ROWS = 1024  # a (ROWS, 4 * WIDTH) fp32 activation is 1 MiB: the default threshold
+MIB = 2**20
+
+
+class Attention(nn.Module):
+    """q, k and v are views of one projection's output: one storage, three saved views."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+        self.out = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(8, ROWS // 8, 3, 4, WIDTH // 4).unbind(2)
+        y = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        return self.out(y.transpose(1, 2).reshape(ROWS, WIDTH))
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(WIDTH)
+        self.attention = Attention()
+        self.up = nn.Linear(WIDTH, 4 * WIDTH)
+        self.down = nn.Linear(4 * WIDTH, WIDTH)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm(x))
+        return x + self.dropout(self.down(nn.functional.gelu(self.up(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, depth: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(depth))
+        self.head = nn.Linear(WIDTH, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).pow(2).mean()
+
+
+def build_model() -> Model:
+    torch.manual_seed(0)
+    return Model()
+
+
+def batch() -> torch.Tensor:
+    return torch.randn(ROWS, WIDTH, generator=torch.Generator().manual_seed(1))
+
+
+def make_plan(model: nn.Module, *decisions: ModuleDecision) -> Plan:
+    return Plan(
+        budget_bytes=10**9,
+        predicted_peak_bytes=10**8,
+        baseline_peak_bytes=10**8,
+        predicted_overhead=0.0,
+        recompute_ms=0.0,
+        step_ms=1.0,
+        static_bytes=0,
+        modules=decisions,
+        fingerprint=model_fingerprint(model),
+        batch={},
+        device="cpu",
+        torch_version=torch.__version__,
+        model_name="offload-test",
+    )
+
+
+def offload(name: str, min_bytes: int = MIB) -> ModuleDecision:
+    return ModuleDecision(name, method=CheckpointMethod.OFFLOAD, offload_min_bytes=min_bytes)
+
+
+@dataclasses.dataclass
+class Step:
+    loss: torch.Tensor
+    gradients: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    after_forward_bytes: int  # live device storages when the forward has returned
+    host_after_forward_bytes: int
+    peak_bytes: int
+    host_peak_bytes: int
+
+
+def train_step(model: nn.Module, x: torch.Tensor | None = None) -> Step:
+    """One forward and backward with a fixed RNG state, its live storages tracked."""
+    x = batch() if x is None else x
+    model.train()
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(3)
+    HOST_MEMORY.reset_peak()
+    watcher = StorageWatcher("cpu")
+    watcher.add_existing(workload_tensors(model, None, x))
+    with watcher:
+        loss = model(x)
+        after_forward = watcher.current_bytes
+        host_after_forward = HOST_MEMORY.current_bytes
+        loss.backward()
+    watcher.close()
+    assert HOST_MEMORY.current_bytes == 0, "host copies left after the backward"
+    return Step(
+        loss=loss.detach(),
+        gradients={name: p.grad.clone() for name, p in model.named_parameters()},
+        buffers={name: b.clone() for name, b in model.named_buffers()},
+        after_forward_bytes=after_forward,
+        host_after_forward_bytes=host_after_forward,
+        peak_bytes=watcher.peak_bytes,
+        host_peak_bytes=HOST_MEMORY.peak_bytes,
+    )
+
+
+def assert_same_training(reference: Step, planned: Step) -> None:
+    assert torch.equal(planned.loss, reference.loss)
+    assert planned.gradients.keys() == reference.gradients.keys()
+    for name, gradient in reference.gradients.items():
+        assert torch.equal(planned.gradients[name], gradient), name
+    for name, buffer in reference.buffers.items():
+        assert torch.equal(planned.buffers[name], buffer), name
+
+
+def test_an_offloaded_block_trains_bit_identically_and_its_storages_leave() -> None:
+    reference = train_step(build_model())
+    model = build_model()
+    apply_plan(model, make_plan(model, offload("blocks.1")), guard=False)
+    planned = train_step(model)
+    assert_same_training(reference, planned)
+    # What left the device is what the host held, and it came back for the backward.
+    moved = reference.after_forward_bytes - planned.after_forward_bytes
+    assert moved == planned.host_after_forward_bytes == planned.host_peak_bytes
+    # blocks.1's storages of 1 MiB and more that it saved: the attention projection (its
+    # q, k, v views: 0.75 MiB, stays), the MLP's up-projection and GELU outputs (1 MiB each).
+    assert moved == 2 * MIB
+    assert planned.peak_bytes <= reference.peak_bytes
+
+
+def test_a_lower_threshold_moves_more_and_every_view_is_rebuilt() -> None:
+    reference = train_step(build_model())
+    model = build_model()
+    apply_plan(model, make_plan(model, offload("blocks.0", 1), offload("blocks.2", 1)), guard=False)
+    planned = train_step(model)
+    assert_same_training(reference, planned)
+    moved = reference.after_forward_bytes - planned.after_forward_bytes
+    assert moved == planned.host_peak_bytes > 2 * 2 * MIB
+
+
+def test_offload_composes_with_checkpointing_elsewhere() -> None:
+    unplanned = build_model()
+    reference = train_step(unplanned)
+    model = build_model()
+    plan = make_plan(
+        model,
+        offload("blocks.0", 1),
+        ModuleDecision(
+            "blocks.1",
+            restore_buffers=("norm.running_mean", "norm.running_var", "norm.num_batches_tracked"),
+        ),
+        ModuleDecision(
+            "blocks.2.attention", policy="save-matmuls", saved_ops=("aten.addmm.default",)
+        ),
+    )
+    apply_plan(model, plan, guard=False)
+    assert assert_wrapped(model) == {
+        "blocks.0": "offload",
+        "blocks.1": "whole",
+        "blocks.2.attention": "save-matmuls",
+    }
+    planned = train_step(model)
+    assert_same_training(reference, planned)
+    # A second step: nothing of the first is left over (running statistics move on alike).
+    assert_same_training(train_step(unplanned), train_step(model))
+
+
+def assert_wrapped(model: nn.Module) -> dict[str, str]:
+    return {name: decision.how for name, decision in wrapped_modules(model).items()}
+
+
+def test_inputs_outputs_and_parameters_stay_on_the_device() -> None:
+    """A Linear saves its input (the block's input) and its weight; the block returns the
+    output its last op saved: none of them may leave."""
+
+    class Saver(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4 * WIDTH, 4 * WIDTH)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sigmoid(self.linear(x))  # sigmoid saves its output
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.saver = Saver()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.saver(x).pow(2).mean()
+
+    torch.manual_seed(0)
+    model = Outer()
+    x = torch.randn(ROWS, 4 * WIDTH)  # 1 MiB: over the threshold
+    apply_plan(model, make_plan(model, offload("saver", 1)), guard=False)
+    # Saved inside: x (an input), the weight (a parameter), sigmoid's result (the output).
+    assert train_step(model, x).host_peak_bytes == 0
+
+
+def test_a_forward_whose_graph_is_dropped_lets_go_of_its_host_copies() -> None:
+    model = build_model()
+    apply_plan(model, make_plan(model, offload("blocks.1")), guard=False)
+    loss = model(batch())
+    assert HOST_MEMORY.current_bytes == 2 * MIB
+    del loss
+    assert HOST_MEMORY.current_bytes == 0
+
+
+def test_under_no_grad_nothing_is_saved_or_moved() -> None:
+    model = build_model()
+    apply_plan(model, make_plan(model, offload("blocks.1")), guard=False)
+    HOST_MEMORY.reset_peak()
+    with torch.no_grad():
+        model(batch())
+    assert HOST_MEMORY.peak_bytes == 0
+
+
+def test_offload_on_the_path_of_another_decision_is_refused() -> None:
+    model = build_model()
+    plan = make_plan(model, offload("blocks.1"), ModuleDecision("blocks.1.attention"))
+    wraps = r"offloads blocks\.1 and also wraps blocks\.1\.attention"
+    with pytest.raises(PlanFileError, match=wraps):
+        apply_plan(model, plan)
+    assert wrapped_modules(model) == {}
+
+
+def test_remove_copy_and_pickle_an_offloading_model() -> None:
+    model = build_model()
+    apply_plan(model, make_plan(model, offload("blocks.1")), guard=False)
+    copies = (copy.deepcopy(model), pickle.loads(pickle.dumps(model)))
+    reference = train_step(model)
+    for other in copies:
+        assert assert_wrapped(other) == {"blocks.1": "offload"}
+        assert other.blocks[1].__dict__["_ckpt_plan_root"] is other
+        assert_same_training(reference, train_step(other))
+    remove_plan(model)
+    assert wrapped_modules(model) == {} and "_ckpt_plan_root" not in vars(model.blocks[1])
+
+
+def test_a_plan_that_offloads_is_schema_2_and_reads_back(tmp_path: Path) -> None:
+    model = build_model()
+    plan = dataclasses.replace(
+        make_plan(model, offload("blocks.1")),
+        host_budget_bytes=10**9,
+        predicted_host_peak_bytes=2 * MIB,
+    )
+    path = save_plan(plan, tmp_path / "plan.json")
+    assert '"schema_version": 2' in path.read_text() and OFFLOAD_SCHEMA_VERSION == 2
+    loaded = load_plan(path)
+    assert loaded.modules == plan.modules and loaded.offloads
+    assert loaded.host_budget_bytes == 10**9 and loaded.predicted_host_peak_bytes == 2 * MIB
+    plain = save_plan(make_plan(model, ModuleDecision("blocks.1")), tmp_path / "plain.json")
+    assert '"schema_version": 1' in plain.read_text()
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_copies_use_pinned_buffers_and_a_side_stream() -> None:
+    """Bit-identical on CUDA too; the storages leave the allocator's count when the forward
+    ends (``memory_allocated``) and come back for the backward."""
+    device = torch.device("cuda")
+    reference_model = build_model().to(device)
+    x = batch().to(device)
+
+    def step(model: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(3)
+        loss = model(x)
+        torch.cuda.synchronize()
+        after_forward = torch.cuda.memory_allocated(device)
+        loss.backward()
+        torch.cuda.synchronize()
+        grads = {name: p.grad.detach().cpu() for name, p in model.named_parameters()}
+        return loss.detach().cpu(), grads, after_forward
+
+    reference = step(reference_model)
+    model = build_model().to(device)
+    apply_plan(model, make_plan(model, offload("blocks.1")), guard=False)
+    HOST_MEMORY.reset_peak()
+    planned = step(model)
+    assert torch.equal(planned[0], reference[0])
+    assert all(torch.equal(planned[1][name], grad) for name, grad in reference[1].items())
+    assert reference[2] - planned[2] == HOST_MEMORY.peak_bytes == 2 * MIB
+    assert HOST_MEMORY.current_bytes == 0
