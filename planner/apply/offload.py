@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -111,31 +112,25 @@ def _side_stream(device: torch.device) -> Any:
 
 
 class _Stored:
-    """One storage saved inside an offloaded call: on the device (``device``, the whole
-    storage as a flat tensor), or on the host (``host``) between the forward's end and the
-    backward's first unpack."""
+    """One storage saved inside an offloaded call: on the device (the tensors of its
+    handles; ``device``, the whole storage as a flat tensor, once brought back), or on the
+    host (``host``) between the forward's end and the backward's first unpack."""
 
-    __slots__ = ("_first", "_home", "device", "dtype", "host", "nbytes", "numel", "offloadable")
+    __slots__ = ("device", "dtype", "home", "host", "nbytes", "numel", "offloadable")
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.nbytes = tensor.untyped_storage().nbytes()
         self.dtype = tensor.dtype
+        self.home = tensor.device
         size = tensor.element_size()
         self.offloadable = size > 0 and self.nbytes % size == 0
         self.numel = self.nbytes // size if self.offloadable else 0
         self.device: torch.Tensor | None = None
         self.host: torch.Tensor | None = None
-        # The first tensor packed (its storage, until it leaves), and the device it is on.
-        self._first: torch.Tensor | None = tensor
-        self._home = tensor.device
 
-    def flat(self) -> torch.Tensor:
-        """The whole storage, as a flat tensor of its dtype."""
-        assert self._first is not None
-        return self._first.detach().as_strided((self.numel,), (1,), 0)
-
-    def to_host(self) -> None:
-        flat = self.flat()
+    def to_host(self, view: torch.Tensor) -> None:
+        """Copy the whole storage behind ``view`` to a host buffer."""
+        flat = view.as_strided((self.numel,), (1,), 0)
         cuda = flat.device.type == "cuda"
         with torch.no_grad(), host_copies():
             host = torch.empty(self.numel, dtype=self.dtype, device="cpu", pin_memory=cuda)
@@ -149,18 +144,16 @@ class _Stored:
             else:
                 host.copy_(flat)
         self.host = host
-        self._first = None
         HOST_MEMORY.add(self.nbytes)
 
     def to_device(self) -> None:
         host = self.host
         assert host is not None
-        device = self._home
         with torch.no_grad():
-            restored = torch.empty(self.numel, dtype=self.dtype, device=device)
-            if device.type == "cuda":
-                stream = _side_stream(device)
-                current = torch.cuda.current_stream(device)
+            restored = torch.empty(self.numel, dtype=self.dtype, device=self.home)
+            if self.home.type == "cuda":
+                stream = _side_stream(self.home)
+                current = torch.cuda.current_stream(self.home)
                 stream.wait_stream(current)
                 with torch.cuda.stream(stream):
                     restored.copy_(host, non_blocking=True)
@@ -179,10 +172,10 @@ class _Stored:
 
 
 class _Saved:
-    """What the pack hook returns for one saved tensor: the tensor itself until the forward
-    ends, or, once its storage has gone to the host, how to rebuild it."""
+    """What the pack hook returns for one saved tensor: the tensor itself (detached) until
+    the forward ends, or, once its storage has gone to the host, how to rebuild it."""
 
-    __slots__ = ("call", "offset", "size", "stored", "stride", "tensor")
+    __slots__ = ("__weakref__", "call", "offset", "size", "stored", "stride", "tensor")
 
     def __init__(self, call: OffloadedCall, tensor: torch.Tensor, stored: _Stored | None) -> None:
         self.call = call
@@ -198,15 +191,16 @@ class OffloadedCall:
     hold, and what leaves when the forward ends (see the module notes).
 
     ``min_bytes``: the smallest storage that leaves; ``static``: keys (``_storage_key``) of
-    the storages that never leave (the model's parameters and buffers)."""
+    the storages that never leave (the model's parameters and buffers). The call holds its
+    handles weakly until the forward ends: a storage whose every saving op autograd let go
+    of in the forward dies there, as without the plan."""
 
     def __init__(self, min_bytes: int, static: frozenset[int]) -> None:
         self.min_bytes = min_bytes
         self.static = static
-        self.stored: dict[int, _Stored] = {}
-        self._packed: list[_Saved] | None = []
+        self._stored: dict[int, _Stored] = {}
+        self._packed: list[weakref.ref[_Saved]] | None = []
         self._offloaded: list[_Stored] = []
-        self._dtypes: dict[int, torch.dtype] = {}
         self._mixed: set[int] = set()
 
     def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
@@ -220,15 +214,14 @@ class OffloadedCall:
         key = _storage_key(tensor)
         stored = None
         if key is not None and key not in self.static and tensor.layout is torch.strided:
-            stored = self.stored.get(key)
+            stored = self._stored.get(key)
             if stored is None:
-                stored = self.stored[key] = _Stored(tensor)
-                self._dtypes[key] = tensor.dtype
-            elif self._dtypes[key] != tensor.dtype:
+                stored = self._stored[key] = _Stored(tensor)
+            elif stored.dtype != tensor.dtype:
                 self._mixed.add(key)
         saved = _Saved(self, tensor, stored)
         assert self._packed is not None, "a tensor saved after the offloaded forward ended"
-        self._packed.append(saved)
+        self._packed.append(weakref.ref(saved))
         return saved
 
     def unpack(self, saved: _Saved) -> torch.Tensor:
@@ -244,6 +237,7 @@ class OffloadedCall:
         """The forward returned ``output``: send every storage that may leave to the host
         and let go of it here."""
         packed, self._packed = self._packed, None
+        stored_by_key, self._stored = self._stored, {}
         assert packed is not None
         stays = set(self._mixed)
         for tensor in iter_tensors((args, kwargs, output)):
@@ -251,20 +245,21 @@ class OffloadedCall:
             if key is not None:
                 stays.add(key)
         leaving = {
-            key
-            for key, stored in self.stored.items()
+            id(stored)
+            for key, stored in stored_by_key.items()
             if key not in stays and stored.offloadable and stored.nbytes >= self.min_bytes
         }
-        for key in leaving:
-            stored = self.stored[key]
-            stored.to_host()
-            self._offloaded.append(stored)
-        for saved in packed:
-            if saved.stored is not None and saved.stored.host is not None:
-                saved.tensor = None
-        # Storages that stay are held by their handles' tensors alone.
-        self.stored = {key: self.stored[key] for key in leaving}
-        self._dtypes.clear()
+        del stored_by_key
+        for reference in packed:
+            saved = reference()
+            if saved is None or saved.stored is None or id(saved.stored) not in leaving:
+                continue
+            stored = saved.stored
+            if stored.host is None:
+                assert saved.tensor is not None
+                stored.to_host(saved.tensor)
+                self._offloaded.append(stored)
+            saved.tensor = None
 
     def bring_back(self) -> None:
         """Copy every storage of this call back to the device (the first unpack of its
