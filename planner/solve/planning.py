@@ -213,6 +213,7 @@ def plan_for_budget(
         strategy="optimal",
         memory=solver.memory,
         notes=(note,),
+        host_budget_bytes=solver.host_budget_bytes,
     )
     return plan, solution
 
