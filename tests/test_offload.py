@@ -482,3 +482,36 @@ def test_offloading_costs_the_copy_back_and_what_the_next_blocks_forward_does_no
     # No host link, no offload option.
     no_link = roofline_costs(offload_profile, dataclasses.replace(LINKED, host_link_bytes_per_s=0))
     assert not any(o.option == "offload" for m in no_link.modules for o in m.options)
+
+
+def test_solve_on_the_command_line_offloads_within_the_host_budget(
+    fast_link_profile: Profile, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+    from planner.plan.profile_file import save_profile
+
+    path = save_profile(fast_link_profile, tmp_path / "profile.json")
+    budget = str(fast_link_profile.measured_peak_bytes * 3 // 4)
+
+    def solve(*options: str) -> Plan:
+        out = tmp_path / "plan.json"
+        result = CliRunner().invoke(
+            app, ["solve", str(path), "--budget", budget, "-o", str(out), *options]
+        )
+        assert result.exit_code == 0, result.output
+        return load_plan(out)
+
+    plan = solve("--host-budget", "100MiB")
+    assert plan.offloads and plan.schema_version == 2
+    assert plan.host_budget_bytes == 100 * MIB
+    assert 0 < plan.predicted_host_peak_bytes <= 100 * MIB
+    decision = next(d for d in plan.modules if d.method is CheckpointMethod.OFFLOAD)
+    assert decision.offload_min_bytes == MIB and decision.host_bytes == 2 * MIB
+    one_block = solve("--host-budget", "2MiB")
+    assert one_block.predicted_host_peak_bytes == 2 * MIB
+    for options in (("--no-offload",), ("--host-budget", "1MiB")):
+        plain = solve(*options)
+        assert not plain.offloads and plain.schema_version == 1
+        assert plain.predicted_overhead > plan.predicted_overhead

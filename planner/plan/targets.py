@@ -65,6 +65,7 @@ __all__ = [
     "BUILT_IN_SPECS",
     "DeviceSpec",
     "TargetSpecError",
+    "default_host_budget",
     "load_spec",
     "offload_cost_ms",
     "op_time_ms",
@@ -197,6 +198,16 @@ def load_spec(name_or_path: str) -> DeviceSpec:
             f"device spec {path}: host_link_bytes_per_s and host_memory_bytes cannot be negative"
         )
     return spec
+
+
+def default_host_budget(spec: DeviceSpec | None) -> tuple[int, str]:
+    """The host memory offloaded tensors may fill when not told: the spec's host memory
+    where it gives one, else what this machine has free now; and where it came from."""
+    if spec is not None and spec.host_memory_bytes > 0:
+        return spec.host_memory_bytes, f"{spec.name}'s host memory"
+    from planner.core.devices import available_host_memory_bytes
+
+    return available_host_memory_bytes(), "this machine's free memory"
 
 
 def check_budget_fits(spec: DeviceSpec, budget_bytes: int) -> None:
