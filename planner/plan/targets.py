@@ -27,20 +27,23 @@ Design notes
   the ``offload`` option. ``host_memory_bytes``: the host memory a plan may fill with
   offloaded tensors by default (0: unknown; the planning machine's free memory is used).
 * **What offloading costs** (:func:`offload_cost_ms`). Nothing is recomputed; the copies
-  cost what the compute does not hide. A call's copy to the host starts when its forward
-  ends and runs beside the forward of the modules after it, up to the end of its next
-  sibling's forward (the next block, in a chain of blocks: each copy gets a window of its
-  own, so two copies never share the link in this estimate), or up to its own backward
-  where it has no next sibling; what does not fit in that window is paid. The copy back
-  starts at the first unpack of its backward, which waits for it: all of it is paid. Both
-  at ``bytes / host_link_bytes_per_s``; the window at roofline op times.
+  cost what the compute does not hide, at ``bytes / host_link_bytes_per_s`` each way. A
+  call's copy to the host starts when its forward ends and is hidden by the compute up to
+  the end of the next candidate's forward (any module a plan may choose, at any depth, that
+  ends after it: the next block, or a layer inside it): windows so cut never overlap for
+  the modules of one plan, so copies never share the link inside them, and what does not
+  fit a window is paid (it delays at most the later copies, whose waits it bounds). A
+  call that no candidate follows has the rest of the step up to its own backward. The copy
+  back starts at the first unpack of its backward, which waits for it: all of it is paid.
+  Under :mod:`planner.apply.offload`'s copies (one side stream, in order) that is an
+  upper bound, at roofline op times, of the time the copies add to a step.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -229,29 +232,28 @@ def op_time_ms(flops: int, bytes_moved: int, dtype: str, spec: DeviceSpec) -> fl
 
 
 def offload_cost_ms(
-    memory: MemoryModel, module_name: str, spec: DeviceSpec, op_ms: Callable[[OpCost], float]
+    memory: MemoryModel,
+    module_name: str,
+    spec: DeviceSpec,
+    op_ms: Callable[[OpCost], float],
+    boundaries: Sequence[int],
 ) -> float:
-    """What offloading a module costs on ``spec`` (all its calls): the transfer time its
-    window of compute does not hide, with ``op_ms`` the time of one recorded op (see the
-    module notes, "What offloading costs")."""
+    """What offloading a module costs on ``spec`` (all its calls): the transfer time the
+    compute does not hide, with ``op_ms`` the time of one recorded op and ``boundaries`` the
+    sorted forward-end events of every candidate's calls (see the module notes, "What
+    offloading costs")."""
     if spec.host_link_bytes_per_s <= 0:
         raise ValueError(f"{spec.name} has no host link bandwidth: nothing can be offloaded")
     timeline = memory.timeline
-    calls = timeline.calls
     events = [op.event for op in timeline.op_costs]
     total = 0.0
     for effect in memory.unit_effects(Unit(module_name, option=OFFLOAD)):
         if not effect.host:
             continue
         transfer_ms = effect.host_bytes / spec.host_link_bytes_per_s * 1000.0
-        call = calls[effect.call_index]
-        end = call.forward_end_event
-        after = [
-            other
-            for other in calls[effect.call_index + 1 :]
-            if other.parent_call == call.parent_call and other.forward_start_event > end
-        ]
-        until = after[0].forward_end_event if after else effect.recompute_event
+        end = timeline.calls[effect.call_index].forward_end_event
+        later = bisect.bisect_right(boundaries, end)
+        until = boundaries[later] if later < len(boundaries) else effect.recompute_event
         low = bisect.bisect_right(events, end)
         high = bisect.bisect_right(events, until)
         window_ms = sum(op_ms(op) for op in timeline.op_costs[low:high])
@@ -281,6 +283,10 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
     for index, call in enumerate(profile.timeline.calls):
         by_module[call.module_name] = by_module.get(call.module_name, 0.0) + by_call[index]
     offloading = spec.host_link_bytes_per_s > 0
+    candidates = {record.module_name for record in profile.candidates}
+    boundaries = sorted(
+        call.forward_end_event for call in profile.timeline.calls if call.module_name in candidates
+    )
     memory = (
         MemoryModel(profile.timeline)
         if offloading or any(r.options for r in profile.modules)
@@ -290,7 +296,7 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
     def option_ms(record: ModuleProfile, cost: OptionCost) -> float:
         if cost.option == OFFLOAD:
             assert memory is not None
-            return offload_cost_ms(memory, record.module_name, spec, ms)
+            return offload_cost_ms(memory, record.module_name, spec, ms, boundaries)
         if cost.option == NESTED:
             return nested_recompute_ms(
                 record.module_name, cost.inner_modules, lambda name: by_module.get(name, 0.0)
@@ -314,7 +320,7 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
             return known
         offload = OptionCost(
             OFFLOAD,
-            offload_cost_ms(memory, record.module_name, spec, ms),
+            offload_cost_ms(memory, record.module_name, spec, ms, boundaries),
             0,
             freed_bytes=memory.freed_bytes(unit),
         )
