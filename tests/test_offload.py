@@ -518,3 +518,26 @@ def test_solve_on_the_command_line_offloads_within_the_host_budget(
         plain = solve(*options)
         assert not plain.offloads and plain.schema_version == 1
         assert plain.predicted_overhead > plan.predicted_overhead
+
+
+@pytest.mark.slow
+def test_the_plan_check_passes_an_offloading_plan_measured_at_its_prediction() -> None:
+    """What `ckpt-plan verify` runs, on examples/gpt.py: two blocks offloaded (every saved
+    storage of theirs, threshold 1 MiB) and one checkpointed, against the unplanned step and
+    against the recomputation; the measured peak is the predicted one."""
+    from planner.check.compare import CheckReference, check_plan
+    from planner.measure.workload import load_model_file
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "gpt.py"
+    workload, session = build_fake_workload(load_model_file(path), "cpu", seed=0)
+    profile = roofline_costs(record_memory(workload, session=session), LINKED)
+    blocks = profile.block_names
+    units = [Unit(blocks[0], option="offload"), Unit(blocks[1], option="offload"), Unit(blocks[2])]
+    plan = dataclasses.replace(
+        build_plan(profile, units, profile.measured_peak_bytes, strategy="test"), target=None
+    )
+    assert plan.predicted_peak_bytes < profile.measured_peak_bytes
+    for reference in (CheckReference.UNPLANNED, CheckReference.RECOMPUTATION):
+        check = check_plan(path, plan, device="cpu", reference=reference)
+        assert check.passed and check.training_unchanged, reference
+        assert check.measured_peak_bytes == plan.predicted_peak_bytes, reference

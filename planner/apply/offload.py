@@ -128,6 +128,14 @@ class _Stored:
         self.device: torch.Tensor | None = None
         self.host: torch.Tensor | None = None
 
+    @property
+    def charged(self) -> int:
+        """Its size as the device's allocator counts it (CUDA: whole 512-byte blocks), which
+        the threshold is compared with, as the memory model does."""
+        if self.home.type == "cuda" and self.nbytes:
+            return -(-self.nbytes // 512) * 512
+        return self.nbytes
+
     def to_host(self, view: torch.Tensor) -> None:
         """Copy the whole storage behind ``view`` to a host buffer."""
         flat = view.as_strided((self.numel,), (1,), 0)
@@ -247,7 +255,7 @@ class OffloadedCall:
         leaving = {
             id(stored)
             for key, stored in stored_by_key.items()
-            if key not in stays and stored.offloadable and stored.nbytes >= self.min_bytes
+            if key not in stays and stored.offloadable and stored.charged >= self.min_bytes
         }
         del stored_by_key
         for reference in packed:

@@ -73,7 +73,8 @@ class ModuleDecision:
     its calls). ``nested_in`` names the checkpointed module this one is checkpointed inside
     (nesting: the outer decision carries the cost and the saving of both).
     With the ``offload`` method, ``offload_min_bytes`` is the smallest saved storage it
-    sends to host memory, ``host_bytes`` what it holds there (all calls), and
+    sends to host memory (as the allocator counts it: whole 512-byte blocks on CUDA),
+    ``host_bytes`` what it holds there (all calls), and
     ``recompute_ms`` the transfer time the compute does not hide (nothing is recomputed).
     """
 
