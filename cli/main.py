@@ -37,7 +37,9 @@ from .options import (
     ExpertLoadOption,
     GradAccumOption,
     HfOption,
+    HostBudgetOption,
     MeshOption,
+    OffloadOption,
     ParallelOption,
     ProfileArgument,
     ReferenceChoice,
@@ -46,6 +48,7 @@ from .options import (
     VerboseOption,
     WorldSizeOption,
     ZeroGradOption,
+    host_budget,
     parallel_layout,
     parse_budget,
     require_device,
@@ -124,6 +127,8 @@ def profile(
     parallel: ParallelOption = None,
     mesh: MeshOption = None,
     expert_load: ExpertLoadOption = 1.0,
+    offload: OffloadOption = True,
+    host_budget_text: HostBudgetOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Profile one training step, choose the cheapest checkpointing plan that fits BUDGET,
@@ -141,6 +146,7 @@ def profile(
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec, device = target_and_device(target, device)
+        host_budget_bytes = host_budget(host_budget_text, offload, spec)
         from planner.pipeline import profile_and_plan
         from planner.plan.plan_file import save_plan
         from planner.plan.profile_file import save_profile, save_profile_table
@@ -159,6 +165,8 @@ def profile(
                     parallel=layout,
                     progress=progress,
                     expert_load=expert_load,
+                    offload=offload,
+                    host_budget_bytes=host_budget_bytes,
                 )
         except errors.InfeasibleBudgetError as error:
             # Keep what was measured: re-solving at a budget that fits needs no new profile.
@@ -390,11 +398,14 @@ def solve(
     batch_size: BatchSizeOption = None,
     seq_len: SeqLenOption = None,
     dtype: DtypeOption = None,
+    offload: OffloadOption = True,
+    host_budget_text: HostBudgetOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Re-plan for another BUDGET from a saved profile, without profiling again."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
+    host_budget_bytes = host_budget(host_budget_text, offload, None)
     with errors_to_exit_codes(verbose):
         from planner.checked_plan import CheckedPlan
         from planner.plan.plan_file import save_plan
@@ -413,14 +424,23 @@ def solve(
         )
         if source is None and loaded.cost_source is not CostSource.NONE:
             # Solving alone is pure Python: no torch to import, nothing to run.
-            plan, solution = plan_for_budget(loaded, budget_bytes)
+            from planner.solve import Solver
+
+            solver = Solver(loaded, offload=offload, host_budget_bytes=host_budget_bytes)
+            plan, solution = plan_for_budget(loaded, budget_bytes, solver=solver)
             result = CheckedPlan(loaded, plan, solution, None, 1)
         else:
             from planner.pipeline import plan_checked
 
             with progress_line() as progress:
                 result = plan_checked(
-                    loaded, budget_bytes, model_path=source, device=loaded.device, progress=progress
+                    loaded,
+                    budget_bytes,
+                    model_path=source,
+                    device=loaded.device,
+                    progress=progress,
+                    offload=offload,
+                    host_budget_bytes=host_budget_bytes,
                 )
         wrote = []
         if loaded.cost_source is CostSource.NONE:

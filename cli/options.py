@@ -29,7 +29,9 @@ __all__ = [
     "DtypeOption",
     "GradAccumOption",
     "HfOption",
+    "HostBudgetOption",
     "MeshOption",
+    "OffloadOption",
     "ParallelOption",
     "ProfileArgument",
     "ReferenceChoice",
@@ -38,6 +40,7 @@ __all__ = [
     "VerboseOption",
     "WorldSizeOption",
     "ZeroGradOption",
+    "host_budget",
     "parallel_layout",
     "parse_budget",
     "require_device",
@@ -133,6 +136,24 @@ ExpertLoadOption = Annotated[
         "tokens routed to them): plan for the busiest expert getting this many times its "
         "balanced share (tokens x top-k / experts). 1 is balanced routing; the first training "
         "forward warns when real routing is busier. Ignored where no shape depends on routing.",
+    ),
+]
+OffloadOption = Annotated[
+    bool,
+    typer.Option(
+        "--offload/--no-offload",
+        help="Let the plan offload a module's saved tensors to host memory between its "
+        "forward and its backward, beside keeping and recomputing them (where the device "
+        "has a host link: --target; copies hidden behind compute cost nothing).",
+    ),
+]
+HostBudgetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--host-budget",
+        help="Host memory the offloaded tensors may hold at once, e.g. 256GB (units as for "
+        "--budget).",
+        show_default="the target spec's host memory, else this machine's free memory",
     ),
 ]
 VerboseOption = Annotated[
@@ -256,11 +277,25 @@ def require_device(device: Device | None) -> None:
             fail("--device cuda: no CUDA device is available here; use --device cpu", 2)
 
 
-def parse_budget(text: str) -> int:
+def parse_budget(text: str, option: str = "--budget") -> int:
     try:
         return parse_bytes(text)
     except errors.BudgetError as error:
-        fail(f"--budget: {error}", EXIT_CODES[errors.BudgetError])
+        fail(f"{option}: {error}", EXIT_CODES[errors.BudgetError])
+
+
+def host_budget(text: str | None, offload: bool, spec: DeviceSpec | None) -> int | None:
+    """The host budget in bytes: ``--host-budget``, else the default (see
+    :func:`planner.plan.targets.default_host_budget`); None where nothing offloads."""
+    if not offload:
+        if text is not None:
+            fail("--host-budget goes with --offload (the default), not --no-offload", 2)
+        return None
+    if text is not None:
+        return parse_budget(text, "--host-budget")
+    from planner.plan.targets import default_host_budget
+
+    return default_host_budget(spec)[0]
 
 
 def parallel_layout(

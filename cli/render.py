@@ -39,7 +39,10 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
     table.add_column("how")
     table.add_column("calls", justify="right")
     table.add_column("frees (MiB)", justify="right")
-    table.add_column("recompute (ms)", justify="right")
+    # An offloaded module recomputes nothing: its cost is the copies the compute does not hide.
+    table.add_column(
+        "recompute/copies (ms)" if plan.offloads else "recompute (ms)", justify="right"
+    )
     table.add_column("RNG replay")
     for decision in plan.modules:
         record = profile.module(decision.module_name)
@@ -76,11 +79,23 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
         rows.append(
             ("measured peak with plan" + measured_where, format_bytes(plan.measured_peak_bytes))
         )
+    if plan.offloads:
+        budget_text = (
+            f" of a {format_bytes(plan.host_budget_bytes)} host budget"
+            if plan.host_budget_bytes is not None
+            else ""
+        )
+        rows.append(
+            (
+                "host memory (offloaded tensors)",
+                format_bytes(plan.predicted_host_peak_bytes) + budget_text,
+            )
+        )
     rows += [
         ("static (params+grads+optimizer)", format_bytes(plan.static_bytes)),
         ("training loop", plan.loop.describe()),
         (
-            "recompute per step",
+            "recompute + copies per step" if plan.offloads else "recompute per step",
             f"{plan.recompute_ms:.1f} ms = {plan.predicted_overhead:+.1%} "
             f"of a {plan.step_ms:.1f} ms step",
         ),

@@ -51,6 +51,7 @@ from planner.measure.source import WorkloadSource, workload_in_command
 from planner.measure.timing import measure_costs, with_measured_costs
 from planner.measure.tracking import MemoryLimitExceeded
 from planner.measure.workload import build_workload, load_model_file
+from planner.plan.memory_model import MemoryModel
 from planner.plan.plan_file import CheckpointMethod, Plan
 from planner.plan.targets import DeviceSpec, check_budget_fits, provisional_costs, roofline_costs
 from planner.solve import Solver
@@ -416,16 +417,25 @@ def plan_checked(
     max_attempts: int = 3,
     reference: CheckReference = CheckReference.RECOMPUTATION,
     progress: ProgressCallback | None = None,
+    offload: bool = True,
+    host_budget_bytes: int | None = None,
 ) -> CheckedPlan:
     """Solve for ``budget_bytes`` and, if ``model_path`` is given, check the plan by running
     it (against ``reference``; on CPU the run is stopped if it passes the budget).
+    ``offload``: whether modules may offload their saved tensors to host memory (where
+    the profile offers it: times for a device with a host link), holding at most
+    ``host_budget_bytes`` there together (None: no bound).
 
     A profile without times (``cost_source`` ``none``: saved by ``profile`` when no plan fit
     its budget) is timed first, within ``budget_bytes``, on ``model_path`` or else the model
     file the profile names."""
     if profile.cost_source is CostSource.NONE:
         profile = _timed(profile, budget_bytes, model_path=model_path, seed=seed, progress=progress)
-    solver = Solver(profile)
+
+    def solver_for(profile: Profile, memory: MemoryModel | None = None) -> Solver:
+        return Solver(profile, memory, offload=offload, host_budget_bytes=host_budget_bytes)
+
+    solver = solver_for(profile)
     target = budget_bytes
     probed: set[str] = set()
     attempt = 0
@@ -466,7 +476,7 @@ def plan_checked(
                     ", ".join(sorted(mismatches)),
                 )
                 profile = exclude_modules(profile, mismatches)
-                solver = Solver(profile, solver.memory)
+                solver = solver_for(profile, solver.memory)
                 attempt -= 1  # not a measured attempt
                 continue
         if progress:
@@ -488,7 +498,7 @@ def plan_checked(
             )
             logger.warning("excluding %s: %s", ", ".join(reasons), "; ".join(reasons.values()))
             profile = exclude_modules(profile, reasons)
-            solver = Solver(profile, solver.memory)
+            solver = solver_for(profile, solver.memory)
             attempt -= 1  # not a memory attempt
             continue
         if not check.training_unchanged:
@@ -531,6 +541,8 @@ def profile_and_plan(
     parallel: ParallelLayout | None = None,
     progress: ProgressCallback | None = None,
     expert_load: float = 1.0,
+    offload: bool = True,
+    host_budget_bytes: int | None = None,
 ) -> CheckedPlan:
     """Load the model file, profile one step, solve for the budget, check the plan (see
     the module docstring). With ``parallel`` the plan is for one rank of that ``torchrun``
@@ -541,6 +553,8 @@ def profile_and_plan(
     ``loop`` is the training loop's shape (:class:`~planner.core.loop.LoopShape`): the
     step is profiled, timed and checked in it, and the plan records it. ``expert_load``: the
     routing planned for where a mixture-of-experts step's memory depends on it.
+    ``offload`` and ``host_budget_bytes``: see :func:`plan_checked` (a profile offers
+    offloading only for a ``target`` with a host link).
 
     ``model_path`` is a model file's path or any workload's source
     (:class:`~planner.measure.source.WorkloadSource`, or its text); it travels to every
@@ -569,6 +583,8 @@ def profile_and_plan(
         device=device,
         seed=seed,
         progress=progress,
+        offload=offload,
+        host_budget_bytes=host_budget_bytes,
     )
     if target is not None:
         result = marked_unchecked(result, target, model_file.source)

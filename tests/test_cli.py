@@ -206,3 +206,22 @@ def test_an_unexpected_exception_is_one_line_with_a_hint(
         app, ["solve", str(tmp_path / "profile.json"), "--budget", "1GB", "--verbose"]
     )
     assert verbose.exit_code == 1 and "Traceback" in verbose.output
+
+
+def test_offload_options_are_offered_and_a_bad_host_budget_is_a_one_line_error(
+    runner: CliRunner, workdir: Path
+) -> None:
+    for command in ("profile", "solve"):
+        help_text = runner.invoke(app, [command, "--help"]).stdout
+        for option in ("--offload", "--no-offload", "--host-budget"):
+            assert option in help_text, (command, option)
+    (workdir / "model.py").write_text("def build_model(): ...\n")
+    result = runner.invoke(
+        app, ["profile", "model.py", "--budget", "1GB", "--no-offload", "--host-budget", "1GB"]
+    )
+    assert result.exit_code == 2
+    _assert_one_line_error(result, "--host-budget goes with --offload")
+    result = runner.invoke(app, ["profile", "model.py", "--budget", "1GB", "--host-budget", "lots"])
+    assert result.exit_code != 0
+    _assert_one_line_error(result, "--host-budget")
+    assert _files(workdir) == {"model.py"}

@@ -198,6 +198,53 @@ def test_wrapping_the_root() -> None:
     assert memory.peak_bytes([Unit("")]) == 1370
 
 
+def test_offloading_block_0_moves_its_activation_out_at_its_end_and_back_at_its_unpack() -> None:
+    # a0 (100) leaves the device when blocks.0's forward ends (event 7), not when a call
+    # inside it returns, and is copied back at the first unpack of its backward (event 20):
+    # the curve of checkpointing it, without a spike, and with the host holding a0 between.
+    memory = MemoryModel(timeline_a(), offload_min_bytes=1)
+    unit = Unit("blocks.0", option="offload")
+    expected = list(UNPLANNED_A)
+    for k in range(7 + 1, 20 + 1):  # after event 7 through after event 19
+        expected[k] -= 100
+    assert memory.memory_curve([unit]).tolist() == expected
+    assert memory.recompute_spikes([unit]) == []
+    assert memory.peak_bytes([unit]) == 1270
+    host = memory.host_curve([unit]).tolist()
+    assert host == [0] * 8 + [100] * 13 + [0] * 4
+    assert memory.host_peak_bytes([unit]) == memory.host_bytes(unit) == 100
+    assert memory.freed_bytes(unit) == 100
+
+
+def test_offloading_block_1_keeps_its_input_and_has_no_spike() -> None:
+    # a1 (200) is out from after event 12 to its unpack at 16; h0, blocks.1's input, dies
+    # at event 10 as unplanned (checkpointing would hold it until event 16, with a spike).
+    memory = MemoryModel(timeline_a(), offload_min_bytes=1)
+    unit = Unit("blocks.1", option="offload")
+    difference = (memory.memory_curve([unit]) - memory.memory_curve()).tolist()
+    assert difference == [0] * 13 + [-200] * 4 + [0] * 8
+    assert memory.peak_bytes([unit]) == 1360  # after events 11 and 17
+    assert memory.peak_bytes([unit, Unit("blocks.0")]) == 1260
+    assert memory.host_peak_bytes([unit, Unit("blocks.0")]) == 200
+
+
+def test_offloading_the_root_brings_everything_back_at_its_first_unpack() -> None:
+    # Both a0 and a1 leave at the root's end (event 13) and come back at its first unpack
+    # (event 16), a0 earlier than blocks.0's own unpack (event 20).
+    memory = MemoryModel(timeline_a(), offload_min_bytes=1)
+    unit = Unit("", option="offload")
+    difference = (memory.memory_curve([unit]) - memory.memory_curve()).tolist()
+    assert difference == [0] * 14 + [-300] * 3 + [0] * 8
+    assert memory.host_peak_bytes([unit]) == 300
+
+
+def test_storages_under_the_offload_threshold_stay() -> None:
+    memory = MemoryModel(timeline_a(), offload_min_bytes=150)
+    assert memory.peak_bytes([Unit("blocks.0", option="offload")]) == 1370
+    assert memory.host_bytes(Unit("blocks.0", option="offload")) == 0
+    assert memory.host_bytes(Unit("blocks.1", option="offload")) == 200
+
+
 def test_unknown_module_names_change_nothing() -> None:
     memory = MemoryModel(timeline_a())
     assert memory.peak_bytes([Unit("no.such.module")]) == 1370

@@ -29,6 +29,15 @@ def test_every_built_in_spec_is_a_cuda_device_with_the_figures_a_roofline_needs(
     h100 = load_spec("h100-80gb")
     assert h100.peak_for("bfloat16") == 989.4e12 and h100.workspace_bytes == 65 * 2**20
     assert h100.peak_for("int64") == h100.peak_for("float32")  # unlisted dtypes: fp32's
+    # The host link each way: PCIe Gen5 x16 on Hopper, Gen4 x16 on the others.
+    assert {name: spec.host_link_bytes_per_s for name, spec in BUILT_IN_SPECS.items()} == {
+        "a100-40gb": 25e9,
+        "a100-80gb": 25e9,
+        "h100-80gb": 50e9,
+        "h200": 50e9,
+        "l4": 25e9,
+        "rtx-4090": 25e9,
+    }
 
 
 def test_a_spec_file_is_read_and_a_bad_one_is_a_clear_error(tmp_path: Path) -> None:
@@ -57,6 +66,21 @@ def test_a_spec_file_is_read_and_a_bad_one_is_a_clear_error(tmp_path: Path) -> N
     incomplete.write_text(json.dumps({"name": "x", "memory_bytes": 1}))
     with pytest.raises(TargetSpecError, match="must be a JSON object with"):
         load_spec(str(incomplete))
+    grace = tmp_path / "gh200.json"
+    fields = {
+        "name": "gh200",
+        "memory_bytes": 96 * 10**9,
+        "peak_flops_per_s": {"float32": 1e13},
+        "memory_bandwidth_bytes_per_s": 4e12,
+        "host_link_bytes_per_s": 450e9,
+        "host_memory_bytes": 480 * 10**9,
+    }
+    grace.write_text(json.dumps(fields))
+    linked = load_spec(str(grace))
+    assert (linked.host_link_bytes_per_s, linked.host_memory_bytes) == (450e9, 480 * 10**9)
+    grace.write_text(json.dumps({**fields, "host_link_bytes_per_s": -1}))
+    with pytest.raises(TargetSpecError, match="cannot be negative"):
+        load_spec(str(grace))
 
 
 def test_a_budget_above_the_targets_memory_is_refused() -> None:

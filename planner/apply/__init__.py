@@ -1,4 +1,5 @@
-"""Apply a plan to a live model: wrap the chosen submodules in activation checkpointing.
+"""Apply a plan to a live model: wrap the chosen submodules in activation checkpointing
+(or offloading).
 
 The lowest torch layer: it knows plans (:mod:`planner.plan.plan_file`) and the switches a
 plan sets in a model (:mod:`planner.model_switches`), and nothing of model files, profiling
@@ -9,6 +10,8 @@ or checking; every training script imports it. One job per module:
 * :mod:`~planner.apply.locate`: the model a plan was made for (:func:`model_fingerprint`),
   found inside wrappers, and the parallel layout it runs in;
 * :mod:`~planner.apply.guard`: the first-forward guard (:func:`step_differences`);
+* :mod:`~planner.apply.offload`: an offloaded module's saved tensors, sent to host memory
+  when its forward ends and brought back for its backward;
 * :mod:`~planner.apply.observe`: the recomputation observer that a plan check and timing
   install (:func:`observing_recomputation`);
 * :mod:`~planner.apply.tensors`: the tensors inside a batch, described as a plan records

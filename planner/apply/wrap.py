@@ -14,6 +14,11 @@ Design notes
   modules already wrapped the same way are left alone, others are re-wrapped or unwrapped.
 * **No grad, no checkpoint.** Under ``torch.no_grad()`` (evaluation) the original forward
   runs directly: there is nothing to save, so nothing to recompute.
+* **Offload, the third answer.** A module the plan offloads is not checkpointed: its
+  forward runs once, under saved-tensor hooks that send what it saves to host memory
+  until its backward (:mod:`planner.apply.offload`). It composes with checkpointing
+  elsewhere in the model; never on the same path (a plan that nests one in the other is
+  refused).
 * **Found, then guarded.** The plan goes on the model it was made for, found inside any
   wrapper (:mod:`planner.apply.locate`); the first training forward then compares its step
   with the plan's (:mod:`planner.apply.guard`).
@@ -36,6 +41,7 @@ from torch.utils.checkpoint import (
 from planner.apply.guard import FirstForwardGuard
 from planner.apply.locate import check_world_size, planned_model
 from planner.apply.observe import Region, observed
+from planner.apply.offload import OffloadedCall, model_storage_keys
 from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.model_switches import switch_off_caches
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan, load_plan
@@ -54,6 +60,8 @@ __all__ = [
 
 _STATE_ATTRIBUTE = "_ckpt_plan_decision"
 _ORIGINAL_ATTRIBUTE = "_ckpt_plan_instance_forward"
+# The planned model an offloaded module is part of: its parameters and buffers stay.
+_ROOT_ATTRIBUTE = "_ckpt_plan_root"
 
 
 def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -63,6 +71,13 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
         original = module.__dict__[_ORIGINAL_ATTRIBUTE]
     if not torch.is_grad_enabled():
         return original(*args, **kwargs)
+    if decision.method is CheckpointMethod.OFFLOAD:
+        root = module.__dict__.get(_ROOT_ATTRIBUTE, module)
+        call = OffloadedCall(decision.offload_min_bytes, model_storage_keys(root))
+        with call.hooks():
+            output = original(*args, **kwargs)
+        call.finish_forward(args, kwargs, output)
+        return output
     if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
         assert not kwargs and len(args) == 1, "checkpoint_sequential takes one input"
         return _checkpoint_sequential(module, decision, args[0])
@@ -198,16 +213,19 @@ class _BoundCheckpointedForward:
         return _checkpointed_forward(self.module, *args, **kwargs)
 
 
-def _wrap(module: torch.nn.Module, decision: ModuleDecision) -> None:
+def _wrap(module: torch.nn.Module, decision: ModuleDecision, root: torch.nn.Module) -> None:
     existing = module.__dict__.get("forward")
     if existing is not None and not isinstance(existing, _BoundCheckpointedForward):
         module.__dict__[_ORIGINAL_ATTRIBUTE] = existing
     module.__dict__[_STATE_ATTRIBUTE] = decision
+    if decision.method is CheckpointMethod.OFFLOAD:
+        module.__dict__[_ROOT_ATTRIBUTE] = root
     module.__dict__["forward"] = _BoundCheckpointedForward(module)
 
 
 def _unwrap(module: torch.nn.Module) -> None:
     module.__dict__.pop(_STATE_ATTRIBUTE, None)
+    module.__dict__.pop(_ROOT_ATTRIBUTE, None)
     original = module.__dict__.pop(_ORIGINAL_ATTRIBUTE, None)
     if original is not None:
         module.__dict__["forward"] = original
@@ -294,6 +312,26 @@ def apply_plan(
                 f"the plan nests {decision.module_name} inside {decision.nested_in!r}, which "
                 "is not a checkpointed module containing it; re-create the plan"
             )
+        if decision.method is CheckpointMethod.OFFLOAD:
+            others = [
+                other.module_name
+                for other in plan.modules
+                if other.module_name != decision.module_name
+                and (
+                    other.module_name.startswith(decision.module_name + ".")
+                    or decision.module_name.startswith(other.module_name + ".")
+                )
+            ]
+            if others:
+                raise PlanFileError(
+                    f"the plan offloads {decision.module_name} and also wraps {others[0]}, "
+                    "on the same path of the module tree; re-create the plan"
+                )
+            if decision.offload_min_bytes < 0:
+                raise PlanFileError(
+                    f"the plan's offload of {decision.module_name} has a negative "
+                    "offload_min_bytes; re-create the plan"
+                )
         if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
             if not isinstance(module, torch.nn.Sequential):
                 raise PlanMismatchError(
@@ -326,7 +364,7 @@ def apply_plan(
         if module.__dict__.get(_STATE_ATTRIBUTE) != decision:
             if is_wrapped(module):
                 _unwrap(module)
-            _wrap(module, decision)
+            _wrap(module, decision, planned)
     switched = switch_off_caches(planned)
     if switched:
         # Every plan is made with the cache off (planner.measure.workload); so must it train.

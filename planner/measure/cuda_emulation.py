@@ -174,7 +174,9 @@ def _autocast_emulated(device_type: str, replaced: set[str]) -> Iterator[None]:
     same dtype (the fake tensors are CPU tensors, which CUDA autocast would not touch)."""
     original_init = torch.amp.autocast_mode.autocast.__init__
 
-    def init(self: Any, device_type_: str, *args: Any, **kwargs: Any) -> None:
+    def init(self: Any, device_type_: str | None = None, *args: Any, **kwargs: Any) -> None:
+        if device_type_ is None:  # by keyword, as torch.utils.checkpoint's recomputation does
+            device_type_ = kwargs.pop("device_type")
         if device_type_ == device_type:
             replaced.add(
                 f'autocast("{device_type}"): emulated by CPU autocast with the same dtype '

@@ -25,7 +25,8 @@ class StepMeasurement:
     """One measured step. ``gradients``/``buffers`` are CPU copies keyed by qualified name.
     ``peak_held_by_other_threads`` (CPU): the peak counted a storage that another thread
     freed later (:attr:`~planner.measure.tracking.StorageWatcher.peak_held_by_other_threads`:
-    a ``gloo`` worker finishing a collective), so it may be above the step's own peak."""
+    a ``gloo`` worker finishing a collective), so it may be above the step's own peak.
+    ``host_peak_bytes``: the most host memory offloaded saved tensors held at once."""
 
     peak_bytes: int
     start_bytes: int
@@ -35,6 +36,7 @@ class StepMeasurement:
     gradients: dict[str, torch.Tensor]
     buffers: dict[str, torch.Tensor]
     peak_held_by_other_threads: bool = False
+    host_peak_bytes: int = 0
 
 
 def measure_step(
@@ -105,4 +107,5 @@ def measure_step(
         gradients=gradients,
         buffers=buffers,
         peak_held_by_other_threads=tracker.peak_held_by_other_threads,
+        host_peak_bytes=tracker.host_peak_bytes,
     )

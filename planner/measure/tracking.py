@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from planner.apply.offload import HOST_MEMORY, making_host_copies
 from planner.apply.tensors import iter_tensors
 from planner.core.errors import ProfilingError
 from planner.core.records import StorageKind
@@ -406,7 +407,9 @@ class StorageWatcher(TorchDispatchMode):
             # come back through this mode: those are the storages that hold memory.
             return NotImplemented
         out = func(*args, **(kwargs or {}))
-        if self._metadata_depth:
+        if self._metadata_depth or making_host_copies():
+            # Host copies of offloaded saved tensors are not the device's memory (on CPU
+            # too, where the host is the device): planner.apply.offload counts them.
             return out
         if isinstance(out, torch.Tensor):
             tensors = [out]
@@ -432,7 +435,8 @@ class PeakMemoryTracker:
     live memory passes it; on CUDA the peak is only known afterwards. ``ignore`` (CPU):
     tensors made before the region that it must not count when its ops return views of them
     (data the caller holds, such as a data set a training run indexes); the caller keeps
-    them alive.
+    them alive. ``host_peak_bytes``: the most host memory offloaded saved tensors held at
+    once in the region (:data:`planner.apply.offload.HOST_MEMORY`), apart from the device's.
     """
 
     def __init__(
@@ -450,9 +454,11 @@ class PeakMemoryTracker:
         self._watcher: StorageWatcher | None = None
         self.peak_bytes = 0
         self.start_bytes = 0
+        self.host_peak_bytes = 0
         self.peak_held_by_other_threads = False
 
     def __enter__(self) -> PeakMemoryTracker:
+        HOST_MEMORY.reset_peak()
         if self.device.type == "cuda":
             # The allocator counts every tensor: holding last step's gradients here would
             # count them after ``zero_grad(set_to_none=True)`` freed them in the step.
@@ -475,6 +481,7 @@ class PeakMemoryTracker:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.host_peak_bytes = HOST_MEMORY.peak_bytes
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device)

@@ -39,6 +39,18 @@ Wrapping a module call ``c`` (forward spanning events ``[f0, f1]``) in non-reent
    their forward returns (so its spike is lower), and those come back only at each
    inner recomputation. An inner input that the outer recomputation makes again is held
    until the inner backward ends (``revived``). The inner modules run three times.
+7. **Offload moves instead of recomputing.** ``name@offload`` (:mod:`planner.apply.offload`)
+   runs the forward once. When it ends, every storage saved inside the call (all its
+   subtree's saves) that is not one of its inputs or outputs, not static memory, and at
+   least ``offload_min_bytes`` goes to the host, and the device storage dies there, at
+   the forward's end (``retained``, dropped at ``f1``), not at the end of the call that
+   made it; the first unpack of the call's backward (``recompute_event``) makes it again,
+   and it dies where it died unplanned. No spike, no input held, nothing kept. One the
+   unplanned step freed between the forward's end and that unpack (its saving op was let
+   go of) just dies at ``f1``. One made before the call (neither an input nor static:
+   an attribute, a closure's tensor) may be held elsewhere: it is left as it was and the
+   copy made at the unpack is added (``revived``), an upper bound. Host memory is counted
+   apart (``host``: each storage from ``f1`` to the unpack, or to its free).
 
 Everything else (parameters, gradients, optimizer state, the loss, the optimizer step's
 temporaries) is replayed exactly as measured. The peak of a plan is the maximum over the
@@ -64,10 +76,18 @@ from planner.core.records import (
     Profile,
     Unit,
 )
-from planner.plan.policies import NESTED, PolicyRule, kept_storages, policy_rules
+from planner.plan.policies import (
+    NESTED,
+    OFFLOAD,
+    OFFLOAD_MIN_BYTES,
+    PolicyRule,
+    kept_storages,
+    policy_rules,
+)
 
 __all__ = [
     "NESTED",
+    "OFFLOAD",
     "CheckpointEffect",
     "MemoryModel",
     "checkpoint_effects",
@@ -104,6 +124,14 @@ class CheckpointEffect:
     # checkpoint's inputs, made again by the outer recomputation and held until the inner
     # backward ends).
     revived: tuple[tuple[int, int, int, int], ...] = ()
+    # Under offload: ``(storage_index, size_bytes, from_event, until_event)`` of the host
+    # copies, and no recompute spike (point 7 of the module notes).
+    host: tuple[tuple[int, int, int, int], ...] = ()
+    offload: bool = False
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(size for _, size, _, _ in self.host)
 
     @property
     def retained_bytes(self) -> int:
@@ -247,6 +275,57 @@ class _EffectBuilder:
             saved_bytes=whole.saved_bytes,
         )
         return [outer_effect, *inner_effects]
+
+    def offload(self, call_index: int, name: str, min_bytes: int) -> CheckpointEffect:
+        """The effect of offloading one call's saved tensors (the module notes, point 7)."""
+        timeline, storages, calls = self.timeline, self.timeline.storages, self.timeline.calls
+        call = calls[call_index]
+        end = call.forward_end_event
+        inside = range(call_index, _subtree_end(timeline, call_index))
+        saved: set[int] = set()
+        unpacks = []
+        for sub in inside:
+            saved.update(calls[sub].saved_storages)
+            if calls[sub].first_unpack_event >= 0:
+                unpacks.append(calls[sub].first_unpack_event)
+        back = min(unpacks) if unpacks else -1
+        stays = set(call.input_storages) | self.output_sets[call_index]
+        made = set(self.made_inside(call_index))
+        dropped, copies, host = [], [], []
+        for index in sorted(saved - stays):
+            record = storages[index]
+            if record.kind in STATIC_KINDS or record.size_bytes < min_bytes or back < 0:
+                continue
+            if index not in made:
+                if record.free_event > back:  # the copy made at the unpack, on top
+                    copies.append((index, record.size_bytes, back, record.free_event))
+                    host.append((index, record.size_bytes, end, back))
+                continue
+            if record.free_event <= end:
+                continue  # autograd let go of it inside the forward: never sent
+            if record.free_event <= back:
+                # Its saving op was let go of before the backward came: it dies at f1
+                # instead (a negative span: the bytes are gone from f1 to its free).
+                copies.append((index, -record.size_bytes, end, record.free_event))
+                host.append((index, record.size_bytes, end, record.free_event))
+                continue
+            dropped.append((index, record.size_bytes, end))
+            host.append((index, record.size_bytes, end, back))
+        return CheckpointEffect(
+            call_index=call_index,
+            module_name=name,
+            # Dead from the forward's end to the first unpack of the call's backward.
+            retained=tuple(dropped),
+            released_outputs=(),
+            recompute_event=back,
+            release_event=back,
+            input_storages=(),
+            recompute_peak_bytes=0,
+            saved_bytes=sum(storages[index].size_bytes for index in saved),
+            revived=tuple(copies),
+            host=tuple(host),
+            offload=True,
+        )
 
     def span(
         self, first: int, last: int, name: str, rule: PolicyRule | None = None
@@ -415,9 +494,15 @@ class MemoryModel:
     """
 
     def __init__(
-        self, timeline: MemoryTimeline, nested: Mapping[str, tuple[str, ...]] | None = None
+        self,
+        timeline: MemoryTimeline,
+        nested: Mapping[str, tuple[str, ...]] | None = None,
+        *,
+        offload_min_bytes: int = OFFLOAD_MIN_BYTES,
     ) -> None:
         self.timeline = timeline
+        # The smallest saved storage an offloaded module sends to the host.
+        self.offload_min_bytes = offload_min_bytes
         # module -> the child modules its "name@nested" unit checkpoints inside it.
         self.nested_inner: dict[str, tuple[str, ...]] = dict(nested or {})
         self._builder = _EffectBuilder(timeline)
@@ -545,7 +630,12 @@ class MemoryModel:
         if cached is not None:
             return cached
         name, segments, option = unit.module, unit.segments, unit.option
-        if option == NESTED:
+        if option == OFFLOAD:
+            effects = tuple(
+                self._builder.offload(index, name, self.offload_min_bytes)
+                for index in self.calls_of(name)
+            )
+        elif option == NESTED:
             inner_names = set(self.nested_inner.get(name, ()))
             if not inner_names:
                 raise KeyError(f"{name} has no nested checkpointing option")
@@ -597,7 +687,8 @@ class MemoryModel:
                     continue
                 for index, _size, drop_event in effect.retained + effect.released_outputs:
                     gaps.setdefault(index, []).append((drop_event, effect.recompute_event))
-                spikes.append((effect.recompute_event, effect.recompute_peak_bytes))
+                if not effect.offload:
+                    spikes.append((effect.recompute_event, effect.recompute_peak_bytes))
                 for index in effect.input_storages:
                     kept_until[index] = max(kept_until.get(index, -1), effect.release_event)
                 for index, _size, until in effect.kept:
@@ -642,6 +733,29 @@ class MemoryModel:
         delta, spikes = self._delta_and_spikes(wrapped)
         curve = np.cumsum(delta)
         return [(event, int(curve[event]) + extra) for event, extra in spikes]
+
+    def host_bytes(self, unit: Unit) -> int:
+        """What an offloaded unit holds in host memory, all calls (0 for other units)."""
+        if unit.option != OFFLOAD:
+            return 0
+        return sum(effect.host_bytes for effect in self.unit_effects(unit))
+
+    def host_curve(self, wrapped: Iterable[Unit] = ()) -> np.ndarray:
+        """Host bytes offloaded saved tensors hold after each event (indexed as
+        :meth:`memory_curve`)."""
+        delta = np.zeros(self.timeline.event_count + 2, dtype=np.int64)
+        for unit in wrapped:
+            if unit.option != OFFLOAD:
+                continue
+            for effect in self.unit_effects(unit):
+                for _index, size, start, until in effect.host:
+                    delta[start + 1] += size
+                    delta[until + 1] -= size
+        return np.cumsum(delta)[:-1]
+
+    def host_peak_bytes(self, wrapped: Iterable[Unit] = ()) -> int:
+        """The most host memory the ``wrapped`` units' offloaded tensors hold at once."""
+        return int(self.host_curve(wrapped).max(initial=0))
 
     def peak_bytes(self, wrapped: Iterable[Unit] = ()) -> int:
         """Predicted peak of the step with the ``wrapped`` units checkpointed."""

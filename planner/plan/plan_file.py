@@ -20,9 +20,10 @@ from planner.core.loop import PLAIN_LOOP, LoopShape, loop_from_dict, loop_to_dic
 from planner.core.parallel import ParallelLayout, parallel_from_dict, parallel_to_dict
 from planner.core.records import Note, Unit, note_from_line
 from planner.core.switches import NO_SWITCHES, StepSwitches, switches_from_dict, switches_to_dict
-from planner.plan.policies import NESTED
+from planner.plan.policies import NESTED, OFFLOAD
 
 __all__ = [
+    "OFFLOAD_SCHEMA_VERSION",
     "PLAN_SCHEMA_VERSION",
     "CheckpointMethod",
     "ModuleDecision",
@@ -33,7 +34,14 @@ __all__ = [
     "save_plan",
 ]
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
+"""The newest plan schema this reads. Version 2 added the ``offload`` method; a plan with
+no offloaded module is still written as version 1 (:data:`OFFLOAD_SCHEMA_VERSION`), so
+that an older ckpt-plan reads it as before, and one that offloads says it needs a newer
+one instead of failing on a method it does not know."""
+
+OFFLOAD_SCHEMA_VERSION = 2
+"""The schema a plan with an offloaded module is written in (older plans: 1)."""
 
 
 class CheckpointMethod(str, enum.Enum):
@@ -43,6 +51,9 @@ class CheckpointMethod(str, enum.Enum):
     """``torch.utils.checkpoint.checkpoint`` around the module's whole forward."""
     CHECKPOINT_SEQUENTIAL = "checkpoint_sequential"
     """``torch.utils.checkpoint.checkpoint_sequential`` over an ``nn.Sequential``'s children."""
+    OFFLOAD = "offload"
+    """No recomputation: the tensors the module saves for backward go to host memory when
+    its forward ends and come back when its backward begins (:mod:`planner.apply.offload`)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,10 @@ class ModuleDecision:
     ``saving_bytes`` and ``recompute_ms`` are the profile's figures for this module (all
     its calls). ``nested_in`` names the checkpointed module this one is checkpointed inside
     (nesting: the outer decision carries the cost and the saving of both).
+    With the ``offload`` method, ``offload_min_bytes`` is the smallest saved storage it
+    sends to host memory (as the allocator counts it: whole 512-byte blocks on CUDA),
+    ``host_bytes`` what it holds there (all calls), and
+    ``recompute_ms`` the transfer time the compute does not hide (nothing is recomputed).
     """
 
     module_name: str
@@ -74,11 +89,15 @@ class ModuleDecision:
     saving_bytes: int = 0
     recompute_ms: float = 0.0
     nested_in: str | None = None
+    offload_min_bytes: int = 0
+    host_bytes: int = 0
 
     @property
     def how(self) -> str:
         """How it is checkpointed, in a few words, for tables: ``whole``, ``3 segments``,
-        ``save-matmuls``, ``inside blocks.0``."""
+        ``save-matmuls``, ``inside blocks.0``, ``offload``."""
+        if self.method is CheckpointMethod.OFFLOAD:
+            return OFFLOAD
         if self.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
             return f"{self.segments} segments"
         if self.nested_in is not None:
@@ -107,6 +126,9 @@ class Plan:
     sharding (:mod:`planner.core.parallel`: world size, strategy, mesh shape; None, or absent
     from the file: one process). ``switches`` are the model's switches the step was planned
     with (:mod:`planner.core.switches`: Hugging Face caches turned off, routing assumed).
+    ``host_budget_bytes`` bounds the host memory offloaded modules hold at once (None: the
+    plan offloads nothing, or was made before offloading existed), and
+    ``predicted_host_peak_bytes`` is what they hold at most.
     """
 
     budget_bytes: int
@@ -135,6 +157,12 @@ class Plan:
     loop: LoopShape = PLAIN_LOOP
     parallel: ParallelLayout | None = None
     switches: StepSwitches = NO_SWITCHES
+    host_budget_bytes: int | None = None
+    predicted_host_peak_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        # The schema it is written in: 2 where a module offloads (PLAN_SCHEMA_VERSION).
+        object.__setattr__(self, "schema_version", OFFLOAD_SCHEMA_VERSION if self.offloads else 1)
 
     @property
     def module_names(self) -> tuple[str, ...]:
@@ -148,10 +176,17 @@ class Plan:
         return tuple(
             Unit(d.module_name, segments=d.segments)
             if d.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL
+            else Unit(d.module_name, option=OFFLOAD)
+            if d.method is CheckpointMethod.OFFLOAD
             else Unit(d.module_name, option=NESTED if d.module_name in outers else d.policy)
             for d in self.modules
             if d.nested_in is None
         )
+
+    @property
+    def offloads(self) -> bool:
+        """Whether any module's saved tensors go to host memory (schema 2)."""
+        return any(d.method is CheckpointMethod.OFFLOAD for d in self.modules)
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -172,7 +207,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     data["loop"] = loop_to_dict(plan.loop)
     data["parallel"] = parallel_to_dict(plan.parallel)
     data["switches"] = switches_to_dict(plan.switches)
-    # Put the version first so a person opening the file sees it.
+    # Version 2 only where it matters (see PLAN_SCHEMA_VERSION); first, so a person opening
+    # the file sees it.
     return {"schema_version": data.pop("schema_version"), **data}
 
 
@@ -216,6 +252,8 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
                 saving_bytes=int(item.get("saving_bytes", 0)),
                 recompute_ms=float(item.get("recompute_ms", 0.0)),
                 nested_in=None if item.get("nested_in") is None else str(item["nested_in"]),
+                offload_min_bytes=int(item.get("offload_min_bytes", 0)),
+                host_bytes=int(item.get("host_bytes", 0)),
             )
             for item in data["modules"]
         )
@@ -255,6 +293,8 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "cost_source": (str,),
     "checked": (bool,),
     "model_file": (str, type(None)),
+    "host_budget_bytes": (int, type(None)),
+    "predicted_host_peak_bytes": (int,),
 }
 
 _REQUIRED_PLAN_FIELDS = frozenset(

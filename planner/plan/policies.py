@@ -38,6 +38,8 @@ from planner.core.records import Name, StorageLifetime, Unit
 __all__ = [
     "MATMUL_OPS",
     "NESTED",
+    "OFFLOAD",
+    "OFFLOAD_MIN_BYTES",
     "PolicyRule",
     "SelectivePolicy",
     "is_attention_op",
@@ -52,6 +54,18 @@ __all__ = [
 NESTED = "nested"
 """The option that nests: ``Unit("blocks.0", option=NESTED)`` checkpoints ``blocks.0`` and,
 inside it, its candidate children (:mod:`planner.plan.memory_model`, point 6)."""
+
+
+OFFLOAD = "offload"
+"""The option that offloads: ``Unit("blocks.0", option=OFFLOAD)`` copies the tensors
+``blocks.0`` saves for backward (those of at least :data:`OFFLOAD_MIN_BYTES`, not its inputs
+or outputs, not parameters) to host memory when its forward ends, and back when its
+backward begins (:mod:`planner.plan.memory_model`, point 7; :mod:`planner.apply.offload`).
+Nothing is recomputed; the cost is the transfer time the compute does not hide."""
+
+OFFLOAD_MIN_BYTES = 2**20
+"""The smallest saved storage an offloaded module sends to host memory (1 MiB): a smaller
+one costs a copy's fixed latency for little memory."""
 
 
 class SelectivePolicy(Name):

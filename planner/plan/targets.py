@@ -21,11 +21,29 @@ Design notes
   allocator for the whole run, and ``torch.cuda.max_memory_allocated()`` counts it: one for
   the forward thread and one for autograd's backward thread. ``workspace_bytes`` is their
   sum, added to every predicted peak (as a storage alive for the whole step).
+* **The host link.** ``host_link_bytes_per_s`` is what a copy between device memory and
+  pinned host memory reaches, each way (PCIe Gen4 x16 about 25 GB/s, Gen5 about 50 GB/s;
+  NVLink-C2C on a GH200 about 450 GB/s); 0 where unknown, and then no module is offered
+  the ``offload`` option. ``host_memory_bytes``: the host memory a plan may fill with
+  offloaded tensors by default (0: unknown; the planning machine's free memory is used).
+* **What offloading costs** (:func:`offload_cost_ms`). Nothing is recomputed; the copies
+  cost what the compute does not hide, at ``bytes / host_link_bytes_per_s`` each way. A
+  call's copy to the host starts when its forward ends and is hidden by the compute up to
+  the end of the next candidate's forward (any module a plan may choose, at any depth, that
+  ends after it: the next block, or a layer inside it): windows so cut never overlap for
+  the modules of one plan, so copies never share the link inside them, and what does not
+  fit a window is paid (it delays at most the later copies, whose waits it bounds). A
+  call that no candidate follows has the rest of the step up to its own backward. The copy
+  back starts at the first unpack of its backward, which waits for it: all of it is paid.
+  Under :mod:`planner.apply.offload`'s copies (one side stream, in order) that is an
+  upper bound, at roofline op times, of the time the copies add to a step.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -43,14 +61,16 @@ from planner.core.records import (
     Unit,
     forward_totals_by_call,
 )
-from planner.plan.memory_model import NESTED, MemoryModel
+from planner.plan.memory_model import NESTED, OFFLOAD, MemoryModel
 from planner.plan.policies import nested_recompute_ms
 
 __all__ = [
     "BUILT_IN_SPECS",
     "DeviceSpec",
     "TargetSpecError",
+    "default_host_budget",
     "load_spec",
+    "offload_cost_ms",
     "op_time_ms",
     "provisional_costs",
     "roofline_costs",
@@ -73,6 +93,8 @@ class DeviceSpec:
     workspace_bytes: int = 0
     source: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    host_link_bytes_per_s: float = 0.0
+    host_memory_bytes: int = 0
 
     def peak_for(self, dtype: str) -> float:
         """Peak FLOP/s for ops computing in ``dtype`` (fp32's for dtypes not listed)."""
@@ -87,6 +109,10 @@ _NVIDIA = "NVIDIA data sheets (dense, no sparsity)"
 # default), with the same 1 MiB.
 _HOPPER_WORKSPACE = 2 * 32 * MIB + MIB
 _AMPERE_WORKSPACE = 2 * (2 * 4096 + 8 * 16) * 1024 + MIB
+# Pinned host <-> device copies, each way: PCIe Gen4 x16 (A100, L4, RTX 4090) and Gen5 x16
+# (H100, H200) reach about 25 and 50 GB/s of their 32 and 64 GB/s.
+_PCIE_GEN4 = 25.0
+_PCIE_GEN5 = 50.0
 
 
 def _spec(
@@ -96,6 +122,7 @@ def _spec(
     fp32_tflops: float,
     bandwidth_gb_s: float,
     workspace: int,
+    host_link_gb_s: float,
     source: str = _NVIDIA,
 ) -> DeviceSpec:
     return DeviceSpec(
@@ -110,19 +137,21 @@ def _spec(
         memory_bandwidth_bytes_per_s=bandwidth_gb_s * GIGA,
         workspace_bytes=workspace,
         source=source,
+        host_link_bytes_per_s=host_link_gb_s * GIGA,
     )
 
 
 BUILT_IN_SPECS: dict[str, DeviceSpec] = {
     spec.name: spec
     for spec in (
-        # name, memory (MiB, as nvidia-smi reports), bf16 dense, fp32, bandwidth (GB/s)
-        _spec("a100-40gb", 40_960, 312, 19.5, 1_555, _AMPERE_WORKSPACE),
-        _spec("a100-80gb", 81_920, 312, 19.5, 2_039, _AMPERE_WORKSPACE),
-        _spec("h100-80gb", 81_559, 989.4, 66.9, 3_350, _HOPPER_WORKSPACE),
-        _spec("h200", 143_771, 989.4, 66.9, 4_800, _HOPPER_WORKSPACE),
-        _spec("l4", 23_034, 121, 30.3, 300, _AMPERE_WORKSPACE),
-        _spec("rtx-4090", 24_564, 165.2, 82.6, 1_008, _AMPERE_WORKSPACE),
+        # name, memory (MiB, as nvidia-smi reports), bf16 dense, fp32, bandwidth (GB/s),
+        # workspaces, host link (GB/s each way: PCIe Gen4 x16 ~25, Gen5 x16 ~50)
+        _spec("a100-40gb", 40_960, 312, 19.5, 1_555, _AMPERE_WORKSPACE, _PCIE_GEN4),
+        _spec("a100-80gb", 81_920, 312, 19.5, 2_039, _AMPERE_WORKSPACE, _PCIE_GEN4),
+        _spec("h100-80gb", 81_559, 989.4, 66.9, 3_350, _HOPPER_WORKSPACE, _PCIE_GEN5),
+        _spec("h200", 143_771, 989.4, 66.9, 4_800, _HOPPER_WORKSPACE, _PCIE_GEN5),
+        _spec("l4", 23_034, 121, 30.3, 300, _AMPERE_WORKSPACE, _PCIE_GEN4),
+        _spec("rtx-4090", 24_564, 165.2, 82.6, 1_008, _AMPERE_WORKSPACE, _PCIE_GEN4),
     )
 }
 
@@ -153,6 +182,8 @@ def load_spec(name_or_path: str) -> DeviceSpec:
         values.setdefault("device_type", "cuda")
         values["memory_bytes"] = int(values["memory_bytes"])
         values["workspace_bytes"] = int(values.get("workspace_bytes", 0))
+        values["host_link_bytes_per_s"] = float(values.get("host_link_bytes_per_s", 0.0))
+        values["host_memory_bytes"] = int(values.get("host_memory_bytes", 0))
         values["memory_bandwidth_bytes_per_s"] = float(values["memory_bandwidth_bytes_per_s"])
         values["peak_flops_per_s"] = {
             str(k): float(v) for k, v in dict(values["peak_flops_per_s"]).items()
@@ -165,7 +196,21 @@ def load_spec(name_or_path: str) -> DeviceSpec:
         raise TargetSpecError(
             f"device spec {path} needs a positive bandwidth and a float32 entry in peak_flops_per_s"
         )
+    if spec.host_link_bytes_per_s < 0 or spec.host_memory_bytes < 0:
+        raise TargetSpecError(
+            f"device spec {path}: host_link_bytes_per_s and host_memory_bytes cannot be negative"
+        )
     return spec
+
+
+def default_host_budget(spec: DeviceSpec | None) -> tuple[int, str]:
+    """The host memory offloaded tensors may fill when not told: the spec's host memory
+    where it gives one, else what this machine has free now; and where it came from."""
+    if spec is not None and spec.host_memory_bytes > 0:
+        return spec.host_memory_bytes, f"{spec.name}'s host memory"
+    from planner.core.devices import available_host_memory_bytes
+
+    return available_host_memory_bytes(), "this machine's free memory"
 
 
 def check_budget_fits(spec: DeviceSpec, budget_bytes: int) -> None:
@@ -184,6 +229,36 @@ def op_time_ms(flops: int, bytes_moved: int, dtype: str, spec: DeviceSpec) -> fl
     compute_s = flops / spec.peak_for(dtype) if flops else 0.0
     memory_s = bytes_moved / spec.memory_bandwidth_bytes_per_s
     return max(compute_s, memory_s) * 1000.0
+
+
+def offload_cost_ms(
+    memory: MemoryModel,
+    module_name: str,
+    spec: DeviceSpec,
+    op_ms: Callable[[OpCost], float],
+    boundaries: Sequence[int],
+) -> float:
+    """What offloading a module costs on ``spec`` (all its calls): the transfer time the
+    compute does not hide, with ``op_ms`` the time of one recorded op and ``boundaries`` the
+    sorted forward-end events of every candidate's calls (see the module notes, "What
+    offloading costs")."""
+    if spec.host_link_bytes_per_s <= 0:
+        raise ValueError(f"{spec.name} has no host link bandwidth: nothing can be offloaded")
+    timeline = memory.timeline
+    events = [op.event for op in timeline.op_costs]
+    total = 0.0
+    for effect in memory.unit_effects(Unit(module_name, option=OFFLOAD)):
+        if not effect.host:
+            continue
+        transfer_ms = effect.host_bytes / spec.host_link_bytes_per_s * 1000.0
+        end = timeline.calls[effect.call_index].forward_end_event
+        later = bisect.bisect_right(boundaries, end)
+        until = boundaries[later] if later < len(boundaries) else effect.recompute_event
+        low = bisect.bisect_right(events, end)
+        high = bisect.bisect_right(events, until)
+        window_ms = sum(op_ms(op) for op in timeline.op_costs[low:high])
+        total += max(0.0, transfer_ms - window_ms) + transfer_ms
+    return total
 
 
 def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = False) -> Profile:
@@ -207,9 +282,21 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
     by_module: dict[str, float] = {}
     for index, call in enumerate(profile.timeline.calls):
         by_module[call.module_name] = by_module.get(call.module_name, 0.0) + by_call[index]
-    memory = MemoryModel(profile.timeline) if any(r.options for r in profile.modules) else None
+    offloading = spec.host_link_bytes_per_s > 0
+    candidates = {record.module_name for record in profile.candidates}
+    boundaries = sorted(
+        call.forward_end_event for call in profile.timeline.calls if call.module_name in candidates
+    )
+    memory = (
+        MemoryModel(profile.timeline)
+        if offloading or any(r.options for r in profile.modules)
+        else None
+    )
 
     def option_ms(record: ModuleProfile, cost: OptionCost) -> float:
+        if cost.option == OFFLOAD:
+            assert memory is not None
+            return offload_cost_ms(memory, record.module_name, spec, ms, boundaries)
         if cost.option == NESTED:
             return nested_recompute_ms(
                 record.module_name, cost.inner_modules, lambda name: by_module.get(name, 0.0)
@@ -220,7 +307,24 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         return sum(ms(op) for op in memory.recomputed_ops(unit))
 
     def options(record: ModuleProfile) -> tuple[OptionCost, ...]:
-        return tuple(replace(cost, recompute_ms=option_ms(record, cost)) for cost in record.options)
+        known = tuple(
+            replace(cost, recompute_ms=option_ms(record, cost))
+            for cost in record.options
+            if cost.option != OFFLOAD
+        )
+        if not (offloading and record.is_candidate):
+            return known
+        assert memory is not None
+        unit = Unit(record.module_name, option=OFFLOAD)
+        if memory.host_bytes(unit) <= 0:
+            return known
+        offload = OptionCost(
+            OFFLOAD,
+            offload_cost_ms(memory, record.module_name, spec, ms, boundaries),
+            0,
+            freed_bytes=memory.freed_bytes(unit),
+        )
+        return (*known, offload)
 
     modules = tuple(
         replace(

@@ -16,11 +16,16 @@ __all__ = ["branch_and_bound"]
 
 
 def branch_and_bound(
-    tree: UnitTree, peaks: PlanPeaks, budget_bytes: int | None, max_evaluations: int
+    tree: UnitTree,
+    peaks: PlanPeaks,
+    budget_bytes: int | None,
+    max_evaluations: int,
+    host_budget_bytes: int | None = None,
 ) -> tuple[tuple[Unit, ...] | None, bool]:
     """The cheapest plan within ``budget_bytes`` (with None: the lowest peak, then the
-    cheapest), replaying at most ``max_evaluations`` new plans. Returns (best plan, whether
-    the search finished)."""
+    cheapest), replaying at most ``max_evaluations`` new plans, among the plans whose
+    offloaded modules hold at most ``host_budget_bytes`` (:meth:`UnitTree.host`). Returns
+    (best plan, whether the search finished)."""
     limit = peaks.evaluations + max_evaluations
     best: tuple[Unit, ...] | None = None
     best_key: tuple[float, float] = (float("inf"), float("inf"))
@@ -30,6 +35,8 @@ def branch_and_bound(
         nonlocal best, best_key, finished
         if budget_bytes is not None and cost > best_key[0] + 1e-9:
             return
+        if host_budget_bytes is not None and tree.host(chosen) > host_budget_bytes:
+            return  # adding units only adds host memory
         if not peaks.known(chosen) and peaks.evaluations >= limit:
             finished = False
             return

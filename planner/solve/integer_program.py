@@ -60,11 +60,25 @@ class IntegerProgram:
     added lazily where the exact replay of an answer exceeds the budget.
     """
 
-    def __init__(self, tree: UnitTree, memory_rows: MemoryRows, peaks: PlanPeaks) -> None:
+    def __init__(
+        self,
+        tree: UnitTree,
+        memory_rows: MemoryRows,
+        peaks: PlanPeaks,
+        host_budget_bytes: int | None = None,
+    ) -> None:
         self.tree = tree
         self.memory_rows = memory_rows
         self.peaks = peaks
         self.units = list(tree.names)
+        # The host memory offloaded modules may hold: one knapsack row over them (in units
+        # of the budget, so its coefficients are at most about 1).
+        self.host_rows: list[tuple[dict[int, float], float]] = []
+        offloads = {i: tree.host_bytes[u] for i, u in enumerate(self.units) if tree.host_bytes[u]}
+        if host_budget_bytes is not None and sum(offloads.values()) > host_budget_bytes:
+            scale = float(max(1, host_budget_bytes))
+            host_row = {i: size / scale for i, size in offloads.items()}
+            self.host_rows.append((host_row, host_budget_bytes / scale))
         # One unit per path: a row per unit-tree leaf node (its units and its ancestors').
         self.path_rows: list[dict[int, float]] = []
         for leaf in tree.nodes:
@@ -127,7 +141,12 @@ class IntegerProgram:
 
         helpers = len(self.memory_rows.helpers)
         count = len(self.units) + helpers + (1 if peak_column else 0)
-        all_rows = [(row, 1.0) for row in self.path_rows] + self.memory_rows.link_rows + rows
+        all_rows = (
+            [(row, 1.0) for row in self.path_rows]
+            + self.memory_rows.link_rows
+            + self.host_rows
+            + rows
+        )
         data, row_index, column_index, upper = [], [], [], []
         for number, (row, bound) in enumerate(all_rows):
             for column, value in row.items():

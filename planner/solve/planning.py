@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.core.records import Note, NoteTopic, Profile, Unit
 from planner.plan.memory_model import MemoryModel, sequential_segments
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan
-from planner.plan.policies import NESTED, SelectivePolicy
+from planner.plan.policies import NESTED, OFFLOAD, SelectivePolicy
 from planner.solve import Solution, Solver
 from planner.solve.tree import segments_cost_ms
 
@@ -90,6 +90,17 @@ def _decisions(profile: Profile, unit: Unit, memory: MemoryModel) -> list[Module
 def _decision(profile: Profile, unit: Unit, memory: MemoryModel) -> ModuleDecision:
     name, segments, option = unit.module, unit.segments, unit.option
     record = profile.module(name)
+    if option == OFFLOAD:
+        return ModuleDecision(
+            module_name=name,
+            method=CheckpointMethod.OFFLOAD,
+            # Nothing runs twice: no RNG state to replay, no buffer to restore.
+            preserve_rng_state=False,
+            offload_min_bytes=memory.offload_min_bytes,
+            saving_bytes=memory.freed_bytes(unit),
+            host_bytes=memory.host_bytes(unit),
+            recompute_ms=record.option_cost(OFFLOAD).recompute_ms,
+        )
     if option is not None:
         rule = memory.policy_rules(name)[option]
         return ModuleDecision(
@@ -131,8 +142,11 @@ def build_plan(
     strategy: str,
     memory: MemoryModel | None = None,
     notes: tuple[Note, ...] = (),
+    host_budget_bytes: int | None = None,
 ) -> Plan:
-    """A plan checkpointing ``units``, its prediction re-checked by the memory model."""
+    """A plan checkpointing ``units``, its prediction re-checked by the memory model.
+    ``host_budget_bytes``: the host memory its offloaded modules were allowed (recorded
+    where one offloads)."""
     memory = (memory or MemoryModel(profile.timeline)).include_nesting(profile)
     decisions = tuple(
         decision for unit in sorted(units) for decision in _decisions(profile, unit, memory)
@@ -162,6 +176,8 @@ def build_plan(
         loop=profile.loop,
         parallel=profile.parallel,
         switches=profile.switches,
+        host_budget_bytes=host_budget_bytes if any(u.option == OFFLOAD for u in units) else None,
+        predicted_host_peak_bytes=memory.host_peak_bytes(units),
     )
 
 
@@ -197,6 +213,7 @@ def plan_for_budget(
         strategy="optimal",
         memory=solver.memory,
         notes=(note,),
+        host_budget_bytes=solver.host_budget_bytes,
     )
     return plan, solution
 

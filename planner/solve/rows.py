@@ -77,6 +77,7 @@ class MemoryRows:
         # entry per unit; the two are never chosen together.)
         gaps: dict[int, list[tuple[int, int, int]]] = {}
         holders: dict[int, list[tuple[int, int]]] = {}
+        extra: list[tuple[int, int, int, int]] = []
         self.spikes: list[list[tuple[int, int]]] = []
         for unit_index, unit in enumerate(units):
             spikes = []
@@ -92,10 +93,17 @@ class MemoryRows:
                 # A selective policy holds the outputs it saves until its recomputation.
                 for storage, _size, until in effect.kept:
                     holders.setdefault(storage, []).append((unit_index, until + 1))
-                spikes.append((effect.recompute_event, effect.recompute_peak_bytes))
+                if effect.offload:
+                    # No spike; a copy made at the unpack, or a storage gone early.
+                    extra.extend(
+                        (unit_index, start + 1, until + 1, size)
+                        for _storage, size, start, until in effect.revived
+                    )
+                else:
+                    spikes.append((effect.recompute_event, effect.recompute_peak_bytes))
             self.spikes.append(spikes)
         # Plain (additive) intervals: (unit, start, end, bytes) in numpy arrays for speed.
-        plain: list[tuple[int, int, int, int]] = []
+        plain: list[tuple[int, int, int, int]] = list(extra)
         self.coupled: list[tuple[int, int, tuple[int, int, int] | None, list[tuple[int, int]]]] = []
         for storage in gaps.keys() | holders.keys():
             size = storages[storage].size_bytes

@@ -12,7 +12,7 @@ from planner.core.errors import InfeasibleBudgetError
 from planner.core.records import Phase, Profile, Unit
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.plan.memory_model import MemoryModel
-from planner.plan.policies import NESTED
+from planner.plan.policies import NESTED, OFFLOAD
 from planner.solve.exhaustive import branch_and_bound
 from planner.solve.integer_program import IntegerProgram
 from planner.solve.rows import MemoryRows, PlanPeaks
@@ -52,7 +52,14 @@ class Solver:
 
     ``tree`` (:class:`~planner.solve.tree.UnitTree`) is what may be chosen; ``peak`` the
     exact replay of a plan; the tree program and the integer program are built on first
-    need and share their memory rows, so a sweep of budgets reuses the rows found."""
+    need and share their memory rows, so a sweep of budgets reuses the rows found.
+
+    ``offload``: whether modules may offload their saved tensors (where the profile offers
+    it: a device spec with a host link); ``host_budget_bytes`` bounds the host memory the
+    offloaded modules hold together (:meth:`UnitTree.host`; None: no bound). Every search
+    keeps to it: the exhaustive one prunes on it, the integer program has it as a row, and
+    an answer of the tree program that passes it (it ignores it) goes to the integer
+    program."""
 
     def __init__(
         self,
@@ -62,14 +69,23 @@ class Solver:
         sequential: bool = True,
         options: bool = True,
         nesting: bool = True,
+        offload: bool = True,
+        host_budget_bytes: int | None = None,
         exhaustive_evaluations: int = 2_000,
     ) -> None:
         self.profile = profile
         self.memory = memory or MemoryModel.for_profile(profile)
         self.exhaustive_evaluations = exhaustive_evaluations
         self.tree = UnitTree(
-            profile, self.memory, sequential=sequential, options=options, nesting=nesting
+            profile,
+            self.memory,
+            sequential=sequential,
+            options=options,
+            nesting=nesting,
+            offload=offload,
         )
+        self.offload = offload and any(unit.option == OFFLOAD for unit in self.tree.names)
+        self.host_budget_bytes = host_budget_bytes if self.offload else None
         # Nesting is the last resort (see solve): the same search without it, first.
         self._without_nesting: Solver | None = None
         if nesting and any(unit.option == NESTED for unit in self.tree.names):
@@ -79,6 +95,8 @@ class Solver:
                 sequential=sequential,
                 options=options,
                 nesting=False,
+                offload=offload,
+                host_budget_bytes=host_budget_bytes,
                 exhaustive_evaluations=exhaustive_evaluations,
             )
         self.names = self.tree.names
@@ -117,8 +135,21 @@ class Solver:
 
     def integer_program(self) -> IntegerProgram:
         if self._integer_program is None:
-            self._integer_program = IntegerProgram(self.tree, self.memory_rows(), self.peak)
+            self._integer_program = IntegerProgram(
+                self.tree, self.memory_rows(), self.peak, self.host_budget_bytes
+            )
         return self._integer_program
+
+    def host_fits(self, units: Iterable[Unit]) -> bool:
+        """Whether a plan's offloaded modules keep to the host budget."""
+        return self.host_budget_bytes is None or self.tree.host(units) <= self.host_budget_bytes
+
+    def _tree_answer(self, best: tuple[Unit, ...] | None) -> tuple[Unit, ...] | None:
+        """The tree program's answer where it keeps to the host budget (which it does not
+        see: it is then the cheapest that does too); else Incompatible."""
+        if best is not None and not self.host_fits(best):
+            raise Incompatible(f"host memory of {best}")
+        return best
 
     # -- answers -----------------------------------------------------------------------
     def _floor_explanation(self, names: tuple[Unit, ...]) -> str:
@@ -167,13 +198,16 @@ class Solver:
         best, finished = None, False
         if self.plan_count <= self.exhaustive_evaluations:
             best, finished = branch_and_bound(
-                self.tree, self.peak, None, self.exhaustive_evaluations
+                self.tree, self.peak, None, self.exhaustive_evaluations, self.host_budget_bytes
             )
         if not finished:
             try:
-                best = self.tree_program().lowest_peak()
+                best = self._tree_answer(self.tree_program().lowest_peak())
+                assert best is not None
                 # Among the plans with that peak, the cheapest.
-                cheapest = self.tree_program().solve(self.peak(best), fitting=best)
+                cheapest = self._tree_answer(
+                    self.tree_program().solve(self.peak(best), fitting=best)
+                )
                 best = best if cheapest is None else cheapest
             except Incompatible:
                 best = self.integer_program().lowest_peak()
@@ -199,10 +233,14 @@ class Solver:
         limit = self.exhaustive_evaluations if max_evaluations is None else max_evaluations
         best, proven, bound_ms = None, False, 0.0
         if self.plan_count <= limit:
-            best, proven = branch_and_bound(self.tree, self.peak, budget_bytes, limit)
+            best, proven = branch_and_bound(
+                self.tree, self.peak, budget_bytes, limit, self.host_budget_bytes
+            )
         if not proven:
             try:
-                best = self.tree_program().solve(budget_bytes, fitting=self._fitting(budget_bytes))
+                best = self._tree_answer(
+                    self.tree_program().solve(budget_bytes, fitting=self._fitting(budget_bytes))
+                )
                 proven = True
             except Incompatible as error:
                 logger.debug("tree DP cannot take row %s; solving the integer program", error)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from planner.core.records import Profile, Unit
 from planner.plan.memory_model import MemoryModel, sequential_segments
-from planner.plan.policies import NESTED
+from planner.plan.policies import NESTED, OFFLOAD
 
 __all__ = ["UnitTree", "is_ancestor", "tree_key"]
 
@@ -37,7 +37,8 @@ class UnitTree:
     recompute time; ``node_of``: the module a unit sits on; ``skip_to[i]``: the first unit
     after unit ``i``'s node and its whole subtree; ``nodes`` (pre-order), ``node_units``,
     ``node_parent`` (None: the root), ``node_children``; ``plan_count``: how many plans
-    (antichains of units) there are.
+    (antichains of units) there are; ``host_bytes``: what each offload unit holds in host
+    memory (0 for the others).
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class UnitTree:
         sequential: bool = True,
         options: bool = True,
         nesting: bool = True,
+        offload: bool = True,
     ) -> None:
         memory.include_nesting(profile)
         candidates = sorted(profile.candidates, key=lambda m: tree_key(m.module_name))
@@ -61,6 +63,8 @@ class UnitTree:
                 for option in record.options:
                     if option.option == NESTED and not nesting:
                         continue
+                    if option.option == OFFLOAD and not offload:
+                        continue
                     unit = Unit(record.module_name, option=option.option)
                     self.cost_ms[unit] = option.recompute_ms
                     self.node_of[unit] = record.module_name
@@ -73,6 +77,7 @@ class UnitTree:
         self.names: tuple[Unit, ...] = tuple(
             sorted(self.cost_ms, key=lambda u: (tree_key(self.node_of[u]), u))
         )
+        self.host_bytes: dict[Unit, int] = {unit: memory.host_bytes(unit) for unit in self.names}
         self.index = {unit: i for i, unit in enumerate(self.names)}
         self.skip_to: list[int] = []
         for index, unit in enumerate(self.names):
@@ -118,6 +123,12 @@ class UnitTree:
 
     def cost(self, units: Iterable[Unit]) -> float:
         return sum(self.cost_ms[unit] for unit in units)
+
+    def host(self, units: Iterable[Unit]) -> int:
+        """The host memory a plan's offloaded modules hold, at most: the sum of theirs
+        (equal to the peak where every forward ends before any backward begins: one step
+        of a plain loop)."""
+        return sum(self.host_bytes[unit] for unit in units)
 
     def conflicts(self, first: Unit, second: Unit) -> bool:
         """Whether two units may not be chosen together (one node, or one path)."""
