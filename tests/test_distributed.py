@@ -386,6 +386,56 @@ def test_ranks_measure_again_while_a_peak_counted_what_another_thread_held(
     assert all(options["warmup_steps"] == 0 and options["seed"] == 0 for options in steps)
 
 
+def test_every_step_a_rank_runs_routes_as_the_plan_assumed(
+    fsdp2_profiles,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mixture-of-experts plan's routing holds for every step a rank measures: the
+    unplanned and planned steps, each step measured again because another thread held a
+    storage at its peak, and the allocator's cross-check. A step measured again under the
+    real routing, lighter than the plan's, kept its lower peak (ranks.py's design note)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from planner.check import ranks
+    from planner.core.switches import StepSwitches
+    from planner.measure import step
+    from planner.model_switches import RoutingAsPlanned
+
+    plan, _ = plan_for_budget(fsdp2_profiles[2], 1 << 40)
+    plan = dataclasses.replace(plan, switches=StepSwitches(expert_load=2.0))
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    routed: list[str] = []
+
+    def routing() -> str:
+        loads = [
+            m.expert_load
+            for m in _get_current_dispatch_mode_stack()
+            if isinstance(m, RoutingAsPlanned)
+        ]
+        return f"load {loads[0]}" if loads == [2.0] else f"modes {loads}"
+
+    def measure_step(workload, **options):  # type: ignore[no-untyped-def]
+        routed.append(f"step: {routing()}")
+        return _measured(1000, held=True)  # held: every step is measured again
+
+    def allocator_peak(*arguments, **options):  # type: ignore[no-untyped-def]
+        routed.append(f"allocator: {routing()}")
+        return 1000
+
+    model = torch.nn.Linear(2, 2)
+    monkeypatch.setattr(ranks, "_laid_out_workload", lambda *a, **k: (None, model, [], 0))
+    monkeypatch.setattr(step, "measure_step", measure_step)
+    monkeypatch.setattr(ranks, "_any_rank", lambda flag: flag)
+    monkeypatch.setattr(ranks, "_allocator_peak", allocator_peak)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    checked = ranks.run_rank("model.py", str(plan_path), cross_check=True)
+    assert checked.training_unchanged and checked.allocator_peak_bytes == 1000
+    steps = 2 * (1 + ranks.REMEASURED_STEPS)  # unplanned and planned, each measured again
+    assert routed == [*["step: load 2.0"] * steps, "allocator: load 2.0"]
+    assert _get_current_dispatch_mode_stack() == []
+
+
 # -- real ranks (gloo, 2 processes under torchrun) -----------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize(
