@@ -488,6 +488,90 @@ def test_profile_and_verify_on_two_real_ranks(
     assert verified.stdout.count("bit-identical") == 2
 
 
+EAGER_MIXTRAL = {
+    "model_type": "mixtral",
+    "architectures": ["MixtralForCausalLM"],
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 128,
+    "experts_implementation": "eager",  # each expert on the tokens routed to it
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_an_eager_mixture_of_experts_rank_plan_checks_on_two_real_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """profile --hf on a tiny eager Mixtral for one FSDP2 rank of 2, its busiest expert at
+    twice its share: checked on 2 real gloo ranks under that routing, each rank measures the
+    simulated rank's peaks to the byte (planned and unplanned; balanced routing's would
+    differ), within the budget, its loss, gradient shards and buffers as unplanned."""
+    from planner.check.ranks import RanksCheck
+    from planner.measure.hf import hf_workload
+    from planner.pipeline import check_plan_on_ranks
+
+    config = tmp_path / "mixtral-eager.json"
+    config.write_text(json.dumps(EAGER_MIXTRAL), encoding="utf-8")
+    layout = ParallelLayout(2, "fsdp2")  # type: ignore[arg-type]
+    model_file = load_model_file(hf_workload(config, 2, 32, None))
+    busier, balanced = (
+        record_rank_memory(model_file, layout, expert_load=load) for load in (2.0, 1.0)
+    )
+    assert busier.measured_peak_bytes != balanced.measured_peak_bytes
+    budget = (lowest_peak(busier) + busier.measured_peak_bytes) // 2
+    checks: list[RanksCheck] = []
+
+    def checked_on_ranks(*arguments, **options):  # type: ignore[no-untyped-def]
+        checks.append(check_plan_on_ranks(*arguments, **options))
+        return checks[-1]
+
+    monkeypatch.setattr("planner.pipeline.check_plan_on_ranks", checked_on_ranks)
+    plan_path = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            "--hf",
+            str(config),
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "32",
+            "--budget",
+            str(budget),
+            "--world-size",
+            "2",
+            "--parallel",
+            "fsdp2",
+            "--expert-load",
+            "2",
+            "-o",
+            str(plan_path),
+            "--report-dir",
+            str(tmp_path / "r"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    plan = load_plan(plan_path)
+    assert plan.modules and plan.checked and plan.parallel == layout
+    assert plan.switches.expert_load == 2.0
+    (check,) = checks  # the first plan measured as predicted: no re-plan
+    assert [rank.rank for rank in check.ranks] == [0, 1]
+    for rank in check.ranks:
+        assert rank.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+        assert rank.unplanned_peak_bytes == busier.measured_peak_bytes
+        assert rank.training_unchanged, rank.differences
+
+
 # -- a rank that fails -------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize(
