@@ -16,7 +16,11 @@
    gradient shards and buffers are compared with the unplanned distributed step's, bit for bit.
    Each rank's planned step is also measured from the other side, by the CPU allocator's own
    accounting (``AllocatorPeakTracker``, a separate run of the same step): it does not rely on
-   the dispatcher or on the tracker's handling of FSDP2's storage resizes.
+   the dispatcher or on the tracker's handling of FSDP2's storage resizes. The same for a tiny
+   Mixtral through ``--hf`` (its config.json; batch 2 x 32): eager experts (each expert on
+   the tokens routed to it), planned and checked under balanced routing and under a busiest
+   expert at twice its share (``--expert-load 2``), and the default ``grouped_mm`` experts,
+   whose shapes no routing changes.
 2. **Simulated world sizes.** FSDP2 on the Llama example at 2, 8 and 64 simulated ranks, and
    HSDP on 64 as an 8x8 mesh (replicate x shard): static memory per rank (parameters,
    gradients, optimizer state and buffers), the unplanned peak, and the plan for one
@@ -28,7 +32,9 @@ Writes reports/benchmarks/distributed.md.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,6 +49,8 @@ from planner.core.fileio import atomic_write_text  # noqa: E402
 from planner.core.parallel import ParallelLayout, ParallelStrategy  # noqa: E402
 from planner.core.units import format_bytes  # noqa: E402
 from planner.measure.distributed import record_rank_memory  # noqa: E402
+from planner.measure.hf import hf_workload  # noqa: E402
+from planner.measure.source import WorkloadSource  # noqa: E402
 from planner.measure.workload import load_model_file  # noqa: E402
 from planner.pipeline import estimated_costs  # noqa: E402
 from planner.plan.memory_model import MemoryModel  # noqa: E402
@@ -54,6 +62,29 @@ MODELS = {
     "hf_gpt2": ROOT / "examples" / "hf_gpt2.py",
     "hf_llama": ROOT / "examples" / "hf_llama.py",
 }
+# A tiny Mixtral as a config.json (what `profile --hf` reads): each entry its experts'
+# implementation and the routing planned for (--expert-load).
+MIXTRAL = {
+    "model_type": "mixtral",
+    "architectures": ["MixtralForCausalLM"],
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 128,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
+MOE_MODELS = {
+    "mixtral_eager": ("eager", 1.0),
+    "mixtral_eager_load2": ("eager", 2.0),
+    "mixtral_grouped_mm": ("grouped_mm", 1.0),
+}
+MOE_BATCH = (2, 32)
 FRACTIONS = (0.75, 0.5, 0.25)
 
 
@@ -61,14 +92,30 @@ def mib(size_bytes: int) -> str:
     return f"{size_bytes / 2**20:.2f}"
 
 
-def rank_profile(path: Path, layout: ParallelLayout):  # type: ignore[no-untyped-def]
-    return estimated_costs(record_rank_memory(load_model_file(path), layout), "cpu")
+def rank_profile(  # type: ignore[no-untyped-def]
+    source: Path | WorkloadSource, layout: ParallelLayout, expert_load: float = 1.0
+):
+    model_file = load_model_file(source)
+    return estimated_costs(record_rank_memory(model_file, layout, expert_load=expert_load), "cpu")
 
 
-def compare_on_ranks(name: str, strategy: ParallelStrategy) -> list[dict[str, object]]:
+def moe_source(name: str, folder: Path) -> WorkloadSource:
+    """The tiny Mixtral of ``MOE_MODELS[name]`` as an ``--hf`` workload, its config written
+    into ``folder``."""
+    experts, _ = MOE_MODELS[name]
+    config = folder / f"{name}.json"
+    config.write_text(json.dumps({**MIXTRAL, "experts_implementation": experts}))
+    return hf_workload(config, *MOE_BATCH, None)
+
+
+def compare_on_ranks(
+    name: str, source: Path | WorkloadSource, strategy: ParallelStrategy, expert_load: float = 1.0
+) -> list[dict[str, object]]:
     layout = ParallelLayout(2, strategy)
     begin = time.perf_counter()
-    profile = rank_profile(MODELS[name], layout)
+    profile = rank_profile(source, layout, expert_load)
+    load = profile.switches.expert_load
+    routing = "-" if load is None else f"{load:g}"
     simulated_s = time.perf_counter() - begin
     solver = Solver(profile, MemoryModel(profile.timeline))
     _, lowest = solver.lowest_peak()
@@ -78,7 +125,7 @@ def compare_on_ranks(name: str, strategy: ParallelStrategy) -> list[dict[str, ob
         budget = lowest + int((peak - lowest) * fraction)
         plan, _ = plan_for_budget(profile, budget, solver=solver)
         begin = time.perf_counter()
-        check = check_plan_on_ranks(MODELS[name], plan, cross_check=True)
+        check = check_plan_on_ranks(source, plan, cross_check=True)
         ranks_s = time.perf_counter() - begin
         if not rows:
             unplanned = [rank.unplanned_peak_bytes for rank in check.ranks]
@@ -86,6 +133,7 @@ def compare_on_ranks(name: str, strategy: ParallelStrategy) -> list[dict[str, ob
                 {
                     "model": name,
                     "strategy": strategy.value,
+                    "expert load": routing,
                     "budget (MiB)": "none (unplanned)",
                     "modules": 0,
                     "predicted (MiB)": mib(peak),
@@ -105,6 +153,7 @@ def compare_on_ranks(name: str, strategy: ParallelStrategy) -> list[dict[str, ob
             {
                 "model": name,
                 "strategy": strategy.value,
+                "expert load": routing,
                 "budget (MiB)": mib(budget),
                 "modules": len(plan.modules),
                 "predicted (MiB)": mib(plan.predicted_peak_bytes),
@@ -167,16 +216,24 @@ def world_sizes(sizes: tuple[int, ...]) -> tuple[list[dict[str, object]], int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    names = [*MODELS, *MOE_MODELS]
+    parser.add_argument("--models", nargs="*", default=names, choices=names)
     parser.add_argument("--sizes", nargs="*", type=int, default=[2, 8, 64])
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
     arguments = parser.parse_args()
-    rows = [
-        row
-        for name in arguments.models
-        for strategy in ParallelStrategy
-        for row in compare_on_ranks(name, strategy)
-    ]
+    with tempfile.TemporaryDirectory(prefix="moe-configs-") as folder:
+        rows = [
+            row
+            for name in arguments.models
+            for strategy in ParallelStrategy
+            for row in (
+                compare_on_ranks(name, MODELS[name], strategy)
+                if name in MODELS
+                else compare_on_ranks(
+                    name, moe_source(name, Path(folder)), strategy, MOE_MODELS[name][1]
+                )
+            )
+        ]
     sizes, budget = world_sizes(tuple(arguments.sizes))
     import torch
 
@@ -186,7 +243,10 @@ def main() -> None:
             f"torch {torch.__version__}, CPU, gloo; generated by benchmarks/distributed.py "
             "(see its docstring for the method). Peaks are per rank, in MiB (2^20 bytes); "
             "'worst error' is the largest |measured - predicted| / measured over the two "
-            "ranks.",
+            "ranks. The Mixtrals are a tiny config through --hf (batch "
+            f"{MOE_BATCH[0]} x {MOE_BATCH[1]}; eager or grouped_mm experts); 'expert load': "
+            "the routing planned and checked for (--expert-load; '-' where no shape depends "
+            "on routing).",
             "## 2 ranks: predicted (simulated rank) vs measured (each real rank)",
             markdown_table(pd.DataFrame(rows)),
             f"## FSDP2 on examples/hf_llama.py at simulated world sizes (budget "

@@ -259,6 +259,7 @@ def fit(
     world_size: WorldSizeOption = None,
     parallel: ParallelOption = None,
     mesh: MeshOption = None,
+    expert_load: ExpertLoadOption = 1.0,
     verbose: VerboseOption = False,
 ) -> None:
     """The largest batch size for which a checkpointing plan fits BUDGET, with its plan, and
@@ -307,6 +308,7 @@ def fit(
                 loop=LoopShape(zero_grad, grad_accum),
                 parallel=layout,
                 progress=progress,
+                expert_load=expert_load,
             )
         print_fit(result)
         name = result.planned.profile.model_name

@@ -195,24 +195,27 @@ def print_fit(result: Any) -> None:
         f"(lowest peak {format_bytes(largest.lowest_peak_bytes)}){why}"
     )
     profile = result.planned.profile
-    layout = ""
+    options = ""
     if profile.target:
         times = "estimated for the target"
     elif profile.parallel is not None:
         times = "estimated from the ops: a rank's step is not timed alone"
-        layout = (
+        options = (
             f" --world-size {profile.parallel.world_size} "
             f"--parallel {profile.parallel.strategy.value}"
         )
         if len(profile.parallel.mesh_shape) == 2:
-            layout += " --mesh " + "x".join(str(size) for size in profile.parallel.mesh_shape)
+            options += " --mesh " + "x".join(str(size) for size in profile.parallel.mesh_shape)
     else:
         times = "timed here"
+    load = profile.switches.expert_load
+    if load is not None and load != 1.0:  # the routing planned for, where it is not the default
+        options += f" --expert-load {load:g}"
     stdout.print(
         f"fastest: {what} {result.fastest}, {result.point(result.fastest).throughput:,.1f} {per} "
         f"predicted with its cheapest plan ({times}); plan it with: ckpt-plan profile "
         f"{shlex.join(result.point(result.fastest).source.command_arguments())} "
-        f"--budget {result.budget_bytes}{layout}"
+        f"--budget {result.budget_bytes}{options}"
     )
 
 

@@ -142,6 +142,7 @@ def fit_largest(
     parallel: ParallelLayout | None = None,
     check: bool = True,
     progress: ProgressCallback | None = None,
+    expert_load: float = 1.0,
 ) -> FitResult:
     """Search the largest ``dimension`` (see the module docstring) up to ``max_size``.
     Raises :class:`InfeasibleBudgetError` where not even size 1 fits (with the smallest
@@ -150,7 +151,9 @@ def fit_largest(
     size (the median is kept). ``loop``: the training loop's shape, as for ``profile``.
     ``parallel``: fit one rank of that ``torchrun`` job (the budget is each rank's peak), on
     simulated ranks, with recomputation times estimated from the ops (as ``profile`` does
-    for a rank); the plan is checked on real ranks where they run here."""
+    for a rank); the plan is checked on real ranks where they run here. ``expert_load``: the
+    mixture-of-experts routing every size is planned for where its memory depends on
+    routing, as for ``profile`` (the plan records it, and its check runs under it)."""
     if dimension not in DIMENSIONS:
         raise ValueError(f"dimension must be one of {DIMENSIONS}, not {dimension!r}")
     if (
@@ -192,6 +195,7 @@ def fit_largest(
                     seed=seed,
                     loop=loop,
                     budget_bytes=budget_bytes,
+                    expert_load=expert_load,
                 )
             else:
                 profile = record_step_memory(
@@ -203,6 +207,7 @@ def fit_largest(
                     target=target,
                     loop=loop,
                     progress=None,
+                    expert_load=expert_load,
                 )
             lowest = Solver(profile).lowest_peak()[1]
             memory[size] = (sized, profile, lowest)

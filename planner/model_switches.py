@@ -20,6 +20,7 @@ __all__ = [
     "OWN_CHECKPOINTING_FLAGS",
     "RoutingAsPlanned",
     "RoutingWatcher",
+    "TopkRoutedAsPlanned",
     "assumed_routing",
     "busiest_expert_load",
     "cache_owners",
@@ -175,22 +176,74 @@ class RoutingAsPlanned(TorchDispatchMode):
     def __init__(self, expert_load: float) -> None:
         super().__init__()
         self.expert_load = expert_load
+        self.routed = 0  # router picks routed so far
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if is_routing_choice(func, args, kwargs):
+            self.routed += 1
             values, indices = out
-            routing = routing_for_choice(args, kwargs, self.expert_load).to(indices.device)
-            # In place: the step keeps the storages it would have had.
-            indices.copy_(routing)
-            values.copy_(torch.gather(args[0], -1, routing))
+            # In place: the step keeps the storages it would have had. Out of sight of a
+            # mode entered before this one (a memory tracker, where TopkRoutedAsPlanned
+            # enters it around a topk): what it makes to route is not the step's.
+            with torch._C._DisableTorchDispatch():
+                routing = routing_for_choice(args, kwargs, self.expert_load).to(indices.device)
+                indices.copy_(routing)
+                torch.gather(args[0], -1, routing, out=values)
         return out
 
 
 def routing_as_planned(expert_load: float | None) -> contextlib.AbstractContextManager[Any]:
     """:class:`RoutingAsPlanned` for a plan that assumed a routing, else nothing."""
     return RoutingAsPlanned(expert_load) if expert_load is not None else contextlib.nullcontext()
+
+
+class TopkRoutedAsPlanned:
+    """:class:`RoutingAsPlanned` for steps that are timed: entered only around each call of
+    ``torch.topk`` and ``Tensor.topk`` (how every router calls it: Mixtral, Qwen3-MoE,
+    OLMoE, gpt-oss, DeepSeek-V3), which are replaced while inside, so every other op runs
+    as in training. A dispatch mode over the whole step runs each op through Python: a tiny
+    eager Mixtral's CPU step (10 x 32 tokens) took 32.7 ms under it, 16.7 ms without.
+    ``routed``: the router picks it routed. Where ``expert_load`` is None, nothing."""
+
+    def __init__(self, expert_load: float | None) -> None:
+        self.expert_load = expert_load
+        self.routed = 0
+        self._method_was_own = False
+        self._originals: tuple[Any, Any] | None = None
+
+    def _routed(self, original: Any) -> Any:
+        assert self.expert_load is not None
+        expert_load = self.expert_load
+
+        def topk(*args: Any, **kwargs: Any) -> Any:
+            mode = RoutingAsPlanned(expert_load)
+            with mode:
+                out = original(*args, **kwargs)
+            self.routed += mode.routed
+            return out
+
+        return topk
+
+    def __enter__(self) -> TopkRoutedAsPlanned:
+        if self.expert_load is not None:
+            self._originals = (torch.topk, torch.Tensor.topk)
+            self._method_was_own = "topk" in torch.Tensor.__dict__
+            torch.topk = self._routed(torch.topk)  # type: ignore[assignment]
+            torch.Tensor.topk = self._routed(torch.Tensor.topk)  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._originals is None:
+            return
+        function, method = self._originals
+        torch.topk = function  # type: ignore[assignment]
+        if self._method_was_own:
+            torch.Tensor.topk = method  # type: ignore[method-assign]
+        else:
+            del torch.Tensor.topk  # the method of torch._C.TensorBase again
+        self._originals = None
 
 
 class RoutingWatcher(TorchDispatchMode):

@@ -386,6 +386,56 @@ def test_ranks_measure_again_while_a_peak_counted_what_another_thread_held(
     assert all(options["warmup_steps"] == 0 and options["seed"] == 0 for options in steps)
 
 
+def test_every_step_a_rank_runs_routes_as_the_plan_assumed(
+    fsdp2_profiles,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mixture-of-experts plan's routing holds for every step a rank measures: the
+    unplanned and planned steps, each step measured again because another thread held a
+    storage at its peak, and the allocator's cross-check. A step measured again under the
+    real routing, lighter than the plan's, kept its lower peak (ranks.py's design note)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from planner.check import ranks
+    from planner.core.switches import StepSwitches
+    from planner.measure import step
+    from planner.model_switches import RoutingAsPlanned
+
+    plan, _ = plan_for_budget(fsdp2_profiles[2], 1 << 40)
+    plan = dataclasses.replace(plan, switches=StepSwitches(expert_load=2.0))
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    routed: list[str] = []
+
+    def routing() -> str:
+        loads = [
+            m.expert_load
+            for m in _get_current_dispatch_mode_stack()
+            if isinstance(m, RoutingAsPlanned)
+        ]
+        return f"load {loads[0]}" if loads == [2.0] else f"modes {loads}"
+
+    def measure_step(workload, **options):  # type: ignore[no-untyped-def]
+        routed.append(f"step: {routing()}")
+        return _measured(1000, held=True)  # held: every step is measured again
+
+    def allocator_peak(*arguments, **options):  # type: ignore[no-untyped-def]
+        routed.append(f"allocator: {routing()}")
+        return 1000
+
+    model = torch.nn.Linear(2, 2)
+    monkeypatch.setattr(ranks, "_laid_out_workload", lambda *a, **k: (None, model, [], 0))
+    monkeypatch.setattr(step, "measure_step", measure_step)
+    monkeypatch.setattr(ranks, "_any_rank", lambda flag: flag)
+    monkeypatch.setattr(ranks, "_allocator_peak", allocator_peak)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    checked = ranks.run_rank("model.py", str(plan_path), cross_check=True)
+    assert checked.training_unchanged and checked.allocator_peak_bytes == 1000
+    steps = 2 * (1 + ranks.REMEASURED_STEPS)  # unplanned and planned, each measured again
+    assert routed == [*["step: load 2.0"] * steps, "allocator: load 2.0"]
+    assert _get_current_dispatch_mode_stack() == []
+
+
 # -- real ranks (gloo, 2 processes under torchrun) -----------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize(
@@ -436,6 +486,90 @@ def test_profile_and_verify_on_two_real_ranks(
     verified = runner.invoke(app, ["verify", str(DATA / model), str(plan_path), "--nproc", "2"])
     assert verified.exit_code == 0, verified.output
     assert verified.stdout.count("bit-identical") == 2
+
+
+EAGER_MIXTRAL = {
+    "model_type": "mixtral",
+    "architectures": ["MixtralForCausalLM"],
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 128,
+    "experts_implementation": "eager",  # each expert on the tokens routed to it
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_an_eager_mixture_of_experts_rank_plan_checks_on_two_real_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """profile --hf on a tiny eager Mixtral for one FSDP2 rank of 2, its busiest expert at
+    twice its share: checked on 2 real gloo ranks under that routing, each rank measures the
+    simulated rank's peaks to the byte (planned and unplanned; balanced routing's would
+    differ), within the budget, its loss, gradient shards and buffers as unplanned."""
+    from planner.check.ranks import RanksCheck
+    from planner.measure.hf import hf_workload
+    from planner.pipeline import check_plan_on_ranks
+
+    config = tmp_path / "mixtral-eager.json"
+    config.write_text(json.dumps(EAGER_MIXTRAL), encoding="utf-8")
+    layout = ParallelLayout(2, "fsdp2")  # type: ignore[arg-type]
+    model_file = load_model_file(hf_workload(config, 2, 32, None))
+    busier, balanced = (
+        record_rank_memory(model_file, layout, expert_load=load) for load in (2.0, 1.0)
+    )
+    assert busier.measured_peak_bytes != balanced.measured_peak_bytes
+    budget = (lowest_peak(busier) + busier.measured_peak_bytes) // 2
+    checks: list[RanksCheck] = []
+
+    def checked_on_ranks(*arguments, **options):  # type: ignore[no-untyped-def]
+        checks.append(check_plan_on_ranks(*arguments, **options))
+        return checks[-1]
+
+    monkeypatch.setattr("planner.pipeline.check_plan_on_ranks", checked_on_ranks)
+    plan_path = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            "--hf",
+            str(config),
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "32",
+            "--budget",
+            str(budget),
+            "--world-size",
+            "2",
+            "--parallel",
+            "fsdp2",
+            "--expert-load",
+            "2",
+            "-o",
+            str(plan_path),
+            "--report-dir",
+            str(tmp_path / "r"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    plan = load_plan(plan_path)
+    assert plan.modules and plan.checked and plan.parallel == layout
+    assert plan.switches.expert_load == 2.0
+    (check,) = checks  # the first plan measured as predicted: no re-plan
+    assert [rank.rank for rank in check.ranks] == [0, 1]
+    for rank in check.ranks:
+        assert rank.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+        assert rank.unplanned_peak_bytes == busier.measured_peak_bytes
+        assert rank.training_unchanged, rank.differences
 
 
 # -- a rank that fails -------------------------------------------------------------------

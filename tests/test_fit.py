@@ -150,3 +150,69 @@ def test_fit_for_a_target_device_leaves_its_plan_unchecked_and_says_so() -> None
         for note in result.planned.plan.notes
     )
     assert result.source == result.point(result.largest).source
+
+
+TINY_EAGER_MIXTRAL = {
+    "model_type": "mixtral",
+    "architectures": ["MixtralForCausalLM"],
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 128,
+    "experts_implementation": "eager",  # each expert on the tokens routed to it
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_fit_plans_eager_experts_for_the_expert_load_it_is_given(tmp_path: Path) -> None:
+    """--expert-load reaches fit's search, its plan and its check: at the budget where
+    batch size 1 fits unplanned under balanced routing, a busiest expert at twice its share
+    needs a plan; each plan records its load and measured its prediction under it."""
+    import json
+
+    from planner.core.loop import PLAIN_LOOP
+    from planner.core.records import MemorySource
+    from planner.measure.hf import hf_workload
+    from planner.pipeline import record_step_memory
+    from planner.solve import Solver
+
+    config = tmp_path / "mixtral-eager.json"
+    config.write_text(json.dumps(TINY_EAGER_MIXTRAL), encoding="utf-8")
+    one = load_model_file(hf_workload(config, 1, 16, None))
+    balanced, busier = (
+        record_step_memory(
+            one,
+            device="cpu",
+            seed=0,
+            memory=MemorySource.FAKE,
+            budget_bytes=None,
+            target=None,
+            loop=PLAIN_LOOP,
+            progress=None,
+            expert_load=load,
+        )
+        for load in (1.0, 2.0)
+    )
+    budget = balanced.measured_peak_bytes
+    assert Solver(busier).lowest_peak()[1] <= budget < busier.measured_peak_bytes
+    plans = {}
+    for load in ("1", "2"):
+        plan_path = tmp_path / f"plan-{load}.json"
+        arguments = ["fit", "--hf", str(config), "--seq-len", "16", "--budget", str(budget)]
+        arguments += ["--max-size", "1", "--expert-load", load, "-o", str(plan_path)]
+        result = CliRunner().invoke(app, arguments)
+        assert result.exit_code == 0, result.output
+        assert (f"--budget {budget} --expert-load 2" in result.stdout) == (load == "2")
+        plans[load] = plan = load_plan(plan_path)
+        assert plan.switches.expert_load == float(load)
+        assert plan.checked and plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+    assert plans["1"].modules == () and plans["1"].predicted_peak_bytes == budget
+    assert plans["2"].modules and plans["2"].predicted_peak_bytes != budget

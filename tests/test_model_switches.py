@@ -52,6 +52,41 @@ def test_routing_as_planned_routes_a_real_topk_and_keeps_values_consistent() -> 
     assert scores.grad is not None
 
 
+def test_topk_routed_as_planned_routes_only_topk_and_puts_it_back() -> None:
+    """For timed steps: both ways a router calls topk route as the mode does, gradients
+    and all, no mode is entered for other ops, and torch is as it was after."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from planner.measure.tracking import PeakMemoryTracker
+    from planner.model_switches import TopkRoutedAsPlanned
+
+    function, method = torch.topk, torch.Tensor.topk
+    scores = torch.randn(32, 8, requires_grad=True)
+    expected = assumed_routing((32,), 8, 2, 2.0)
+    with TopkRoutedAsPlanned(2.0) as routing:
+        assert _get_current_dispatch_mode_stack() == []
+        _, by_function = torch.topk(scores.softmax(-1), 2, dim=-1)
+        values, by_method = scores.softmax(-1).topk(2)
+        _, not_a_router = torch.topk(scores.detach(), 2, dim=0)  # not over the experts
+    assert torch.equal(by_function, expected) and torch.equal(by_method, expected)
+    assert torch.equal(not_a_router, torch.topk(scores.detach(), 2, dim=0)[1])
+    assert routing.routed == 2
+    values.sum().backward()
+    assert torch.equal(
+        scores.grad, torch.autograd.grad(scores.softmax(-1).gather(-1, expected).sum(), scores)[0]
+    )  # type: ignore[arg-type]
+    assert torch.topk is function and torch.Tensor.topk is method
+    assert "topk" not in torch.Tensor.__dict__
+    with TopkRoutedAsPlanned(None) as nothing:  # no routing assumed: torch untouched
+        assert torch.topk is function and nothing.routed == 0
+    # A tracker entered first sees the pick's outputs, not what routing them takes.
+    tracker = PeakMemoryTracker(torch.device("cpu"), {})
+    probs = torch.randn(1000, 8)
+    with tracker, TopkRoutedAsPlanned(1.0):
+        torch.topk(probs, 2)
+    assert tracker.peak_bytes == 1000 * 2 * (4 + 8)  # float values, int64 indices
+
+
 def _llama_file(tmp_path: Path) -> Path:
     """A Llama built as users ship it: use_cache left at its default (on)."""
     path = tmp_path / "llama_defaults.py"
@@ -222,3 +257,39 @@ def test_the_first_training_forward_warns_when_real_routing_is_busier_than_plann
     (warning,) = forward_warnings(1.0)
     assert f"{watcher.busiest_load:.2f}x" in warning and "--expert-load" in warning
     assert forward_warnings(watcher.busiest_load + 0.01) == []
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_eager_experts_are_timed_under_the_assumed_routing_within_the_budget(
+    tmp_path: Path,
+) -> None:
+    """The timing steps route as the profile assumed, as the check does: this model's own
+    routing is busier than balanced, and under it the timing plan's warm-up passed a budget
+    an eighth of the way up from the lowest (8.75 MiB reached of 8.69 MiB)."""
+    from planner.core.loop import PLAIN_LOOP
+    from planner.core.records import CostSource, MemorySource
+    from planner.measure.workload import load_model_file
+    from planner.pipeline import measure_profile_costs, record_step_memory
+    from planner.solve import Solver
+
+    model_file = load_model_file(_moe_file(tmp_path, "eager"))
+    torch.manual_seed(0)
+    with RoutingWatcher() as watcher:
+        model_file.build_model()(**model_file.sample_batch())
+    assert watcher.busiest_load > 1.0  # the weights' own routing: busier than planned
+    memory = record_step_memory(
+        model_file,
+        device="cpu",
+        seed=0,
+        memory=MemorySource.FAKE,
+        budget_bytes=None,
+        target=None,
+        loop=PLAIN_LOOP,
+        progress=None,
+    )
+    assert memory.switches.expert_load == 1.0
+    lowest = Solver(memory).lowest_peak()[1]
+    budget = lowest + (memory.measured_peak_bytes - lowest) // 8
+    timed = measure_profile_costs(model_file, memory, budget_bytes=budget, timing_steps=1)
+    assert timed.cost_source is CostSource.MEASURED

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import logging
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
@@ -83,6 +84,7 @@ from planner.measure.workload import (
     build_workload,
     run_training_step,
 )
+from planner.model_switches import TopkRoutedAsPlanned
 from planner.plan.memory_model import NESTED
 from planner.plan.plan_file import Plan
 from planner.plan.policies import nested_recompute_ms
@@ -95,6 +97,8 @@ __all__ = [
     "measure_costs",
     "with_measured_costs",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -233,7 +237,10 @@ def measure_costs(
     step_samples: list[float] = []
     ratios: list[float] = []
     representatives = [members[0].module_name for members in _option_groups(profile)]
-    with steady_host_allocator(workload.device.type) as steady:
+    # Mixture-of-experts steps whose memory depends on routing run as the profile assumed
+    # (the timing plan fits the budget under that routing, not the weights' own).
+    routing = TopkRoutedAsPlanned(profile.switches.expert_load)
+    with steady_host_allocator(workload.device.type) as steady, routing:
         # Untimed, and stopped at the limit: the first step creates the optimizer state, the
         # second is the steady state (with the previous step's gradients, where the loop
         # keeps them during the forward), and the allocator settles.
@@ -255,6 +262,11 @@ def measure_costs(
         option_ratios = _option_ratios(workload, profile, inputs, limit_bytes=limit_bytes)
         inputs.clear()
         call_ms, saved_tensor_ms = _checkpoint_overhead(workload.device)
+    if profile.switches.expert_load is not None and not routing.routed:
+        logger.warning(
+            "the profile assumed a mixture-of-experts routing, but no router called torch.topk "
+            "while timing: the timed steps routed as the model's weights do"
+        )
     names = [record.module_name for record in profile.modules]
     medians = {name: statistics.median(s.get(name, 0.0) for s in samples) for name in names}
     recompute_ratio = statistics.median(ratios) if ratios else None
