@@ -43,6 +43,7 @@ from .options import (
     ReferenceChoice,
     SeqLenOption,
     TargetOption,
+    TpOption,
     VerboseOption,
     WorldSizeOption,
     ZeroGradOption,
@@ -123,6 +124,7 @@ def profile(
     world_size: WorldSizeOption = None,
     parallel: ParallelOption = None,
     mesh: MeshOption = None,
+    tp: TpOption = None,
     expert_load: ExpertLoadOption = 1.0,
     verbose: VerboseOption = False,
 ) -> None:
@@ -136,7 +138,7 @@ def profile(
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
-        layout = parallel_layout(world_size, parallel, mesh)
+        layout = parallel_layout(world_size, parallel, mesh, tp)
         source = workload_source(model, hf, batch_size, seq_len, dtype)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
@@ -251,6 +253,7 @@ def fit(
     world_size: WorldSizeOption = None,
     parallel: ParallelOption = None,
     mesh: MeshOption = None,
+    tp: TpOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """The largest batch size for which a checkpointing plan fits BUDGET, with its plan, and
@@ -265,7 +268,7 @@ def fit(
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
-        layout = parallel_layout(world_size, parallel, mesh)
+        layout = parallel_layout(world_size, parallel, mesh, tp)
         dimension = "batch_size"
         if hf is not None:
             if (batch_size is None) == (seq_len is None):
