@@ -131,7 +131,8 @@ TpOption = Annotated[
     typer.Option(
         "--tp",
         help='Tensor parallelism of this degree on the mesh\'s last dimension, "tp" (the '
-        "model file's parallelize(model, mesh) applies it): alone (N ranks, one TP group), "
+        "model file's parallelize(model, mesh) applies it; --hf Llama-family models have a "
+        "built-in plan): alone (N ranks, one TP group), "
         "or with --parallel fsdp2 (a mesh of --world-size/N data-parallel shards x N).",
         min=1,
         show_default="none",

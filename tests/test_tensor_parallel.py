@@ -276,3 +276,83 @@ def test_the_torchrun_recipe_trains_fsdp2_x_tp_ranks_as_without_the_plan(tmp_pat
     unplanned = _losses(_torchrun(2, *model, "--parallel", "fsdp2", "--tp", "2"))
     assert set(planned) == {0, 1}
     assert planned == unplanned
+
+
+# -- Hugging Face Llama-family models: the built-in plan ------------------------------------
+CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "configs"
+
+
+def _hf(config: Path, seq_len: int = 64):  # type: ignore[no-untyped-def]
+    from planner.measure.hf import hf_workload
+
+    return load_model_file(hf_workload(config, 2, seq_len, None))
+
+
+@pytest.mark.hf
+def test_a_hf_llama_rank_holds_its_shards_by_the_built_in_plan() -> None:
+    """Without a model file, --hf Llama takes torchtitan's Llama layout: every projection,
+    the embedding and lm_head split over TP, the norms replicated; under FSDP2 all of it
+    split over the data-parallel shards too. The rank's parameters are the closed form."""
+    model_file = _hf(CONFIGS / "tiny-llama.json")
+    model = model_file.build_model()
+    for layout in (TP2, FSDP2_TP2):
+        profile = record_rank_memory(model_file, layout)
+        dp = layout.world_size // layout.tp
+        assert profile.parameter_bytes == sum(
+            p.numel() * p.element_size() // (dp if p.dim() == 1 else dp * layout.tp)
+            for p in model.parameters()
+        )
+        assert "built-in tensor-parallel plan for Llama" in profile.assumptions[-1].text
+        assert MemoryModel(profile.timeline).peak_bytes() == profile.measured_peak_bytes
+
+
+@pytest.mark.hf
+def test_the_built_in_plan_refuses_what_it_cannot_split(tmp_path: Path) -> None:
+    """A model not laid out like Llama, tied embeddings, head counts the TP degree does not
+    divide, and parameters the plan would not lay out are one-line errors naming the fix."""
+    with pytest.raises(ModelFileError, match="not laid out like Llama"):
+        record_rank_memory(_hf(CONFIGS / "gpt2.json", 32), TP2)
+    with pytest.raises(ModelFileError, match="2 key/value heads, which tensor parallelism of"):
+        record_rank_memory(_hf(CONFIGS / "tiny-llama.json"), ParallelLayout(4, "tp"))  # type: ignore[arg-type]
+    config = json.loads((CONFIGS / "tiny-llama.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    with pytest.raises(ModelFileError, match="ties its embedding and lm_head"):
+        record_rank_memory(_hf(tmp_path / "config.json"), TP2)
+    # Qwen3: Llama's modules, and per-head norms the plan would leave unreduced over TP
+    qwen3 = {**config, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
+    (tmp_path / "config.json").write_text(json.dumps(qwen3))
+    with pytest.raises(ModelFileError, match=r"does not lay out \(model.layers.0.self_attn.q_norm"):
+        record_rank_memory(_hf(tmp_path / "config.json"), TP2)
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_profile_checks_a_hf_llama_tp_plan_on_real_ranks(tmp_path: Path) -> None:
+    """--hf CONFIG --tp 2: the built-in plan, simulated, then checked on 2 real ranks: both
+    within the budget, bit-identical to the unplanned step, predicted to the byte."""
+    plan_path = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            "--hf",
+            str(CONFIGS / "tiny-llama.json"),
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "64",
+            "--tp",
+            "2",
+            "--budget",
+            "3.2MB",
+            "-o",
+            str(plan_path),
+            "--report-dir",
+            str(tmp_path / "r"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    plan = load_plan(plan_path)
+    assert plan.checked and plan.modules and plan.parallel == TP2
+    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= plan.budget_bytes
+    assert plan.predicted_peak_bytes < plan.baseline_peak_bytes

@@ -132,9 +132,14 @@ def _default_parallelize(
 ) -> torch.nn.Module:
     """Without the model file's ``parallelize``: ``fully_shard`` on each block
     (:func:`~planner.measure.candidates.find_blocks`) and then the root, or DDP with its
-    default buckets. Tensor parallelism has no default for a model file: which weights to
-    split, and how, is the model's own."""
+    default buckets. Tensor parallelism has a default only for a Hugging Face Llama-family
+    model (``--hf``: :func:`~planner.measure.tensor_parallel.parallelize_hf_llama`): which
+    weights a model file's model splits, and how, is its own."""
     if layout.tp > 1 or layout.strategy is ParallelStrategy.TP:
+        if model_file.source.is_hugging_face:
+            from planner.measure.tensor_parallel import parallelize_hf_llama
+
+            return parallelize_hf_llama(model, mesh)
         raise ModelFileError(
             f"{model_file.path} defines no parallelize(model, mesh), and tensor parallelism "
             f"({layout.command_options()}) needs one: define it, applying "
@@ -278,7 +283,7 @@ def record_rank_memory(
                 workspace_bytes=workspace_bytes,
                 progress=progress,
             )
-            return _with_layout(profile, layout, _fsdp2_layout(model_file), types)
+            return _with_layout(profile, layout, _fsdp2_layout(model_file, layout), types)
         except FakeExecutionError as error:
             logger.warning("%s; recording a real step of the rank instead", error)
         workload = build_workload(model_file, device=device_type, seed=seed, loop=loop)
@@ -289,7 +294,7 @@ def record_rank_memory(
             bucket_bytes, around_steps, how = _ddp_rank(workload, layout)
         else:
             parallelized(workload, layout, simulated=True)
-            how = _fsdp2_layout(model_file)
+            how = _fsdp2_layout(model_file, layout)
         try:
             profile = record_memory(
                 workload,
@@ -329,9 +334,11 @@ def _ddp_rank(workload: Workload, layout: ParallelLayout) -> tuple[int, Any, str
     return ddp_bucket_bytes(model), around_steps, options.describe()
 
 
-def _fsdp2_layout(model_file: ModelFile) -> str:
+def _fsdp2_layout(model_file: ModelFile, layout: ParallelLayout) -> str:
     if model_file.parallelize is not None:
         return "the model file's parallelize(model, mesh)"
+    if layout.tp > 1 or layout.strategy is ParallelStrategy.TP:
+        return "the built-in tensor-parallel plan for Llama (torchtitan's layout)"
     return "fully_shard on each block and the root"
 
 

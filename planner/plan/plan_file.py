@@ -104,9 +104,10 @@ class Plan:
     written before it was recorded. ``loop`` is the training loop's shape the step was
     measured in (:mod:`planner.core.loop`; a file without it was made for the plain loop).
     ``parallel`` is the ``torchrun`` job layout the plan is for, each rank applying it before
-    sharding (:mod:`planner.core.parallel`: world size, strategy, mesh shape; None, or absent
-    from the file: one process). ``switches`` are the model's switches the step was planned
-    with (:mod:`planner.core.switches`: Hugging Face caches turned off, routing assumed).
+    sharding (:mod:`planner.core.parallel`: world size, strategy, mesh shape, TP degree;
+    None, or absent from the file: one process). ``switches`` are the model's switches the
+    step was planned with (:mod:`planner.core.switches`: Hugging Face caches turned off,
+    routing assumed).
     """
 
     budget_bytes: int
