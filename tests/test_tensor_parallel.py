@@ -4,6 +4,7 @@ options, and (slow) the check on real gloo ranks: TP 2 on 2 ranks, FSDP 2 x TP 2
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -214,6 +215,14 @@ def test_apply_plan_goes_on_before_tp_and_the_first_forward_checks_the_layout(
             apply_plan(model_file.build_model(), fsdp_plan), device_mesh(FSDP2_TP2, "cpu")
         )
         assert layout_mismatch(model, fsdp_plan) is None
+        # a plan without TP: FSDP2 with TP is refused, HSDP on the same 2 x 2 mesh is not
+        hsdp = ParallelLayout(4, ParallelStrategy.FSDP2, (2, 2))
+        no_tp = dataclasses.replace(fsdp_plan, parallel=ParallelLayout(4, ParallelStrategy.FSDP2))
+        message = layout_mismatch(model, no_tp)
+        assert message is not None and "(no tensor parallelism)" in message
+        hsdp_model = apply_plan(model_file.build_model(), no_tp)
+        fully_shard(hsdp_model, mesh=device_mesh(hsdp, "cpu"))
+        assert layout_mismatch(hsdp_model, no_tp) is None
 
 
 # -- real ranks (gloo, under torchrun) -----------------------------------------------------

@@ -254,9 +254,10 @@ def _tensor_parallel_mismatch(model: torch.nn.Module, plan: Plan) -> str | None:
     """Where ``model`` runs in the plan's strategy, whether tensor parallelism is there
     exactly where the plan has it, read from the mesh its ``DTensor`` parameters are on
     (FSDP2's shards are on the whole mesh: ``(dp, tp)`` with TP, ``(dp,)`` without). Only
-    what is certain is an error: a mesh of more dimensions than the plan's, or of fewer
-    than a plan with TP has; a plan with TP whose mesh the model's matches in size is not
-    told from HSDP's."""
+    what is certain is an error: for a plan with TP, a mesh of more or fewer dimensions than
+    the plan's; for a plan without, a mesh of more dimensions whose last one replicates a
+    parameter (TP replicates its norms; FSDP2 shards every parameter over its last
+    dimension, so HSDP under a one-dimensional FSDP2 plan passes, as it did before TP)."""
     layout = plan.parallel
     found = _dtensor_parameters(model)
     if layout is None or not found:
@@ -264,6 +265,15 @@ def _tensor_parallel_mismatch(model: torch.nn.Module, plan: Plan) -> str | None:
     shape = max((tuple(p.device_mesh.shape) for p in found), key=len)
     if len(shape) == len(layout.mesh_shape):
         return None
+    if layout.tp == 1:
+        from torch.distributed.tensor import Replicate
+
+        tensor_parallel = any(
+            p.device_mesh.ndim > len(layout.mesh_shape) and isinstance(p.placements[-1], Replicate)
+            for p in found
+        )
+        if not tensor_parallel:
+            return None
     mesh = "x".join(str(size) for size in shape)
     what = f"tensor parallelism of degree {layout.tp}" if layout.tp > 1 else "no tensor parallelism"
     return (
