@@ -225,7 +225,7 @@ def main() -> None:
         rows = [
             row
             for name in arguments.models
-            for strategy in ParallelStrategy
+            for strategy in (ParallelStrategy.DDP, ParallelStrategy.FSDP2)
             for row in (
                 compare_on_ranks(name, MODELS[name], strategy)
                 if name in MODELS

@@ -45,6 +45,7 @@ from .options import (
     ReferenceChoice,
     SeqLenOption,
     TargetOption,
+    TpOption,
     VerboseOption,
     WorldSizeOption,
     ZeroGradOption,
@@ -126,6 +127,7 @@ def profile(
     world_size: WorldSizeOption = None,
     parallel: ParallelOption = None,
     mesh: MeshOption = None,
+    tp: TpOption = None,
     expert_load: ExpertLoadOption = 1.0,
     offload: OffloadOption = True,
     host_budget_text: HostBudgetOption = None,
@@ -141,7 +143,7 @@ def profile(
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
-        layout = parallel_layout(world_size, parallel, mesh)
+        layout = parallel_layout(world_size, parallel, mesh, tp)
         source = workload_source(model, hf, batch_size, seq_len, dtype)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
@@ -259,6 +261,7 @@ def fit(
     world_size: WorldSizeOption = None,
     parallel: ParallelOption = None,
     mesh: MeshOption = None,
+    tp: TpOption = None,
     expert_load: ExpertLoadOption = 1.0,
     verbose: VerboseOption = False,
 ) -> None:
@@ -274,7 +277,7 @@ def fit(
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
-        layout = parallel_layout(world_size, parallel, mesh)
+        layout = parallel_layout(world_size, parallel, mesh, tp)
         dimension = "batch_size"
         if hf is not None:
             if (batch_size is None) == (seq_len is None):

@@ -11,7 +11,7 @@ import typer
 from planner.core import errors
 from planner.core.errors import ParallelLayoutError
 from planner.core.loop import ZeroGrad
-from planner.core.parallel import ParallelLayout
+from planner.core.parallel import ParallelLayout, ParallelStrategy
 from planner.core.units import parse_bytes
 
 from .boundary import EXIT_CODES, fail
@@ -37,6 +37,7 @@ __all__ = [
     "ReferenceChoice",
     "SeqLenOption",
     "TargetOption",
+    "TpOption",
     "VerboseOption",
     "WorldSizeOption",
     "ZeroGradOption",
@@ -111,9 +112,10 @@ ParallelOption = Annotated[
     typer.Option(
         "--parallel",
         help="How the job lays the model out (with --world-size): ddp (DistributedDataParallel "
-        "with default buckets) or fsdp2 (fully_shard on each block and the root); the model "
-        "file's parallelize(model, mesh) instead, where it defines one.",
-        metavar="ddp|fsdp2",
+        "with default buckets), fsdp2 (fully_shard on each block and the root) or tp "
+        "(tensor parallelism alone, as --tp); the model file's parallelize(model, mesh) "
+        "instead, where it defines one.",
+        metavar="ddp|fsdp2|tp",
         show_default=False,
     ),
 ]
@@ -125,6 +127,18 @@ MeshOption = Annotated[
         "HSDP, parameters sharded over SHARD ranks and replicated over REPLICATE groups.",
         metavar="RxS",
         show_default="one dimension of --world-size",
+    ),
+]
+TpOption = Annotated[
+    int | None,
+    typer.Option(
+        "--tp",
+        help='Tensor parallelism of this degree on the mesh\'s last dimension, "tp" (the '
+        "model file's parallelize(model, mesh) applies it; --hf Llama-family models have a "
+        "built-in plan): alone (N ranks, one TP group), "
+        "or with --parallel fsdp2 (a mesh of --world-size/N data-parallel shards x N).",
+        min=1,
+        show_default="none",
     ),
 ]
 ExpertLoadOption = Annotated[
@@ -299,11 +313,21 @@ def host_budget(text: str | None, offload: bool, spec: DeviceSpec | None) -> int
 
 
 def parallel_layout(
-    world_size: int | None, parallel: str | None, mesh: str | None = None
+    world_size: int | None,
+    parallel: str | None,
+    mesh: str | None = None,
+    tp: int | None = None,
 ) -> ParallelLayout | None:
-    """The layout --world-size, --parallel and --mesh name (the first two both or neither),
-    or None: one process. Raises :class:`ParallelLayoutError` (one line, exit 2) for anything
-    else."""
+    """The layout --world-size, --parallel, --mesh and --tp name (the first two both or
+    neither, but for --tp N alone: N ranks of tensor parallelism), or None: one process.
+    Raises :class:`ParallelLayoutError` (one line, exit 2) for anything else."""
+    if tp is not None and parallel is None:
+        if world_size not in (None, tp) or mesh is not None:
+            raise ParallelLayoutError(
+                f"--tp {tp} alone is one group of {tp} ranks; for data parallelism too add "
+                "--parallel fsdp2 (--world-size N --parallel fsdp2 --tp T)"
+            )
+        return ParallelLayout(tp, ParallelStrategy.TP)
     if world_size is None and parallel is None:
         if mesh is not None:
             raise ParallelLayoutError("--mesh needs --world-size N --parallel fsdp2")
@@ -320,4 +344,6 @@ def parallel_layout(
                 f"--mesh takes REPLICATExSHARD, two whole numbers such as 2x4, not {mesh!r}"
             )
         shape = (int(parts[0]), int(parts[1]))
-    return ParallelLayout(world_size, parallel, shape)  # type: ignore[arg-type]
+        if tp is not None:
+            shape = (*shape, tp)
+    return ParallelLayout(world_size, parallel, shape, tp or 1)  # type: ignore[arg-type]

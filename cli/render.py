@@ -200,12 +200,7 @@ def print_fit(result: Any) -> None:
         times = "estimated for the target"
     elif profile.parallel is not None:
         times = "estimated from the ops: a rank's step is not timed alone"
-        options = (
-            f" --world-size {profile.parallel.world_size} "
-            f"--parallel {profile.parallel.strategy.value}"
-        )
-        if len(profile.parallel.mesh_shape) == 2:
-            options += " --mesh " + "x".join(str(size) for size in profile.parallel.mesh_shape)
+        options = " " + profile.parallel.command_options()
     else:
         times = "timed here"
     load = profile.switches.expert_load

@@ -286,3 +286,27 @@ def test_index_tensors_made_from_python_lists_keep_their_values() -> None:
         ends = fake_ids[:, [-1, 0]]
         assert torch.equal(shadows.shadow(ends), ids[:, [-1, 0]])
         assert 0 in ends and 9 not in ends
+
+
+def test_waiting_on_a_collective_returns_its_output_as_on_a_rank() -> None:
+    """A functional collective's output is waited on in place (``wait_tensor`` returns its
+    argument on CPU and CUDA); torch's fake kernel returns a copy, a storage no rank holds.
+    Inside a session the wait returns the tensor; outside, torch's own kernel is back."""
+    import torch.distributed as dist
+
+    from planner.core.parallel import ParallelLayout
+    from planner.measure.distributed import simulated_ranks
+
+    functional = torch.ops._c10d_functional
+    with simulated_ranks(ParallelLayout(2, "fsdp2")):  # type: ignore[arg-type]
+        group = dist.group.WORLD
+        assert group is not None
+        _, session = build_fake_workload(load_model_file(DATA / "small_gpt.py"))
+        with session.running():
+            local = torch.ones(4, 8)
+            gathered = functional.all_gather_into_tensor(local, 2, group.group_name)
+            assert is_fake(gathered) and gathered.shape == (8, 8)
+            assert functional.wait_tensor(gathered) is gathered
+        with session.mode:
+            gathered = functional.all_gather_into_tensor(local, 2, group.group_name)
+            assert functional.wait_tensor(gathered) is not gathered

@@ -1,23 +1,36 @@
-"""Recipe: one plan for every rank of a ``torchrun`` job, with DDP or FSDP2 (CPU: gloo; GPUs:
-NCCL, one per rank).
+"""Recipe: one plan for every rank of a ``torchrun`` job, with DDP, FSDP2, tensor parallelism
+or FSDP2 x TP (CPU: gloo; GPUs: NCCL, one per rank).
 
     ckpt-plan profile examples/gpt.py --budget 80MiB --world-size 2 --parallel fsdp2 -o plan.json
     torchrun --nproc-per-node 2 examples/recipes/torchrun_train.py plan.json
+
+    ckpt-plan profile tests/data/tp_gpt.py --budget 0.48MB --world-size 4 --parallel fsdp2 \
+        --tp 2 -o plan.json
+    torchrun --nproc-per-node 4 examples/recipes/torchrun_train.py plan.json \
+        --model tests/data/tp_gpt.py
 
 1. Plan ONE rank of the job, once, on any machine: ``--world-size N --parallel ddp|fsdp2``
    (the budget is each rank's peak; the ranks are simulated on a fake process group, and where
    N is small the plan is checked on N real ranks before it is written).
 2. On every rank, in this order: build the model, ``apply_plan(model, plan)`` (the same JSON
-   on every rank; a plan made for another world size is refused), THEN lay the model out
-   (``fully_shard`` on each block and the root, or DDP), THEN build the optimizer over the
-   sharded parameters. The plan must go on before sharding: a checkpointed block's
-   recomputation then runs inside FSDP's hooks, with its parameters gathered.
+   on every rank; a plan made for another world size is refused), THEN build the device mesh
+   the plan was made for (its shape and dimension names: ``("dp",)``, HSDP's ``("replicate",
+   "shard")``, with TP ``"tp"`` last) and lay the model out on it (``fully_shard`` on each
+   block and the root, DDP, or the model file's ``parallelize(model, mesh)``: TP on
+   ``mesh["tp"]``, then ``fully_shard`` over the data-parallel dimensions), THEN build the
+   optimizer over the sharded parameters. The plan must go on before sharding: a
+   checkpointed block's recomputation then runs inside FSDP's hooks, with its parameters
+   gathered, and TP's hooks stay outside the recomputed forward, as they were planned.
 3. Train with the loop the plan was made for (plain: ``zero_grad`` before the forward).
 
-The model file (default ``examples/gpt.py``; ``--model``) is the one the plan was made for;
-its ``parallelize(model, mesh)``, if it defines one (``fully_shard`` for FSDP2, or
+The model (``--model``; default: the one the plan records, else ``examples/gpt.py``) is the
+one the plan was made for: a model file, or a Hugging Face workload (``--hf CONFIG``: the plan
+records it as ``hf:CONFIG?batch_size=B&seq_len=S``). A model file's ``parallelize(model,
+mesh)``, if it defines one (``fully_shard`` for FSDP2, tensor parallelism, or
 ``DistributedDataParallel(model, ...)`` with its own options for DDP), lays the model out
-instead of the default, as ckpt-plan did when planning. Each rank prints one JSON line: its losses.
+instead of the default, as ckpt-plan did when planning; a Hugging Face Llama with TP takes
+ckpt-plan's built-in plan (``parallelize_hf_llama``). Each rank prints one JSON line: its
+losses. The ranks of a TP group must see the same batch: here every rank draws the same one.
 """
 
 from __future__ import annotations
@@ -32,20 +45,26 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from planner import apply_plan, load_plan
+from planner import ParallelLayout, apply_plan, load_plan
 from planner.measure.candidates import find_blocks
+from planner.measure.tensor_parallel import parallelize_hf_llama
 from planner.measure.workload import compute_loss, load_model_file
 
 EXAMPLES = Path(__file__).resolve().parent.parent
 
 
-def parallelize(model: torch.nn.Module, mesh, strategy: str, model_file) -> torch.nn.Module:  # type: ignore[no-untyped-def]
+def parallelize(
+    model: torch.nn.Module, mesh, layout: ParallelLayout, model_file
+) -> torch.nn.Module:  # type: ignore[no-untyped-def]
     """The layout ckpt-plan planned for: the model file's own parallelize(model, mesh) where
-    it defines one, else DDP with its default buckets (ddp) or fully_shard on each block and
-    the root (fsdp2)."""
+    it defines one; else, with tensor parallelism, ckpt-plan's built-in plan for a Hugging
+    Face Llama-family model (--hf); else DDP with its default buckets (ddp) or fully_shard on
+    each block and the root (fsdp2)."""
     if model_file.parallelize is not None:
         return model_file.parallelize(model, mesh) or model
-    if strategy == "ddp":
+    if "tp" in layout.mesh_dim_names:
+        return parallelize_hf_llama(model, mesh)  # TP, then fully_shard over dp (if any)
+    if layout.strategy.value == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
     for name in find_blocks(model):
         fully_shard(model.get_submodule(name), mesh=mesh)
@@ -53,8 +72,16 @@ def parallelize(model: torch.nn.Module, mesh, strategy: str, model_file) -> torc
     return model
 
 
-def train(plan_path: Path | None, model_path: Path, steps: int, strategy: str) -> list[float]:
-    """``steps`` training steps on this rank; ``plan_path`` None trains without a plan."""
+def train(
+    plan_path: Path | None, model_path: str | None, steps: int, layout: ParallelLayout
+) -> list[float]:
+    """``steps`` training steps on this rank; ``plan_path`` None trains without a plan, laid
+    out as ``layout`` says (with a plan: as the plan says). ``model_path`` None: the model
+    the plan was made for (its model file, or its Hugging Face workload), else
+    examples/gpt.py."""
+    plan = load_plan(plan_path) if plan_path is not None else None
+    if model_path is None:
+        model_path = plan.model_file if plan and plan.model_file else str(EXAMPLES / "gpt.py")
     model_file = load_model_file(model_path)
     device = "cpu"
     if torch.cuda.is_available():
@@ -62,16 +89,15 @@ def train(plan_path: Path | None, model_path: Path, steps: int, strategy: str) -
         torch.cuda.set_device(device)
     torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's)
     model = model_file.build_model().to(device)
-    shape: tuple[int, ...] = (dist.get_world_size(),)
-    if plan_path is not None:
-        plan = load_plan(plan_path)
+    if plan is not None:
         if plan.parallel is not None:  # the layout the plan was made for: strategy and mesh
-            strategy, shape = plan.parallel.strategy.value, plan.parallel.mesh_shape
+            layout = plan.parallel
         apply_plan(model, plan)  # before sharding
-    # one dimension, or HSDP's two: (replicate, shard)
-    names = ("replicate", "shard") if len(shape) == 2 else ("dp",)
-    mesh = init_device_mesh(device.split(":")[0], shape, mesh_dim_names=names)
-    model = parallelize(model, mesh, strategy, model_file)
+    # ("dp",), HSDP's ("replicate", "shard"), with tensor parallelism "tp" last
+    mesh = init_device_mesh(
+        device.split(":")[0], layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names
+    )
+    model = parallelize(model, mesh, layout, model_file)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # over the shards
     losses = []
     for step in range(steps):
@@ -88,13 +114,21 @@ def train(plan_path: Path | None, model_path: Path, steps: int, strategy: str) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("plan", type=Path, nargs="?", help="plan.json (none: train unplanned)")
-    parser.add_argument("--model", type=Path, default=EXAMPLES / "gpt.py")
+    parser.add_argument(
+        "--model",
+        help="the model file (or hf:CONFIG?batch_size=B&seq_len=S) the plan was made for",
+        default=None,
+    )
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--parallel", default="fsdp2", help="without a plan: ddp or fsdp2")
+    parser.add_argument("--parallel", default="fsdp2", help="without a plan: ddp, fsdp2 or tp")
+    parser.add_argument("--tp", type=int, default=1, help="without a plan: the TP degree")
     arguments = parser.parse_args()
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        losses = train(arguments.plan, arguments.model, arguments.steps, arguments.parallel)
+        world_size = dist.get_world_size()
+        tp = world_size if arguments.parallel == "tp" else arguments.tp
+        layout = ParallelLayout(world_size, arguments.parallel, tp=tp)
+        losses = train(arguments.plan, arguments.model, arguments.steps, layout)
         print(json.dumps({"rank": dist.get_rank(), "losses": losses}), flush=True)
     finally:
         dist.destroy_process_group()

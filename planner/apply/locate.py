@@ -9,12 +9,13 @@ Design notes
   (``torch.compile``'s ``OptimizedModule._orig_mod``, DDP's ``module``, a peft model's
   ``get_base_model()``, a LightningModule's attribute) with one rule and no list of wrapper
   classes to keep up to date. A model found twice is an error (which one trains?).
-* **Before sharding.** Modules sharded by FSDP are refused whatever their fingerprint: a
+* **Before sharding.** Modules sharded by FSDP, and models whose parameters are already
+  ``DTensor`` s (tensor parallelism), are refused whatever their fingerprint: a
   recomputation run outside FSDP's hooks would not find its parameters gathered; plans go on
-  before sharding. The world size (:func:`check_world_size`) is checked when the plan is
-  applied; the layout a forward runs in (:func:`layout_mismatch`: sharded by FSDP2 or not,
-  inside DDP's forward or not) only by the first-forward guard, the first point that can
-  see it.
+  before sharding, as they are planned. The world size (:func:`check_world_size`) is checked
+  when the plan is applied; the layout a forward runs in (:func:`layout_mismatch`: sharded
+  by FSDP2 or not, tensor-parallel or not, inside DDP's forward or not) only by the
+  first-forward guard, the first point that can see it.
 """
 
 from __future__ import annotations
@@ -89,6 +90,12 @@ def planned_model(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
             f"this model is already sharded by FSDP (fully_shard or FullyShardedDataParallel "
             f"on {_name_list(sharded)}), and a recomputation would run without FSDP gathering "
             "its parameters: call apply_plan(model, plan) before sharding the model"
+        )
+    if _dtensor_parameters(model):
+        raise PlanMismatchError(
+            "this model's parameters are already DTensors (laid out by tensor parallelism, "
+            "parallelize_module), and a checkpointed module would recompute outside the "
+            "layout's hooks: call apply_plan(model, plan) before laying the model out"
         )
     expected = plan.fingerprint
     digest = expected.get("digest")
@@ -195,25 +202,26 @@ def _unwrapped(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
 def layout_mismatch(model: torch.nn.Module, plan: Plan) -> str | None:
     """Why a forward call of ``model`` (the module the plan is on) does not run in the layout
     the plan was made for, one sentence with the fix, or None. Read during the forward:
-    whether its parameters are sharded (FSDP2) and whether it runs inside
-    ``DistributedDataParallel``'s forward; a single-process plan is for neither."""
-    sharded = _is_fully_sharded(model)
-    ddp = torch.nn.parallel.DistributedDataParallel
-    in_ddp = getattr(ddp, "_active_ddp_module", None) is not None
+    whether its parameters are sharded (FSDP2), whether they are ``DTensor`` s without FSDP2
+    (tensor parallelism alone), whether it runs inside ``DistributedDataParallel``'s
+    forward (a single-process plan is for none of these), and where the plan has tensor
+    parallelism, the mesh its parameters are laid out on (:func:`_tensor_parallel_mismatch`)."""
+    parallel = _running_strategy(model)
     strategy = plan.parallel.strategy.value if plan.parallel is not None else None
-    parallel = "fsdp2" if sharded else "ddp" if in_ddp else None
     if strategy == parallel:
-        return None
+        return _tensor_parallel_mismatch(model, plan)
     layouts = {
         None: "a single process",
         "ddp": "one rank of a DDP job",
         "fsdp2": "one rank of an FSDP2 job",
+        "tp": "one rank of a tensor-parallel job",
     }
     made_for, runs_as = layouts[strategy], layouts[parallel]
     how = {
         None: "train it as a single process",
         "ddp": "wrap it in DistributedDataParallel after apply_plan",
         "fsdp2": "apply fully_shard after apply_plan",
+        "tp": "apply tensor parallelism (parallelize_module) after apply_plan",
     }[strategy]
     profile = (
         f"`ckpt-plan profile MODEL.py --budget B --world-size N --parallel {parallel}`"
@@ -226,12 +234,59 @@ def layout_mismatch(model: torch.nn.Module, plan: Plan) -> str | None:
     )
 
 
+def _running_strategy(model: torch.nn.Module) -> str | None:
+    """How ``model`` runs, as a plan's strategy names it: ``fsdp2`` (``fully_shard`` laid
+    it out), ``tp`` (``DTensor`` parameters without FSDP2: tensor parallelism alone),
+    ``ddp`` (inside ``DistributedDataParallel``'s forward), or None (a single process)."""
+    if _is_fully_sharded(model):
+        return "fsdp2"
+    if _dtensor_parameters(model):
+        return "tp"
+    ddp = torch.nn.parallel.DistributedDataParallel
+    return "ddp" if getattr(ddp, "_active_ddp_module", None) is not None else None
+
+
+def _dtensor_parameters(model: torch.nn.Module) -> list[Any]:
+    return [p for p in model.parameters() if type(p).__name__ == "DTensor"]
+
+
+def _tensor_parallel_mismatch(model: torch.nn.Module, plan: Plan) -> str | None:
+    """Where ``model`` runs in the plan's strategy, whether tensor parallelism is there
+    exactly where the plan has it, read from the mesh its ``DTensor`` parameters are on
+    (FSDP2's shards are on the whole mesh: ``(dp, tp)`` with TP, ``(dp,)`` without). Only
+    what is certain is an error: for a plan with TP, a mesh of more or fewer dimensions than
+    the plan's; for a plan without, a mesh of more dimensions whose last one replicates a
+    parameter (TP replicates its norms; FSDP2 shards every parameter over its last
+    dimension, so HSDP under a one-dimensional FSDP2 plan passes, as it did before TP)."""
+    layout = plan.parallel
+    found = _dtensor_parameters(model)
+    if layout is None or not found:
+        return None
+    shape = max((tuple(p.device_mesh.shape) for p in found), key=len)
+    if len(shape) == len(layout.mesh_shape):
+        return None
+    if layout.tp == 1:
+        from torch.distributed.tensor import Replicate
+
+        tensor_parallel = any(
+            p.device_mesh.ndim > len(layout.mesh_shape) and isinstance(p.placements[-1], Replicate)
+            for p in found
+        )
+        if not tensor_parallel:
+            return None
+    mesh = "x".join(str(size) for size in shape)
+    what = f"tensor parallelism of degree {layout.tp}" if layout.tp > 1 else "no tensor parallelism"
+    return (
+        f"the plan was made for {layout.describe()} ({what}), but the model's parameters are "
+        f"laid out on a mesh of shape {mesh} (a rank's memory differs): lay it out on the "
+        f"plan's mesh, or make the plan for how it trains (--tp T with --parallel fsdp2 for "
+        "tensor parallelism)"
+    )
+
+
 def _is_fully_sharded(model: torch.nn.Module) -> bool:
-    """Whether ``fully_shard`` laid ``model`` out: a module of it is an ``FSDPModule`` (during
-    its forward FSDP2 has swapped the shards for the gathered parameters), or a parameter is
-    a ``DTensor`` shard."""
-    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
-        return True
+    """Whether ``fully_shard`` laid ``model`` out: a module of it is an ``FSDPModule`` (its
+    parameters may be gathered, no ``DTensor`` shards, during its forward)."""
     if not torch.distributed.is_available():
         return False
     from torch.distributed.fsdp import FSDPModule

@@ -11,10 +11,17 @@ What a rank holds depends on how the job is laid out:
   state. A sharded module's parameters are gathered whole just before its forward and freed
   after it, gathered again before its backward (when its recomputation, if it is checkpointed,
   runs with them) and freed after; its gradients are reduce-scattered to their 1/N shards.
+* **Tensor parallelism** (``parallelize_module`` with torchtitan-style plans, on the mesh's
+  last dimension, ``"tp"``): each rank of a TP group holds 1/T of each parallelized weight
+  (column- or row-wise) and of the activations between blocks (sequence parallelism); the
+  all-gathers before the column-wise projections make whole-sequence activations, saved for
+  backward. Alone (strategy ``tp``: T = the world size) or under FSDP2, whose data-parallel
+  dimension(s) come first: ``(dp, tp)``, or HSDP's ``(replicate, shard, tp)``.
 
-A :class:`ParallelLayout` names the world size, the strategy and the device mesh's shape;
-profiles and plans record it (``"parallel": {"world_size": 8, "strategy": "fsdp2",
-"mesh_shape": [8]}``; absent: one process). Pure Python, no torch.
+A :class:`ParallelLayout` names the world size, the strategy, the device mesh's shape and
+the TP degree; profiles and plans record it (``"parallel": {"world_size": 8, "strategy":
+"fsdp2", "mesh_shape": [4, 2], "tp": 2}``; ``tp`` absent: 1; absent altogether: one
+process). Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -36,18 +43,31 @@ class ParallelStrategy(str, enum.Enum):
     """``DistributedDataParallel``: replicated model, gradients all-reduced in buckets."""
     FSDP2 = "fsdp2"
     """``fully_shard``: parameters, gradients and optimizer state sharded over the ranks."""
+    TP = "tp"
+    """Tensor parallelism alone: every rank in one TP group, no data-parallel dimension."""
+
+
+# The device mesh's dimension names, by the number of data-parallel dimensions; a TP
+# dimension, where there is one, is last and named "tp".
+_DATA_DIM_NAMES = {0: (), 1: ("dp",), 2: ("replicate", "shard")}
 
 
 @dataclass(frozen=True)
 class ParallelLayout:
     """One rank of a job of ``world_size`` ranks laid out by ``strategy`` on a device mesh of
-    ``mesh_shape`` (default: one dimension of ``world_size``; its sizes multiply to it). A
-    2-D mesh is FSDP2's HSDP: ``(replicate, shard)``, each parameter sharded over ``shard``
-    ranks and the shards replicated over ``replicate`` groups."""
+    ``mesh_shape`` (its sizes multiply to the world size), with tensor parallelism of degree
+    ``tp`` on the mesh's last dimension where ``tp`` > 1.
+
+    Without TP the mesh is data-parallel only: one dimension of ``world_size`` by default,
+    or FSDP2's HSDP ``(replicate, shard)``, each parameter sharded over ``shard`` ranks and
+    the shards replicated over ``replicate`` groups. With ``tp`` (FSDP2 only) the default
+    mesh is ``(world_size / tp, tp)``, and a given one is the data-parallel dimensions with
+    ``tp`` last. Strategy ``tp`` is TP alone: ``tp`` is the world size, the mesh ``(tp,)``."""
 
     world_size: int
     strategy: ParallelStrategy
     mesh_shape: tuple[int, ...] = ()
+    tp: int = 1
 
     def __post_init__(self) -> None:
         if (
@@ -65,7 +85,33 @@ class ParallelLayout:
             raise ParallelLayoutError(
                 f"the parallel strategy must be one of {choices}, not {self.strategy!r}"
             ) from None
-        shape = tuple(self.mesh_shape) or (self.world_size,)
+        if not isinstance(self.tp, int) or isinstance(self.tp, bool) or self.tp < 1:
+            raise ParallelLayoutError(
+                f"the tensor-parallel degree must be a whole number >= 1, not {self.tp!r}"
+            )
+        if self.strategy is ParallelStrategy.TP:
+            if self.tp not in (1, self.world_size):
+                raise ParallelLayoutError(
+                    f"tensor parallelism alone puts every rank in one TP group: tp "
+                    f"{self.tp} is not the world size {self.world_size} (with data "
+                    "parallelism too: --parallel fsdp2 --tp N)"
+                )
+            object.__setattr__(self, "tp", self.world_size)
+        elif self.tp > 1 and self.strategy is ParallelStrategy.DDP:
+            raise ParallelLayoutError(
+                "tensor parallelism is planned alone (--tp N) or under FSDP2 (--parallel fsdp2 "
+                "--tp N), not under ddp (DistributedDataParallel does not take the sharded "
+                "parameters TP makes)"
+            )
+        elif self.tp > 1 and self.world_size % self.tp:
+            raise ParallelLayoutError(
+                f"the tensor-parallel degree {self.tp} does not divide the world size "
+                f"{self.world_size}"
+            )
+        default = (self.world_size // self.tp, self.tp) if self.tp > 1 else (self.world_size,)
+        if self.strategy is ParallelStrategy.TP:
+            default = (self.world_size,)
+        shape = tuple(self.mesh_shape) or default
         if any(not isinstance(size, int) or size < 1 for size in shape) or (
             math.prod(shape) != self.world_size
         ):
@@ -73,28 +119,71 @@ class ParallelLayout:
                 f"the mesh shape {list(shape)} does not multiply to the world size "
                 f"{self.world_size}"
             )
-        if len(shape) > 2 or (len(shape) == 2 and self.strategy is ParallelStrategy.DDP):
+        has_tp_dim = self.strategy is ParallelStrategy.TP or self.tp > 1
+        if has_tp_dim and shape[-1] != self.tp:
+            raise ParallelLayoutError(
+                f"the mesh shape {list(shape)} does not end in the tensor-parallel degree {self.tp}"
+            )
+        data_dims = len(shape) - has_tp_dim
+        if (
+            data_dims > 2
+            or (data_dims == 2 and self.strategy is ParallelStrategy.DDP)
+            or (self.strategy is ParallelStrategy.TP and data_dims)
+        ):
             raise ParallelLayoutError(
                 f"a mesh of shape {list(shape)} is not planned for {self.strategy.value}: "
-                "ddp takes one dimension, fsdp2 one or two (REPLICATExSHARD, HSDP)"
+                "ddp takes one dimension, fsdp2 one or two (REPLICATExSHARD, HSDP), each "
+                "followed by the tp dimension with --tp"
             )
         object.__setattr__(self, "mesh_shape", shape)
+
+    @property
+    def data_mesh_shape(self) -> tuple[int, ...]:
+        """The mesh's data-parallel dimensions (all but the TP one; none for TP alone)."""
+        if self.strategy is ParallelStrategy.TP or self.tp > 1:
+            return self.mesh_shape[:-1]
+        return self.mesh_shape
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        """The device mesh's dimension names, as the model file's ``parallelize`` finds
+        them: ``("dp",)``, HSDP's ``("replicate", "shard")``, then ``"tp"`` where the
+        layout has a TP dimension (``("tp",)``, ``("dp", "tp")``, ...)."""
+        names = _DATA_DIM_NAMES[len(self.data_mesh_shape)]
+        if len(self.data_mesh_shape) < len(self.mesh_shape):
+            names = (*names, "tp")
+        return names
 
     def describe(self) -> str:
         """One line for summaries."""
         mesh = "x".join(str(size) for size in self.mesh_shape)
-        return f"one rank of {self.world_size} ({self.strategy.value}, mesh {mesh})"
+        tp = f", tp {self.tp}" if self.tp > 1 and self.strategy is not ParallelStrategy.TP else ""
+        return f"one rank of {self.world_size} ({self.strategy.value}, mesh {mesh}{tp})"
+
+    def command_options(self) -> str:
+        """The ``ckpt-plan profile`` options that plan this layout."""
+        if self.strategy is ParallelStrategy.TP:
+            return f"--tp {self.tp}"
+        options = f"--world-size {self.world_size} --parallel {self.strategy.value}"
+        if len(self.data_mesh_shape) == 2:
+            options += " --mesh " + "x".join(str(size) for size in self.data_mesh_shape)
+        if self.tp > 1:
+            options += f" --tp {self.tp}"
+        return options
 
 
 def parallel_to_dict(layout: ParallelLayout | None) -> dict[str, Any] | None:
     """The JSON object plans and profiles record (None: one process)."""
     if layout is None:
         return None
-    return {
+    data: dict[str, Any] = {
         "world_size": layout.world_size,
         "strategy": layout.strategy.value,
         "mesh_shape": list(layout.mesh_shape),
     }
+    if layout.tp > 1:  # absent: 1, as in plans written before tensor parallelism
+        data["tp"] = layout.tp
+    return data
 
 
 def parallel_from_dict(data: Any) -> ParallelLayout | None:
@@ -102,12 +191,14 @@ def parallel_from_dict(data: Any) -> ParallelLayout | None:
     process. Raises :class:`ParallelLayoutError` for anything else."""
     if data is None:
         return None
-    if not isinstance(data, dict) or set(data) - {"world_size", "strategy", "mesh_shape"}:
+    if not isinstance(data, dict) or set(data) - {"world_size", "strategy", "mesh_shape", "tp"}:
         raise ParallelLayoutError(
-            f'"parallel" should be an object with world_size, strategy and mesh_shape, not {data!r}'
+            '"parallel" should be an object with world_size, strategy, mesh_shape and '
+            f"(optional) tp, not {data!r}"
         )
     return ParallelLayout(
         world_size=data.get("world_size"),  # type: ignore[arg-type]
         strategy=data.get("strategy"),  # type: ignore[arg-type]
         mesh_shape=tuple(data.get("mesh_shape") or ()),
+        tp=data.get("tp", 1),
     )

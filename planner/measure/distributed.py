@@ -99,18 +99,19 @@ def running_layout() -> tuple[int, int] | None:
 
 
 def device_mesh(layout: ParallelLayout, device_type: str) -> Any:
-    """The layout's device mesh on the running process group (1-D: ``("dp",)``; 2-D:
-    ``("replicate", "shard")``, HSDP's names). Made outside fake mode, also on a fake
-    session: a mesh finds this rank's row by computing with its tensor of ranks, and on a
-    fake tensor the row found is garbage (a 2-D mesh fails; HSDP)."""
+    """The layout's device mesh on the running process group, its dimensions named by
+    :attr:`~planner.core.parallel.ParallelLayout.mesh_dim_names` (1-D: ``("dp",)``; HSDP's
+    ``("replicate", "shard")``; with tensor parallelism ``"tp"`` last: ``("tp",)``, ``("dp",
+    "tp")``, ...). Made outside fake mode, also on a fake session: a mesh finds this rank's
+    row by computing with its tensor of ranks, and on a fake tensor the row found is garbage
+    (a 2-D mesh fails; HSDP)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.device_mesh import init_device_mesh
 
-    names: tuple[str, ...] | None = {1: ("dp",), 2: ("replicate", "shard")}.get(
-        len(layout.mesh_shape)
-    )
     with unset_fake_temporarily():
-        return init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=names)
+        return init_device_mesh(
+            device_type, layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names
+        )
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -127,11 +128,24 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 
 def _default_parallelize(
-    model: torch.nn.Module, layout: ParallelLayout, mesh: Any
+    model: torch.nn.Module, layout: ParallelLayout, mesh: Any, model_file: ModelFile
 ) -> torch.nn.Module:
     """Without the model file's ``parallelize``: ``fully_shard`` on each block
     (:func:`~planner.measure.candidates.find_blocks`) and then the root, or DDP with its
-    default buckets."""
+    default buckets. Tensor parallelism has a default only for a Hugging Face Llama-family
+    model (``--hf``: :func:`~planner.measure.tensor_parallel.parallelize_hf_llama`): which
+    weights a model file's model splits, and how, is its own."""
+    if layout.tp > 1 or layout.strategy is ParallelStrategy.TP:
+        if model_file.source.is_hugging_face:
+            from planner.measure.tensor_parallel import parallelize_hf_llama
+
+            return parallelize_hf_llama(model, mesh)
+        raise ModelFileError(
+            f"{model_file.path} defines no parallelize(model, mesh), and tensor parallelism "
+            f"({layout.command_options()}) needs one: define it, applying "
+            'parallelize_module(model, mesh["tp"], plan) (and fully_shard over the mesh\'s '
+            "data-parallel dimensions with --parallel fsdp2)"
+        )
     if layout.strategy is ParallelStrategy.DDP:
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard
@@ -145,37 +159,75 @@ def _default_parallelize(
 def parallelized(
     workload: Workload, layout: ParallelLayout, *, simulated: bool = False
 ) -> Workload:
-    """``workload`` laid out for ``layout`` on the running process group: with FSDP2 its model
-    given to the model file's ``parallelize(model, mesh)`` where it defines one, else (and
-    always with DDP, whose layout is its wrapper) to :func:`_default_parallelize`; its
-    optimizer built again over the sharded parameters (before any step). Apply a plan to
-    ``workload.model`` before this, as training does. ``simulated``: the process group is
-    fake (DDP then all-reduces nothing; see the module's design notes)."""
+    """``workload`` laid out for ``layout`` on the running process group: with FSDP2 or
+    tensor parallelism its model given to the model file's ``parallelize(model, mesh)``
+    where it defines one, else (and always with DDP, whose layout is its wrapper) to
+    :func:`_default_parallelize`; its optimizer built again over the sharded parameters
+    (before any step). Apply a plan to ``workload.model`` before this, as training does.
+    ``simulated``: the process group is fake (DDP then all-reduces nothing; see the
+    module's design notes)."""
     model_file: ModelFile = workload.model_file
     mesh = device_mesh(layout, workload.device.type)
     model = workload.model
     if model_file.parallelize is not None:
-        if layout.strategy is ParallelStrategy.FSDP2:
+        if layout.strategy is not ParallelStrategy.DDP:
             try:
                 with _ddp_intercepted():
                     result = _call_parallelize(model_file, model, mesh)
             except _DdpCaptured:
                 raise ModelFileError(
                     f"parallelize() in {model_file.path} builds DistributedDataParallel, but "
-                    "the plan is for --parallel fsdp2: plan with --parallel ddp"
+                    f"the plan is for {layout.command_options()}: plan with --parallel ddp"
                 ) from None
         else:
             result = _call_parallelize(model_file, model, mesh)
         model = result if isinstance(result, torch.nn.Module) else model
         if layout.strategy is ParallelStrategy.DDP:
             _check_ddp_of_the_model(model_file, model, workload.model)
+        elif layout.tp > 1:
+            _check_tensor_parallel(model_file, model, layout)
     else:
-        model = _default_parallelize(model, layout, mesh)
+        model = _default_parallelize(model, layout, mesh, model_file)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) and simulated:
         model.register_comm_hook(None, _no_communication_hook)
     workload.model = model
     workload.optimizer = build_optimizer(model_file, model)
     return workload
+
+
+def _check_tensor_parallel(
+    model_file: ModelFile, model: torch.nn.Module, layout: ParallelLayout
+) -> None:
+    """With tensor parallelism, ``parallelize`` must shard some parameter over the mesh's
+    ``"tp"`` dimension by TP: a model file that ignores it would be planned as if it did not.
+    TP's shard of a parameter is on the ``tp`` dimension, and under FSDP2 also sharded over
+    the data-parallel ones (``fully_shard`` given the whole mesh instead shards over ``tp``
+    and replicates over ``dp``: HSDP, not TP)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    for parameter in model.parameters():
+        if not isinstance(parameter, DTensor):
+            continue
+        mesh = parameter.device_mesh
+        names = mesh.mesh_dim_names or ()
+        if "tp" in names:
+            tp_dim = names.index("tp")
+        elif mesh.ndim == len(layout.mesh_shape):
+            tp_dim = mesh.ndim - 1
+        else:
+            continue
+        placements = list(parameter.placements)
+        on_tp = placements.pop(tp_dim)
+        if not isinstance(on_tp, Replicate) and (
+            not placements or not all(isinstance(p, Replicate) for p in placements)
+        ):
+            return
+    raise ModelFileError(
+        f'parallelize() in {model_file.path} shards no parameter over the mesh\'s "tp" '
+        f"dimension by tensor parallelism, but the plan is for {layout.command_options()}: "
+        'apply parallelize_module(model, mesh["tp"], ...) in it (and fully_shard over the '
+        "data-parallel dimensions only), or plan without --tp"
+    )
 
 
 def record_rank_memory(
@@ -231,7 +283,7 @@ def record_rank_memory(
                 workspace_bytes=workspace_bytes,
                 progress=progress,
             )
-            return _with_layout(profile, layout, _fsdp2_layout(model_file), types)
+            return _with_layout(profile, layout, _fsdp2_layout(model_file, layout), types)
         except FakeExecutionError as error:
             logger.warning("%s; recording a real step of the rank instead", error)
         workload = build_workload(model_file, device=device_type, seed=seed, loop=loop)
@@ -242,7 +294,7 @@ def record_rank_memory(
             bucket_bytes, around_steps, how = _ddp_rank(workload, layout)
         else:
             parallelized(workload, layout, simulated=True)
-            how = _fsdp2_layout(model_file)
+            how = _fsdp2_layout(model_file, layout)
         try:
             profile = record_memory(
                 workload,
@@ -282,9 +334,11 @@ def _ddp_rank(workload: Workload, layout: ParallelLayout) -> tuple[int, Any, str
     return ddp_bucket_bytes(model), around_steps, options.describe()
 
 
-def _fsdp2_layout(model_file: ModelFile) -> str:
+def _fsdp2_layout(model_file: ModelFile, layout: ParallelLayout) -> str:
     if model_file.parallelize is not None:
         return "the model file's parallelize(model, mesh)"
+    if layout.tp > 1 or layout.strategy is ParallelStrategy.TP:
+        return "the built-in tensor-parallel plan for Llama (torchtitan's layout)"
     return "fully_shard on each block and the root"
 
 

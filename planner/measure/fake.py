@@ -165,6 +165,7 @@ class FakeSession:
             stack.enter_context(self.mode)
             stack.enter_context(self.shadows)
             stack.enter_context(_device_kernel_dtypes(self._replaced))
+            stack.enter_context(_waits_return_their_tensor())
             if self.emulated:
                 stack.enter_context(_CudaKernels(self._replaced))
                 stack.enter_context(_autocast_emulated(self.device_type, self._replaced))
@@ -202,6 +203,37 @@ def _fake_limitation(error: BaseException, model_file: ModelFile) -> FakeExecuti
     return FakeExecutionError(
         f"the training step cannot run on fake tensors at {op} ({where}): {why}", op=op
     )
+
+
+@contextlib.contextmanager
+def _waits_return_their_tensor() -> Iterator[None]:
+    """Inside the session, ``_c10d_functional.wait_tensor`` on a fake tensor returns that
+    tensor, as its CPU and CUDA kernels do (a collective's output is waited on in place).
+    Its fake (meta) kernel returns ``empty_like`` instead: a second storage the size of every
+    collective's output, which no real rank holds (with tensor parallelism, 36 storages and
+    24 KiB above the real ranks' peak in tests/data/tp_gpt.py). Scoped, as
+    :func:`~planner.measure.cuda_emulation._device_kernel_dtypes` is."""
+    from torch._subclasses import fake_impls
+
+    wait = getattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor", None)
+    if wait is None:
+        yield
+        return
+    wait_tensor = wait.default
+
+    def is_wait(func: Any) -> bool:
+        return func is wait_tensor
+
+    def output(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwargs: Any) -> Any:
+        return args[0] if args else kwargs["tensor"]
+
+    entry = (is_wait, output)
+    fake_impls.op_implementations_checks.insert(0, entry)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            fake_impls.op_implementations_checks.remove(entry)
 
 
 @contextlib.contextmanager

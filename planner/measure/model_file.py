@@ -49,9 +49,9 @@ class ModelFile:
     file's path, with the batch size given to its ``sample_batch``, or a Hugging Face
     workload (:mod:`planner.measure.hf`; ``path`` is then its config). ``assumptions``: what
     the workload itself assumed, one line each, for the profile's assumptions.
-    ``parallelize(model, mesh)`` (optional) lays the model out with ``fully_shard`` for an
-    FSDP2 ``torchrun`` job, as torchtitan's ``parallelize_*`` functions do, after
-    ``apply_plan`` (:mod:`planner.measure.distributed`)."""
+    ``parallelize(model, mesh)`` (optional) lays the model out for a ``torchrun`` job, as
+    torchtitan's ``parallelize_*`` functions do, after ``apply_plan``: ``fully_shard`` for
+    FSDP2, tensor parallelism on ``mesh["tp"]``, or DDP (:mod:`planner.measure.distributed`)."""
 
     path: Path
     name: str
@@ -220,15 +220,18 @@ def checked_model(model_file: ModelFile, model: object) -> torch.nn.Module:
 
 
 _SHARDED_AT_BUILD = (
-    "build_model() in {path} shards or wraps the model itself (fully_shard or "
-    "DistributedDataParallel): return the unsharded model and move that code into "
+    "build_model() in {path} shards or wraps the model itself (fully_shard, tensor "
+    "parallelism or DistributedDataParallel): return the unsharded model and move that code into "
     "parallelize(model, mesh), which ckpt-plan calls after applying the plan, as training must"
 )
 
 
 def _is_laid_out(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is sharded by ``fully_shard`` or wrapped in DDP already."""
+    """Whether ``model`` is sharded by ``fully_shard`` or tensor parallelism (``DTensor``
+    parameters), or wrapped in DDP already."""
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return True
+    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
         return True
     if not (torch.distributed.is_available() and "torch.distributed.fsdp" in sys.modules):
         return False

@@ -123,11 +123,11 @@ class Plan:
     written before it was recorded. ``loop`` is the training loop's shape the step was
     measured in (:mod:`planner.core.loop`; a file without it was made for the plain loop).
     ``parallel`` is the ``torchrun`` job layout the plan is for, each rank applying it before
-    sharding (:mod:`planner.core.parallel`: world size, strategy, mesh shape; None, or absent
-    from the file: one process). ``switches`` are the model's switches the step was planned
-    with (:mod:`planner.core.switches`: Hugging Face caches turned off, routing assumed).
-    ``host_budget_bytes`` bounds the host memory offloaded modules hold at once (None: the
-    plan offloads nothing, or was made before offloading existed), and
+    sharding (:mod:`planner.core.parallel`: world size, strategy, mesh shape, TP degree;
+    None, or absent from the file: one process). ``switches`` are the model's switches the
+    step was planned with (:mod:`planner.core.switches`: Hugging Face caches turned off,
+    routing assumed). ``host_budget_bytes`` bounds the host memory offloaded modules hold at
+    once (None: the plan offloads nothing, or was made before offloading existed), and
     ``predicted_host_peak_bytes`` is what they hold at most.
     """
 
