@@ -10,9 +10,8 @@ h100-80gb`` (fake tensors, roofline times; the built-in spec's host link: PCIe G
 * the plan at a budget halfway between the two;
 * the predicted overhead with and without offloading at budgets where both fit;
 * the same with a host link of 450 GB/s (NVLink-C2C, as on a GH200; the H100's compute);
-* plans that offload (only: a checkpointed module cannot be recomputed in the emulation,
-  whose torch-function mode is not active in a recomputation) run on the CUDA step emulated
-  on fake CPU tensors, their device and host peaks measured against the prediction.
+* plans that offload, checkpoint, or both (the solver's plans above) run on the CUDA step
+  emulated on fake CPU tensors, their device and host peaks measured against the prediction.
 
 Writes reports/benchmarks/offload.md.
 """
@@ -63,8 +62,11 @@ def _tradeoff(profile: Profile, lowest_without: int) -> list[str]:
     return rows
 
 
-def _emulated(model_file: object, profile: Profile, spec: DeviceSpec) -> list[str]:
-    """Offloading plans run on the emulated CUDA step: predicted and measured peaks."""
+def _emulated(
+    model_file: object, profile: Profile, spec: DeviceSpec, solved: dict[str, list[Unit]]
+) -> list[str]:
+    """Offloading plans, and the ``solved`` plans (offload and checkpointing mixed, or
+    checkpointing alone), run on the emulated CUDA step: predicted and measured peaks."""
     from planner.apply import apply_plan
     from planner.apply.offload import HOST_MEMORY
     from planner.measure.fake import build_fake_workload
@@ -72,13 +74,17 @@ def _emulated(model_file: object, profile: Profile, spec: DeviceSpec) -> list[st
 
     layers = range(32)
     plans = {
-        "every decoder layer": [Unit(f"model.layers.{i}", option="offload") for i in layers],
-        "layers 0-15": [Unit(f"model.layers.{i}", option="offload") for i in range(16)],
-        "every self_attn and mlp": [
+        "every decoder layer offloaded": [
+            Unit(f"model.layers.{i}", option="offload") for i in layers
+        ],
+        "layers 0-15 offloaded": [Unit(f"model.layers.{i}", option="offload") for i in range(16)],
+        "every self_attn and mlp offloaded": [
             Unit(f"model.layers.{i}.{part}", option="offload")
             for i in layers
             for part in ("self_attn", "mlp")
         ],
+        "every decoder layer checkpointed": [Unit(f"model.layers.{i}") for i in layers],
+        **solved,
     }
     rows = []
     for name, units in plans.items():
@@ -91,7 +97,7 @@ def _emulated(model_file: object, profile: Profile, spec: DeviceSpec) -> list[st
         device = measured.measured_peak_bytes
         error = (plan.predicted_peak_bytes - device) / device
         rows.append(
-            f"| {name} offloaded | {plan.predicted_peak_bytes:,} | {device:,} | {error:+.4%} "
+            f"| {name} | {plan.predicted_peak_bytes:,} | {device:,} | {error:+.4%} "
             f"| {plan.predicted_host_peak_bytes:,} | {HOST_MEMORY.peak_bytes:,} "
             f"| {plan.predicted_overhead:+.1%} |"
         )
@@ -189,11 +195,22 @@ def main() -> int:
         "",
         "Each plan applied with `apply_plan` to the model on fake CPU tensors emulating CUDA "
         "(512-byte blocks, cuBLAS workspaces of the spec), its step recorded; the host copies "
-        "are counted apart (`planner.apply.offload.HOST_MEMORY`).",
+        "are counted apart (`planner.apply.offload.HOST_MEMORY`). A checkpoint's "
+        "recomputation runs under the emulation as its forward did "
+        "(`planner.apply.wrap.RecomputedUnder`).",
         "",
         header + "| overhead |",
         "|---|---|---|---|---|---|---|",
-        *_emulated(model_file, profile, spec),
+        *_emulated(
+            model_file,
+            profile,
+            spec,
+            {
+                "lowest peak with offloading (mixed)": list(floor_units),
+                "lowest peak without offloading": list(plain_units),
+                "the plan halfway between (mixed)": list(plan.units),
+            },
+        ),
         "",
         f"Total {time.perf_counter() - started:.0f} s.",
         "",

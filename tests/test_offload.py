@@ -393,12 +393,14 @@ def test_the_emulated_cuda_step_with_offload_peaks_where_predicted() -> None:
     profile = roofline_costs(record_memory(workload, session=session), LINKED)
     session.release()
     memory = MemoryModel.for_profile(profile)
-    # (A checkpointed module whose kernels the emulation replaces, attention or dropout,
-    # recomputes differently on the fake tensors: not tried here.)
+    # Checkpointed modules whose kernels the emulation replaces (attention, dropout)
+    # recompute under it as their forward ran (planner.apply.wrap.RecomputedUnder).
     emulated = [
         ("blocks.1@offload",),
         ("blocks.0@offload", "blocks.1.up", "blocks.2@offload"),
         ("blocks.0@offload", "blocks.1@offload", "blocks.2@offload"),
+        ("blocks.0@offload", "blocks.1", "blocks.2@offload"),
+        ("blocks.0@offload", "blocks.1.attention@save-matmuls", "blocks.2.attention"),
     ]
     for names in emulated:
         plan = build_plan(profile, units_of(names), 0, strategy="test", memory=memory)
@@ -410,6 +412,57 @@ def test_the_emulated_cuda_step_with_offload_peaks_where_predicted() -> None:
         assert measured.measured_peak_bytes == plan.predicted_peak_bytes, names
         assert HOST_MEMORY.peak_bytes == plan.predicted_host_peak_bytes, names
         assert plan.predicted_peak_bytes < profile.measured_peak_bytes
+
+
+# A Llama-shaped model (bf16: flash attention in the emulation), big enough that its
+# layers' saved tensors pass the offload threshold.
+LLAMA_PLANS = [
+    ("model.layers.0", "model.layers.1"),
+    ("model.layers.0@save-matmuls", "model.layers.1@save-attention"),
+    ("model.layers.0@torchtitan", "model.layers.1@nested"),
+    ("model.layers.0@offload", "model.layers.1"),
+    (
+        "model.layers.0.self_attn@offload",
+        "model.layers.0.mlp",
+        "model.layers.1.self_attn@save-matmuls",
+        "model.layers.1.mlp@offload",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def emulated_llama() -> tuple[ModelFile, DeviceSpec, Profile]:
+    from planner.measure.hf import hf_workload
+    from planner.measure.workload import load_model_file
+    from planner.plan.targets import load_spec
+
+    config = Path(__file__).resolve().parent.parent / "examples/configs/tiny-llama.json"
+    llama = load_model_file(hf_workload(config, 32, 256, "bfloat16"))
+    spec = load_spec("h100-80gb")
+    workload, session = build_fake_workload(llama, "cuda", seed=0, emulate=True)
+    recorded = record_memory(workload, session=session, workspace_bytes=spec.workspace_bytes)
+    session.release()
+    return llama, spec, roofline_costs(recorded, spec)
+
+
+@pytest.mark.parametrize("names", LLAMA_PLANS)
+def test_the_emulated_cuda_step_recomputes_as_its_forward_ran(
+    emulated_llama: tuple[ModelFile, DeviceSpec, Profile], names: tuple[str, ...]
+) -> None:
+    """Checkpointed Llama layers, whole, selective and nested, alone and beside offloaded
+    ones, on the emulated CUDA step: the recomputation runs CUDA's kernels as the forward
+    did (else torch.utils.checkpoint finds other tensors saved and raises), and the device
+    and host peaks equal the prediction to the byte."""
+    llama, spec, profile = emulated_llama
+    plan = build_plan(profile, units_of(names), 0, strategy="test")
+    workload, session = build_fake_workload(llama, "cuda", seed=0, emulate=True)
+    apply_plan(workload.model, plan, guard=False)
+    HOST_MEMORY.reset_peak()
+    measured = record_memory(workload, session=session, workspace_bytes=spec.workspace_bytes)
+    session.release()
+    assert measured.measured_peak_bytes == plan.predicted_peak_bytes
+    assert HOST_MEMORY.peak_bytes == plan.predicted_host_peak_bytes
+    assert plan.predicted_peak_bytes < profile.measured_peak_bytes
 
 
 # -- the solver: keep, recompute and offload under one budget --------------------------------

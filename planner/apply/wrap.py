@@ -19,6 +19,12 @@ Design notes
   until its backward (:mod:`planner.apply.offload`). It composes with checkpointing
   elsewhere in the model; never on the same path (a plan that nests one in the other is
   refused).
+* **Recomputed under the forward's emulation.** The autograd engine runs a checkpoint's
+  recomputation (in the unpack hook) without the Python torch-function modes the forward
+  ran under. A mode that is part of the step itself, the emulation of a device
+  (:class:`RecomputedUnder`: :mod:`planner.measure.cuda_emulation`), is entered again
+  around the recomputation, so it runs the forward's kernels and saves what it saved. A
+  step without one (every real step) runs the checkpoint exactly as before.
 * **Found, then guarded.** The plan goes on the model it was made for, found inside any
   wrapper (:mod:`planner.apply.locate`); the first training forward then compares its step
   with the plan's (:mod:`planner.apply.guard`).
@@ -26,12 +32,14 @@ Design notes
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -50,6 +58,7 @@ from planner.plan.policies import is_attention_op
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "RecomputedUnder",
     "apply_plan",
     "is_cached_op",
     "is_wrapped",
@@ -62,6 +71,33 @@ _STATE_ATTRIBUTE = "_ckpt_plan_decision"
 _ORIGINAL_ATTRIBUTE = "_ckpt_plan_instance_forward"
 # The planned model an offloaded module is part of: its parameters and buffers stay.
 _ROOT_ATTRIBUTE = "_ckpt_plan_root"
+
+
+class RecomputedUnder(TorchFunctionMode):
+    """A torch-function mode that a checkpoint's recomputation runs under where the forward
+    did (see the module's design notes): the emulation of a device, whose kernels the
+    recomputation must run as the forward ran them."""
+
+
+def _under_forward_modes(function: Any) -> Any:
+    """``function``, run under the :class:`RecomputedUnder` modes active now, entered again
+    (outermost first) wherever it runs without them: the recomputation. ``function`` itself
+    where none is active."""
+    modes = [
+        mode for mode in _get_current_function_mode_stack() if isinstance(mode, RecomputedUnder)
+    ]
+    if not modes:
+        return function
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        active = _get_current_function_mode_stack()
+        with contextlib.ExitStack() as stack:
+            for mode in modes:
+                if not any(mode is other for other in active):
+                    stack.enter_context(mode)
+            return function(*args, **kwargs)
+
+    return run
 
 
 def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -84,6 +120,7 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
     function = observed(Region(decision.module_name), original, _cached_ops(decision))
     if decision.restore_buffers:
         function = _restoring_buffers_on_recompute(module, function, decision.restore_buffers)
+    function = _under_forward_modes(function)
     if decision.policy is not None:
         return checkpoint(
             function,
@@ -169,7 +206,7 @@ def _checkpoint_sequential(module: torch.nn.Module, decision: ModuleDecision, va
         end = start + segment_size - 1
         segment = _run_segment(functions, start, end)
         value = checkpoint(
-            observed(Region(decision.module_name, start, end + 1), segment),
+            _under_forward_modes(observed(Region(decision.module_name, start, end + 1), segment)),
             value,
             use_reentrant=False,
             preserve_rng_state=decision.preserve_rng_state,

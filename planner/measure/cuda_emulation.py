@@ -28,7 +28,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.overrides import TorchFunctionMode
+
+from planner.apply.wrap import RecomputedUnder
 
 __all__ = ["fake_tensor_device"]
 
@@ -78,9 +79,11 @@ def _sdpa_as_on_cuda(
     return output, "memory-efficient"
 
 
-class _CudaKernels(TorchFunctionMode):
+class _CudaKernels(RecomputedUnder):
     """Replaces, on CPU fake tensors, the functions whose CUDA kernels save other tensors
-    than their CPU kernels (see the module's design notes). Records what it replaced."""
+    than their CPU kernels (see the module's design notes). Records what it replaced. A
+    planned module's checkpoint recomputes under it too (:class:`RecomputedUnder`: the
+    autograd engine runs the recomputation without the forward's torch-function modes)."""
 
     def __init__(self, used: set[str]) -> None:
         super().__init__()
