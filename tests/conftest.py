@@ -52,6 +52,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, skip in missing.items():
             if item.get_closest_marker(marker):
                 item.add_marker(skip)
+    # Slow tests first, the rest in their order: xdist's workers then start the long ones
+    # early and fill in with short ones, so the run does not end on one worker's long test.
+    if getattr(config.option, "numprocesses", None):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def _planner_child(command: Any) -> list[str] | None:
