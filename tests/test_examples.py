@@ -279,3 +279,46 @@ def test_profile_plans_and_checks_the_training_loop_it_is_given(tmp_path: Path) 
     assert verified.exit_code == 0, verified.output
     row = next(line for line in verified.stdout.splitlines() if line.startswith("training loop"))
     assert "as the plan records it: gradient accumulation over 2" in row
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_every_block_on_t5_wraps_both_stacks_and_every_2nd_block_each(tmp_path: Path) -> None:
+    """T5's blocks are its encoder's and its decoder's, as Hugging Face's gradient
+    checkpointing wraps both; every 2nd block starts again at each stack's block 0 (3 + 3
+    blocks: 0 and 2 of each, not 0, 2 and the decoder's 1). Every block's prediction is the
+    real step's peak."""
+    from planner.apply import apply_plan
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
+    from planner.measure.step import measure_step
+    from planner.plan.profile_file import load_profile, save_profile
+    from planner.solve.planning import baseline_plans
+
+    model_file = load_model_file(EXAMPLES / "hf_t5.py")
+    workload, session = build_fake_workload(model_file)
+    profile = record_memory(workload, session=session)
+    encoder = [f"encoder.block.{index}" for index in range(3)]
+    decoder = [f"decoder.block.{index}" for index in range(3)]
+    assert profile.block_names == (*encoder, *decoder)
+    assert profile.block_stacks == (3, 3)
+    candidates = {name for name in profile.block_names if profile.module(name).is_candidate}
+    plans = baseline_plans(profile)
+    every = plans["every-block"]
+    assert set(every.module_names) == candidates
+    assert any(name.startswith("encoder.") for name in candidates)
+    every_2nd = [
+        name
+        for stack in (encoder, decoder)
+        for name in [block for block in stack if block in candidates][::2]
+    ]
+    assert sorted(plans["every-2nd-block"].module_names) == sorted(every_2nd)
+    assert "sqrt-n-segments" not in plans
+    saved = save_profile(profile, tmp_path / "t5.json")
+    assert load_profile(saved).block_stacks == (3, 3)
+    assert baseline_plans(load_profile(saved))["every-2nd-block"].module_names == (
+        plans["every-2nd-block"].module_names
+    )
+    real = build_workload(model_file, seed=0)
+    apply_plan(real.model, every)
+    assert measure_step(real, seed=0).peak_bytes == every.predicted_peak_bytes

@@ -169,6 +169,34 @@ def test_a_hybrid_models_blocks_are_its_layers_as_hugging_face_checkpoints_them(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "encoder", "decoder"),
+    [
+        ("t5", "encoder.block", "decoder.block"),
+        ("bart", "model.encoder.layers", "model.decoder.layers"),
+    ],
+)
+def test_an_encoder_decoders_blocks_are_both_stacks_as_hugging_face_checkpoints_them(
+    name: str, encoder: str, decoder: str
+) -> None:
+    """T5's and BART's blocks are the encoder's and the decoder's layers, two stacks (BART's
+    of two classes): the modules Hugging Face's gradient checkpointing wraps."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from benchmarks.zoo_models import ZOO
+
+    profile = _zoo_profile(name)
+    assert profile.block_names == (f"{encoder}.0", f"{encoder}.1", f"{decoder}.0", f"{decoder}.1")
+    assert profile.block_stacks == (2, 2)
+    wrapped = tuple(
+        module_name
+        for module_name, module in ZOO[name].build_model().named_modules()
+        if isinstance(module, GradientCheckpointingLayer)
+    )
+    assert profile.block_names == wrapped
+
+
+@pytest.mark.slow
 def test_convnexts_blocks_are_its_layers_not_its_stages() -> None:
     """Hugging Face's ConvNeXt keeps each stage's layers in a ModuleList: the blocks are those
     layers (as timm checkpoints its ConvNeXt, and as every residual block of a CNN is), and

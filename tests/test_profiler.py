@@ -9,7 +9,7 @@ import torch
 
 from planner.apply import apply_plan
 from planner.core.records import NoteTopic, Unit
-from planner.measure.candidates import find_blocks
+from planner.measure.candidates import find_block_stacks, find_blocks
 from planner.measure.profiler import profile_workload
 from planner.measure.step import measure_step
 from planner.measure.workload import build_workload, load_model_file
@@ -214,11 +214,24 @@ def test_find_blocks_on_cnns_is_every_residual_block() -> None:
 
 
 def test_find_blocks_keeps_transformer_stacks() -> None:
-    # Stacks in different parents stay apart (T5's encoder and decoder): the larger one.
+    # An encoder-decoder's twin stacks (the same path in sibling parents: T5's encoder.block
+    # and decoder.block) are both its blocks, in registration order, two stacks.
     seq2seq = torch.nn.Module()
-    seq2seq.encoder = _Coder(16, 2, cross=False)
+    seq2seq.encoder = _Coder(16, 3, cross=False)
     seq2seq.decoder = _Coder(16, 2, cross=True)
-    assert find_blocks(seq2seq) == ("decoder.block.0", "decoder.block.1")
+    encoder = ("encoder.block.0", "encoder.block.1", "encoder.block.2")
+    decoder = ("decoder.block.0", "decoder.block.1")
+    assert find_block_stacks(seq2seq) == (encoder, decoder)
+    assert find_blocks(seq2seq) == (*encoder, *decoder)
+    # A stack at another path in a sibling (decoder.block), or a lone layer at the same
+    # path (head.layers), is not a twin.
+    seq2seq.encoder.layers = seq2seq.encoder.block
+    del seq2seq.encoder.block
+    seq2seq.head = torch.nn.Module()
+    seq2seq.head.layers = torch.nn.ModuleList([_Layer(16, 2)])
+    assert find_block_stacks(seq2seq) == (
+        tuple(name.replace("block", "layers") for name in encoder),
+    )
     # A ModuleList of experts inside each layer is not a chain to descend into.
     assert find_blocks(_Coder(16, 3, cross=False)) == ("block.0", "block.1", "block.2")
     # A root Sequential of blocks has no siblings to join.

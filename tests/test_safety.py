@@ -35,7 +35,7 @@ from planner.pipeline import plan_checked
 from planner.plan.memory_model import MemoryModel
 from planner.plan.plan_file import Plan
 from planner.solve import Solver
-from planner.solve.planning import build_plan, plan_for_budget
+from planner.solve.planning import baseline_plans, build_plan, plan_for_budget
 from tests.models import model_file
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -481,6 +481,13 @@ def test_the_t5_example_plan_trains_identically_once_cached_attention_is_exclude
     }
     assert {f"decoder.block.{i}.layer.0.SelfAttention" for i in range(3)} <= up_front
     assert not any(name.startswith("encoder") for name in up_front)
+    # The blocks are both stacks'; the decoder's are the excluded ones, and every block
+    # checkpoints the encoder's.
+    assert profile.excluded_blocks_note().startswith(
+        "3 of 6 blocks cannot be checkpointed (decoder.block.0, decoder.block.1, decoder.block.2)"
+    )
+    every = baseline_plans(profile)["every-block"]
+    assert set(every.module_names) == {f"encoder.block.{i}" for i in range(3)}
     profile = _as_if_undetected(profile)
     mismatches = find_recompute_mismatches(
         workload, [record.module_name for record in profile.candidates]

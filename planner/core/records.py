@@ -428,6 +428,9 @@ class Profile:
     modules: tuple[ModuleProfile, ...]
     timeline: MemoryTimeline
     block_names: tuple[str, ...] = ()
+    # How many of block_names each stack holds, in order, where there are several (an
+    # encoder-decoder's encoder and decoder blocks); () for one stack.
+    block_stacks: tuple[int, ...] = ()
     memory_source: MemorySource = MemorySource.REAL
     cost_source: CostSource = CostSource.MEASURED
     target: str | None = None

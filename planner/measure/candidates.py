@@ -14,7 +14,7 @@ import torch
 if TYPE_CHECKING:
     from planner.core.records import MemoryTimeline, ModuleCall
 
-__all__ = ["find_blocks"]
+__all__ = ["find_block_stacks", "find_blocks"]
 
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
@@ -136,8 +136,42 @@ def _inner_blocks(name: str, module: torch.nn.Module, chains: _Chains) -> list[s
     ]
 
 
+def _twin_stacks(
+    model: torch.nn.Module, name: str, stack: torch.nn.Module, chains: _Chains
+) -> list[tuple[str, torch.nn.Module]]:
+    """The stack ``name`` and its twins, in registration order: the ``ModuleList`` stacks at
+    the same path in the siblings of its parent (an encoder-decoder's two stacks: T5's
+    ``encoder.block`` and ``decoder.block``, BART's ``model.encoder.layers`` and
+    ``model.decoder.layers``, whose layers are of two classes). Only ``stack`` itself for an
+    ``nn.Sequential``, a stack at the root or a stack whose parent is the root."""
+    parent_name, _, leaf = name.rpartition(".")
+    if not parent_name or not isinstance(stack, torch.nn.ModuleList):
+        return [(name, stack)]
+    holder_name, _, _ = parent_name.rpartition(".")
+    holder = model.get_submodule(holder_name)
+    stacks: list[tuple[str, torch.nn.Module]] = []
+    for sibling_name, sibling in holder.named_children():
+        path = f"{holder_name}.{sibling_name}" if holder_name else sibling_name
+        twin = getattr(sibling, leaf, None) if path != parent_name else stack
+        if isinstance(twin, torch.nn.ModuleList) and (
+            twin is stack or _is_stack(f"{path}.{leaf}", twin, chains)
+        ):
+            stacks.append((f"{path}.{leaf}", twin))
+    return stacks
+
+
 def find_blocks(model: torch.nn.Module, timeline: MemoryTimeline | None = None) -> tuple[str, ...]:
-    """The model's repeated blocks, the ones a user checkpoints by hand ("every block").
+    """The model's repeated blocks, the ones a user checkpoints by hand ("every block"): the
+    blocks of :func:`find_block_stacks`, one stack after the other."""
+    return tuple(block for stack in find_block_stacks(model, timeline) for block in stack)
+
+
+def find_block_stacks(
+    model: torch.nn.Module, timeline: MemoryTimeline | None = None
+) -> tuple[tuple[str, ...], ...]:
+    """The model's repeated blocks, the ones a user checkpoints by hand ("every block"), by
+    stack: one stack for every model but an encoder-decoder, whose encoder's and decoder's
+    blocks are two.
 
     Start from the stack with the most parameters: the children of the
     ``ModuleList``/``Sequential`` holding two or more blocks of one class (``blocks.*`` of
@@ -158,9 +192,17 @@ def find_blocks(model: torch.nn.Module, timeline: MemoryTimeline | None = None) 
       Face ConvNeXt's ``stages.0.layers.1``).
 
     Transformer stacks are ``ModuleList``s whose blocks hold no chain of blocks of one class
-    (a mixture's experts each run on their own tokens), so neither rule changes them; stacks
-    in different parents (T5's encoder and decoder blocks) stay apart. Without a timeline
-    (sharding a model before any step), the answer is the one-class rules alone.
+    (a mixture's experts each run on their own tokens), so neither rule changes them. A third
+    rule joins an encoder-decoder's two stacks, as Hugging Face's gradient checkpointing
+    checkpoints both:
+
+    * Twin stacks: a ``ModuleList`` stack joins the ``ModuleList`` stacks at the same path in
+      its parent's siblings, in registration order (T5's ``encoder.block.*`` and
+      ``decoder.block.*``; BART's ``model.encoder.layers.*`` and ``model.decoder.layers.*``,
+      layers of two classes); each is a stack of its own.
+
+    Without a timeline (sharding a model before any step), the answer is the one-class rules
+    alone.
     """
     chains = _Chains(timeline)
     best: tuple[int, str, torch.nn.Module | None] = (0, "", None)
@@ -173,6 +215,9 @@ def find_blocks(model: torch.nn.Module, timeline: MemoryTimeline | None = None) 
     _, name, stack = best
     if stack is None:
         return ()
+    twins = _twin_stacks(model, name, stack, chains)
+    if len(twins) > 1:
+        return tuple(_stack_blocks([twin], chains) for twin in twins)
     stacks = [(name, stack)]
     if name and isinstance(stack, torch.nn.Sequential):
         parent_name, _, _ = name.rpartition(".")
@@ -186,6 +231,11 @@ def find_blocks(model: torch.nn.Module, timeline: MemoryTimeline | None = None) 
                 and _stack_class(sibling, at_least=1) is _stack_class(stack)
             )
         ]
+    return (_stack_blocks(stacks, chains),)
+
+
+def _stack_blocks(stacks: list[tuple[str, torch.nn.Module]], chains: _Chains) -> tuple[str, ...]:
+    """The blocks of ``stacks``, one after the other: each entry's inner blocks."""
     return tuple(
         block
         for stack_name, stack_module in stacks

@@ -57,7 +57,7 @@ from planner.core.records import (
 )
 from planner.core.switches import StepSwitches
 from planner.core.text import and_more
-from planner.measure.candidates import _is_torch_layer, find_blocks
+from planner.measure.candidates import _is_torch_layer, find_block_stacks
 from planner.measure.clock import Clock, _time_forward
 from planner.measure.recorder import _record_step
 from planner.measure.tracking import (
@@ -371,6 +371,7 @@ def _profile_from_timeline(
     for note in notes:
         logger.info("%s", note)  # the CLI shows its own-checkpointing ones as warnings
     model = workload.model
+    stacks = find_block_stacks(model, timeline)
     return Profile(
         schema_version=PROFILE_SCHEMA_VERSION,
         model_name=workload.model_file.name,
@@ -387,7 +388,8 @@ def _profile_from_timeline(
         optimizer_state_bytes=kind_bytes(StorageKind.OPTIMIZER_STATE),
         modules=_module_profiles(model, timeline, forward_ms, memory),
         timeline=timeline,
-        block_names=find_blocks(model, timeline),
+        block_names=tuple(block for stack in stacks for block in stack),
+        block_stacks=tuple(len(stack) for stack in stacks) if len(stacks) > 1 else (),
         memory_source=memory_source,
         cost_source=cost_source,
         assumptions=(*assumptions, *notes),

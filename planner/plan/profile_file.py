@@ -62,6 +62,8 @@ def _profile_to_dict(profile: Profile) -> dict[str, Any]:
         "op_costs": [[getattr(o, c) for c in _OP_COLUMNS] for o in timeline.op_costs],
     }
     data["block_names"] = list(profile.block_names)
+    if profile.block_stacks:
+        data["block_stacks"] = list(profile.block_stacks)
     data["assumptions"] = [str(note) for note in profile.assumptions]
     data["memory_source"] = profile.memory_source.value
     data["cost_source"] = profile.cost_source.value
@@ -149,6 +151,7 @@ def load_profile(path: str | Path) -> Profile:
         values["modules"] = tuple(_module(record) for record in data["modules"])
         values["timeline"] = timeline
         values["block_names"] = tuple(data.get("block_names", ()))
+        values["block_stacks"] = tuple(int(n) for n in data.get("block_stacks", ()))
         values["assumptions"] = tuple(
             note_from_line(str(line)) for line in data.get("assumptions", ())
         )

@@ -239,10 +239,20 @@ def _sequential_blocks_container(profile: Profile) -> str | None:
     return parent
 
 
+def _stacks(profile: Profile) -> list[tuple[str, ...]]:
+    """The profile's blocks by stack (``Profile.block_stacks``; one stack when it is empty)."""
+    sizes = profile.block_stacks or (len(profile.block_names),)
+    starts = [sum(sizes[:index]) for index in range(len(sizes))]
+    return [
+        profile.block_names[start : start + size] for start, size in zip(starts, sizes, strict=True)
+    ]
+
+
 def baseline_plans(profile: Profile, budget_bytes: int = 0, *, every: int = 2) -> dict[str, Plan]:
     """The usual manual choices, as plans of the same type as the solver's:
 
-    ``none``; ``every-block``; ``every-2nd-block`` (blocks 0, 2, 4, ...; ``every`` sets k);
+    ``none``; ``every-block``; ``every-2nd-block`` (blocks 0, 2, 4, ... of each stack: an
+    encoder-decoder's encoder and decoder each start at their block 0; ``every`` sets k);
     ``every-block-POLICY``, one selective option (``save-matmuls``, ``torchtitan``, ...,
     ``nested``) on every block, for each option every block has; and ``sqrt-n-segments``,
     ``checkpoint_sequential`` over the blocks in round(sqrt(n)) segments, when the blocks
@@ -259,7 +269,15 @@ def baseline_plans(profile: Profile, budget_bytes: int = 0, *, every: int = 2) -
             profile, whole_blocks, budget_bytes, strategy="every-block", memory=memory
         ),
         every_kth: build_plan(
-            profile, whole_blocks[::every], budget_bytes, strategy=every_kth, memory=memory
+            profile,
+            [
+                Unit(block)
+                for stack in _stacks(profile)
+                for block in [name for name in stack if name in blocks][::every]
+            ],
+            budget_bytes,
+            strategy=every_kth,
+            memory=memory,
         ),
     }
     # The uniform selective baselines: one option on every block (torchtitan's usual
