@@ -175,3 +175,23 @@ def predicted_and_measured(path: Path, fractions: tuple[float, ...]) -> list[dic
             }
         )
     return rows
+
+
+# A tiny Mixtral as a config.json (what `--hf` reads), its experts run eagerly: memory
+# depends on routing, so plans assume one (--expert-load).
+TINY_EAGER_MIXTRAL = {
+    "model_type": "mixtral",
+    "architectures": ["MixtralForCausalLM"],
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 128,
+    "experts_implementation": "eager",  # each expert on the tokens routed to it
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}

@@ -42,6 +42,7 @@ from planner.plan.memory_model import MemoryModel
 from planner.plan.plan_file import load_plan, plan_from_dict, save_plan
 from planner.solve.planning import plan_for_budget
 from planner.solve.solver import lowest_peak
+from tests.hf_configs import TINY_EAGER_MIXTRAL
 
 DATA = Path(__file__).parent / "data"
 SMALL_GPT = DATA / "small_gpt.py"
@@ -488,24 +489,6 @@ def test_profile_and_verify_on_two_real_ranks(
     assert verified.stdout.count("bit-identical") == 2
 
 
-EAGER_MIXTRAL = {
-    "model_type": "mixtral",
-    "architectures": ["MixtralForCausalLM"],
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_local_experts": 4,
-    "num_experts_per_tok": 2,
-    "max_position_embeddings": 128,
-    "experts_implementation": "eager",  # each expert on the tokens routed to it
-    "bos_token_id": 0,
-    "eos_token_id": 0,
-}
-
-
 @pytest.mark.hf
 @pytest.mark.slow
 def test_an_eager_mixture_of_experts_rank_plan_checks_on_two_real_ranks(
@@ -520,7 +503,7 @@ def test_an_eager_mixture_of_experts_rank_plan_checks_on_two_real_ranks(
     from planner.pipeline import check_plan_on_ranks
 
     config = tmp_path / "mixtral-eager.json"
-    config.write_text(json.dumps(EAGER_MIXTRAL), encoding="utf-8")
+    config.write_text(json.dumps(TINY_EAGER_MIXTRAL), encoding="utf-8")
     layout = ParallelLayout(2, "fsdp2")  # type: ignore[arg-type]
     model_file = load_model_file(hf_workload(config, 2, 32, None))
     busier, balanced = (

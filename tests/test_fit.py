@@ -14,6 +14,7 @@ from planner.core.records import NoteTopic
 from planner.fit import fit_largest
 from planner.measure.workload import load_model_file, with_batch_size
 from planner.plan.plan_file import load_plan
+from tests.hf_configs import TINY_EAGER_MIXTRAL
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MIB = 2**20
@@ -150,24 +151,6 @@ def test_fit_for_a_target_device_leaves_its_plan_unchecked_and_says_so() -> None
         for note in result.planned.plan.notes
     )
     assert result.source == result.point(result.largest).source
-
-
-TINY_EAGER_MIXTRAL = {
-    "model_type": "mixtral",
-    "architectures": ["MixtralForCausalLM"],
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_local_experts": 4,
-    "num_experts_per_tok": 2,
-    "max_position_embeddings": 128,
-    "experts_implementation": "eager",  # each expert on the tokens routed to it
-    "bos_token_id": 0,
-    "eos_token_id": 0,
-}
 
 
 @pytest.mark.hf
