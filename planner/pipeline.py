@@ -41,7 +41,7 @@ from planner.core.errors import (
 )
 from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.parallel import ParallelLayout
-from planner.core.records import CostSource, MemorySource, Note, NoteTopic, Profile
+from planner.core.records import CostSource, MemorySource, Note, NoteTopic, Profile, Unit
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.measure.distributed import record_rank_memory
 from planner.measure.fake import FakeExecutionError, build_fake_workload
@@ -316,11 +316,15 @@ logger = logging.getLogger(__name__)
 
 
 def _probe_names(profile: Profile, plan: Plan) -> list[str]:
-    """The modules to try for recomputation: each wrapped module, and for
-    ``checkpoint_sequential`` the children it runs in checkpointed segments."""
+    """The modules to try for recomputation: each wrapped module (nested ones too), and for
+    ``checkpoint_sequential`` the children it runs in checkpointed segments; not an
+    offloaded module, which is never recomputed."""
     names: list[str] = []
-    for decision, unit in zip(plan.modules, plan.units, strict=True):
+    for decision in plan.modules:
+        if decision.method is CheckpointMethod.OFFLOAD:
+            continue
         if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
+            unit = Unit(decision.module_name, segments=decision.segments)
             names.extend(
                 child
                 for child in recomputed_modules(profile, unit)
