@@ -33,9 +33,13 @@ Design notes
   ends after it: the next block, or a layer inside it): windows so cut never overlap for
   the modules of one plan, so copies never share the link inside them, and what does not
   fit a window is paid (it delays at most the later copies, whose waits it bounds). A
-  call that no candidate follows has the rest of the step up to its own backward. The copy
-  back starts at the first unpack of its backward, which waits for it: all of it is paid.
-  Under :mod:`planner.apply.offload`'s copies (one side stream, in order) that is an
+  call that no candidate follows has the rest of the step up to the copy back. The copy
+  back starts at the backward of the module before it in backward order (the memory
+  model's point 8: the next block's backward) and is hidden by the compute from there to
+  the first unpack of its own backward, which waits for what is left of it; under the
+  ``offload-at-use`` option (or where no module runs between) it starts at that unpack and
+  is paid in full. Copies back have windows of their own too: each ends where the next
+  one starts. Under :mod:`planner.apply.offload`'s copies (one side stream, in order) that is an
   upper bound, at roofline op times, of the time the copies add to a step.
 """
 
@@ -61,7 +65,7 @@ from planner.core.records import (
     Unit,
     forward_totals_by_call,
 )
-from planner.plan.memory_model import NESTED, OFFLOAD, MemoryModel
+from planner.plan.memory_model import NESTED, OFFLOAD, OFFLOAD_AT_USE, OFFLOAD_OPTIONS, MemoryModel
 from planner.plan.policies import nested_recompute_ms
 
 __all__ = [
@@ -237,27 +241,39 @@ def offload_cost_ms(
     spec: DeviceSpec,
     op_ms: Callable[[OpCost], float],
     boundaries: Sequence[int],
+    option: str = OFFLOAD,
 ) -> float:
-    """What offloading a module costs on ``spec`` (all its calls): the transfer time the
-    compute does not hide, with ``op_ms`` the time of one recorded op and ``boundaries`` the
-    sorted forward-end events of every candidate's calls (see the module notes, "What
-    offloading costs")."""
+    """What offloading a module costs on ``spec`` (all its calls) under ``option``
+    (``offload``, prefetched, or ``offload-at-use``): the transfer time the compute does
+    not hide, with ``op_ms`` the time of one recorded op and ``boundaries`` the sorted
+    forward-end events of every candidate's calls (see the module notes, "What offloading
+    costs")."""
     if spec.host_link_bytes_per_s <= 0:
         raise ValueError(f"{spec.name} has no host link bandwidth: nothing can be offloaded")
     timeline = memory.timeline
     events = [op.event for op in timeline.op_costs]
+
+    def compute_ms(after: int, until: int) -> float:
+        """The time of the ops that run after event ``after``, up to event ``until``."""
+        low = bisect.bisect_right(events, after)
+        high = bisect.bisect_right(events, until)
+        return sum(op_ms(op) for op in timeline.op_costs[low:high])
+
     total = 0.0
-    for effect in memory.unit_effects(Unit(module_name, option=OFFLOAD)):
+    for effect in memory.unit_effects(Unit(module_name, option=option)):
         if not effect.host:
             continue
         transfer_ms = effect.host_bytes / spec.host_link_bytes_per_s * 1000.0
         end = timeline.calls[effect.call_index].forward_end_event
         later = bisect.bisect_right(boundaries, end)
         until = boundaries[later] if later < len(boundaries) else effect.recompute_event
-        low = bisect.bisect_right(events, end)
-        high = bisect.bisect_right(events, until)
-        window_ms = sum(op_ms(op) for op in timeline.op_costs[low:high])
-        total += max(0.0, transfer_ms - window_ms) + transfer_ms
+        copy_out_ms = max(0.0, transfer_ms - compute_ms(end, until))
+        copy_back_ms = transfer_ms
+        if effect.prefetch_event >= 0:
+            # Hidden by the backward from the prefetch to the first unpack of this call's.
+            window_ms = compute_ms(effect.prefetch_event - 1, effect.release_event - 1)
+            copy_back_ms = max(0.0, transfer_ms - window_ms)
+        total += copy_out_ms + copy_back_ms
     return total
 
 
@@ -294,9 +310,9 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
     )
 
     def option_ms(record: ModuleProfile, cost: OptionCost) -> float:
-        if cost.option == OFFLOAD:
+        if cost.option in OFFLOAD_OPTIONS:
             assert memory is not None
-            return offload_cost_ms(memory, record.module_name, spec, ms, boundaries)
+            return offload_cost_ms(memory, record.module_name, spec, ms, boundaries, cost.option)
         if cost.option == NESTED:
             return nested_recompute_ms(
                 record.module_name, cost.inner_modules, lambda name: by_module.get(name, 0.0)
@@ -310,7 +326,7 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         known = tuple(
             replace(cost, recompute_ms=option_ms(record, cost))
             for cost in record.options
-            if cost.option != OFFLOAD
+            if cost.option not in OFFLOAD_OPTIONS
         )
         if not (offloading and record.is_candidate):
             return known
@@ -318,13 +334,23 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         unit = Unit(record.module_name, option=OFFLOAD)
         if memory.host_bytes(unit) <= 0:
             return known
-        offload = OptionCost(
-            OFFLOAD,
-            offload_cost_ms(memory, record.module_name, spec, ms, boundaries),
-            0,
-            freed_bytes=memory.freed_bytes(unit),
+        # Prefetched, and, where that differs, at its own backward (less device memory
+        # during the backward before it, more time).
+        offloads = [OFFLOAD]
+        if memory.prefetch_module(unit) is not None:
+            offloads.append(OFFLOAD_AT_USE)
+        return (
+            *known,
+            *(
+                OptionCost(
+                    option,
+                    offload_cost_ms(memory, record.module_name, spec, ms, boundaries, option),
+                    0,
+                    freed_bytes=memory.freed_bytes(Unit(record.module_name, option=option)),
+                )
+                for option in offloads
+            ),
         )
-        return (*known, offload)
 
     modules = tuple(
         replace(
