@@ -17,6 +17,7 @@ from planner.apply import apply_plan, model_fingerprint, remove_plan, wrapped_mo
 from planner.apply.offload import HOST_MEMORY, PrefetchWatch
 from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.core.records import Profile, Unit
+from planner.core.units import format_bytes
 from planner.measure.fake import build_fake_workload
 from planner.measure.model_file import ModelFile
 from planner.measure.profiler import record_memory
@@ -725,3 +726,156 @@ def test_the_plan_check_passes_an_offloading_plan_measured_at_its_prediction() -
         check = check_plan(path, plan, device="cpu", reference=reference)
         assert check.passed and check.training_unchanged, reference
         assert check.measured_peak_bytes == plan.predicted_peak_bytes, reference
+
+
+# -- tradeoff, report and fit: the host bound and the host peak ------------------------------
+def test_tradeoff_takes_the_host_budget_and_shows_the_host_peak(
+    fast_link_profile: Profile, tmp_path: Path
+) -> None:
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+    from planner.plan.profile_file import save_profile
+
+    path = save_profile(fast_link_profile, tmp_path / "profile.json")
+
+    def tradeoff(*options: str) -> pd.DataFrame:
+        out = tmp_path / "tradeoff.csv"
+        result = CliRunner().invoke(
+            app, ["tradeoff", str(path), "--points", "6", "--csv", str(out), *options]
+        )
+        assert result.exit_code == 0, result.output
+        return pd.read_csv(out)
+
+    bounded = tradeoff("--host-budget", "2MiB")
+    assert "host_peak_mib" in bounded.columns
+    assert bounded["host_peak_mib"].max() == 2.0  # one block's 2 MiB, no more
+    assert bounded["how"].str.contains("offload").any()
+    free = tradeoff("--host-budget", "1GiB")
+    assert free["host_peak_mib"].max() > 2.0
+    # Without offloading the table is as it always was.
+    plain = tradeoff("--no-offload")
+    assert "host_peak_mib" not in plain.columns
+    assert not plain["how"].str.contains("offload").any()
+    result = CliRunner().invoke(
+        app, ["tradeoff", str(path), "--no-offload", "--host-budget", "1GB"]
+    )
+    assert result.exit_code == 2 and "--host-budget goes with --offload" in result.output
+
+
+def test_report_takes_the_host_budget_and_shows_the_host_peak(
+    fast_link_profile: Profile, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+    from planner.plan.profile_file import save_profile
+    from planner.report.frames import tradeoff_frame
+    from planner.report.summary import summary_markdown
+    from planner.solve.planning import baseline_plans, frontier, plan_for_budget
+
+    path = save_profile(fast_link_profile, tmp_path / "profile.json")
+    budget = str(fast_link_profile.measured_peak_bytes * 3 // 4)
+
+    def report(folder: str, *options: str) -> tuple[str, str]:
+        result = CliRunner().invoke(
+            app, ["report", str(path), "--budget", budget, "-o", str(tmp_path / folder), *options]
+        )
+        assert result.exit_code == 0, result.output
+        return result.output, (tmp_path / folder / "summary.md").read_text()
+
+    output, summary = report("bounded", "--host-budget", "2MiB")
+    line = "host memory the plan's offloaded tensors hold (predicted) | 2.00 MiB of a 2.00 MiB"
+    assert line in summary
+    assert "host memory (offloaded tensors): 2.00 MiB of a 2.00 MiB host budget" in output
+    assert (tmp_path / "bounded" / "tradeoff.png").stat().st_size > 0
+    # A plan that offloads nothing says nothing about host memory.
+    plain = plan_for_budget(
+        fast_link_profile, int(budget), solver=Solver(fast_link_profile, offload=False)
+    )[0]
+    assert "host memory" not in summary_markdown(fast_link_profile, plain, {})
+    # The frame behind the chart holds each plan's host peak.
+    solver = Solver(fast_link_profile, host_budget_bytes=2 * MIB)
+    sweep = frontier(fast_link_profile, 6, solver=solver)
+    data = tradeoff_frame(fast_link_profile, sweep, baseline_plans(fast_link_profile))
+    offloading = data[data["options"].str.contains("offload")]
+    assert len(offloading) and (offloading["host_peak_bytes"] == 2 * MIB).all()
+    assert (data[~data["options"].str.contains("offload")]["host_peak_bytes"] == 0).all()
+
+
+WIDE_MODEL = """
+import torch
+from torch import nn
+
+ROWS, WIDTH = 1024, 256
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(WIDTH, 2 * WIDTH)
+        self.down = nn.Linear(2 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+def build_model():
+    torch.manual_seed(0)
+    return nn.Sequential(*(Block() for _ in range(4)), nn.Linear(WIDTH, 1))
+
+
+def sample_batch(batch_size=1):
+    return torch.randn(batch_size * ROWS, WIDTH)
+
+
+def loss_fn(output, batch):
+    return output.pow(2).mean()
+"""
+
+
+def test_fit_takes_the_host_budget_and_shows_the_host_peak(tmp_path: Path) -> None:
+    """A device whose host link is fast enough that offloading is the cheapest answer: the
+    largest batch's plan offloads, within --host-budget; the table gets a host column."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+
+    model = tmp_path / "wide.py"
+    model.write_text(WIDE_MODEL)
+    spec = tmp_path / "link.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "linked",
+                "memory_bytes": 2**40,
+                "peak_flops_per_s": {"float32": 1e12},
+                "memory_bandwidth_bytes_per_s": 1e11,
+                "host_link_bytes_per_s": 1e13,
+            }
+        )
+    )
+
+    def fit(*options: str) -> tuple[str, Plan]:
+        out = tmp_path / "plan.json"
+        result = CliRunner().invoke(
+            app,
+            [
+                *("fit", str(model), "--budget", "40MiB", "--target", str(spec)),
+                *("--max-size", "2", "-o", str(out), *options),
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        return result.output, load_plan(out)
+
+    output, plan = fit("--host-budget", "1GiB")
+    assert plan.offloads and plan.host_budget_bytes == 2**30
+    assert 0 < plan.predicted_host_peak_bytes <= 2**30
+    assert "host memory" in output and format_bytes(plan.predicted_host_peak_bytes) in output
+    for options in (("--no-offload",), ("--host-budget", "1MiB")):
+        output, plain = fit(*options)
+        assert not plain.offloads, options
+        assert "host memory" not in output
