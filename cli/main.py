@@ -78,6 +78,19 @@ def _host_line(plan: Plan) -> str:
     return text
 
 
+def _measured_host_link(device: str, budget_bytes: int) -> float:
+    """The host link of the CUDA device here, measured now with copies that fit a quarter
+    of the budget (see `calibrate`); a line on stderr says what it found."""
+    from planner.measure.host_link import DEFAULT_COPY_BYTES, measure_host_link
+
+    link = measure_host_link(device, size_bytes=max(1, min(DEFAULT_COPY_BYTES, budget_bytes // 4)))
+    stderr.print(
+        f"host link of {link.device_name}: {link.bytes_per_s / 1e9:.1f} GB/s each way "
+        f"(measured; offloading is costed at it)"
+    )
+    return link.bytes_per_s
+
+
 def _report_folder(model_name: str) -> Path:
     """Where a command writes a report when not told: ``reports/<model name>/``."""
     return Path("reports") / model_name
@@ -162,6 +175,12 @@ def profile(
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec, device = target_and_device(target, device)
         host_budget_bytes = host_budget(host_budget_text, offload, spec)
+        # On a GPU here, offloading is costed at the host link measured now.
+        link_bytes_per_s = (
+            _measured_host_link(device.value, budget_bytes)
+            if offload and spec is None and device is Device.cuda and layout is None
+            else 0.0
+        )
         from planner.pipeline import profile_and_plan
         from planner.plan.plan_file import save_plan
         from planner.plan.profile_file import save_profile, save_profile_table
@@ -182,6 +201,7 @@ def profile(
                     expert_load=expert_load,
                     offload=offload,
                     host_budget_bytes=host_budget_bytes,
+                    host_link_bytes_per_s=link_bytes_per_s,
                 )
         except errors.InfeasibleBudgetError as error:
             # Keep what was measured: re-solving at a budget that fits needs no new profile.
@@ -700,6 +720,52 @@ def verify(
         if failures:
             raise errors.PlanCheckError("the plan failed verification: " + "; ".join(failures))
         stdout.print("verified: the plan fits its budget and leaves the training step unchanged")
+
+
+@app.command()
+def calibrate(
+    device: Annotated[
+        str, typer.Option("--device", help="The CUDA device to measure (cuda, cuda:1).")
+    ] = "cuda",
+    size: Annotated[
+        str, typer.Option("--size", help="Bytes per timed copy (units as for --budget).")
+    ] = "256MiB",
+    copies: Annotated[
+        int, typer.Option("--copies", min=1, help="Timed copies each way (the median is kept).")
+    ] = 5,
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="A device spec JSON (as --target takes) to write the measured link into "
+            "(host_link_bytes_per_s), for plans made for this GPU elsewhere.",
+            show_default=False,
+        ),
+    ] = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Measure the link between this CUDA device and pinned host memory, each way: what
+    offloaded tensors are copied at. `profile --device cuda` measures it itself (and then
+    offers offloading); --spec writes it into a device spec for --target."""
+    configure_logging(verbose)
+    size_bytes = parse_budget(size, "--size")
+    with errors_to_exit_codes(verbose):
+        from planner.measure.host_link import measure_host_link
+        from planner.plan.targets import check_spec_file, write_host_link
+
+        if spec is not None:
+            check_spec_file(spec)  # before measuring: a bad file is known at once
+        link = measure_host_link(device, size_bytes=size_bytes, copies=copies)
+        stdout.print(
+            f"host link of {link.device_name} ({link.device}), pinned host memory, median of "
+            f"{link.copies} copies of {format_bytes(link.size_bytes)}: to the device "
+            f"{link.to_device_bytes_per_s / 1e9:.1f} GB/s, to the host "
+            f"{link.to_host_bytes_per_s / 1e9:.1f} GB/s; host_link_bytes_per_s "
+            f"{link.bytes_per_s:.4g}"
+        )
+        if spec is not None:
+            write_host_link(spec, link.bytes_per_s)
+            stdout.print(f"wrote host_link_bytes_per_s into {spec}")
 
 
 @app.callback()

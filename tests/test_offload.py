@@ -879,3 +879,95 @@ def test_fit_takes_the_host_budget_and_shows_the_host_peak(tmp_path: Path) -> No
         output, plain = fit(*options)
         assert not plain.offloads, options
         assert "host memory" not in output
+
+
+# -- offloading on a CUDA device here: the host link measured ---------------------------------
+def test_a_measured_cuda_profile_is_offered_offload_at_the_measured_link(
+    offload_profile: Profile,
+) -> None:
+    """Times measured on a GPU here (relabelled: this machine has none) and a measured host
+    link: every candidate that moves something gets both offload options, costed at the
+    link with the measured step shared among the ops; a slower link costs more."""
+    from planner.core.errors import PlannerError
+    from planner.core.records import CostSource
+    from planner.plan.targets import with_offload_options
+
+    measured = dataclasses.replace(offload_profile, device="cuda", cost_source=CostSource.MEASURED)
+    fast = with_offload_options(measured, 1e11)
+    slow = with_offload_options(measured, 1e9)
+    transfer_ms = 2 * MIB / 1e9 * 1000
+    for profile in (fast, slow):
+        options = {cost.option: cost for cost in profile.module("blocks.0").options}
+        assert {"offload", "offload-at-use"} <= options.keys()
+        assert options["offload"].recompute_ms < options["offload-at-use"].recompute_ms
+        assert options["offload"].freed_bytes == 2 * MIB
+        assert any("host link measured here" in str(note) for note in profile.assumptions)
+    slow_cost = slow.module("blocks.0").option_cost("offload-at-use").recompute_ms
+    assert fast.module("blocks.0").option_cost("offload-at-use").recompute_ms < slow_cost
+    assert transfer_ms < slow_cost <= 2 * transfer_ms
+    # The solver takes them as any other option.
+    assert Solver(fast, host_budget_bytes=2 * MIB).lowest_peak()[1] < fast.measured_peak_bytes
+    with pytest.raises(PlannerError, match="measured on a CUDA device"):
+        with_offload_options(offload_profile, 1e11)  # roofline times
+    with pytest.raises(ValueError, match="positive"):
+        with_offload_options(measured, 0)
+
+
+def test_calibrate_needs_a_cuda_device_and_checks_the_spec_first(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["calibrate", "--device", "cpu"])
+    assert result.exit_code == 4 and "measured on a CUDA device" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    result = runner.invoke(app, ["calibrate", "--spec", str(tmp_path / "missing.json")])
+    assert result.exit_code == 2 and "give an existing device spec .json file" in result.output
+    if not torch.cuda.is_available():
+        result = runner.invoke(app, ["calibrate"])
+        assert result.exit_code == 4 and "no CUDA device is available" in result.output
+
+
+def test_a_measured_link_written_into_a_spec_file_is_read_back(tmp_path: Path) -> None:
+    import json
+
+    from planner.plan.targets import load_spec, write_host_link
+
+    path = tmp_path / "gpu.json"
+    fields = {
+        "name": "here",
+        "memory_bytes": 2**34,
+        "peak_flops_per_s": {"float32": 1e13},
+        "memory_bandwidth_bytes_per_s": 1e12,
+        "notes": ["kept"],
+    }
+    path.write_text(json.dumps(fields))
+    spec = write_host_link(path, 2.5e10)
+    assert spec.host_link_bytes_per_s == 2.5e10 == load_spec(str(path)).host_link_bytes_per_s
+    assert json.loads(path.read_text())["notes"] == ["kept"]
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_host_link_is_measured_and_a_profile_offers_offload(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+    from planner.measure.host_link import measure_host_link
+    from planner.pipeline import profile_model_file
+
+    link = measure_host_link("cuda", size_bytes=64 * MIB, copies=3)
+    assert link.bytes_per_s > 1e9 and link.copies == 3 and link.size_bytes == 64 * MIB
+    profile = profile_model_file(
+        offload_file(), device="cuda", host_link_bytes_per_s=link.bytes_per_s, timing_steps=1
+    )
+    options = {cost.option for cost in profile.module("blocks.0").options}
+    assert {"offload", "offload-at-use"} <= options
+    spec = tmp_path / "gpu.json"
+    spec.write_text(
+        '{"name": "here", "memory_bytes": 17179869184, "peak_flops_per_s": {"float32": 1e13},'
+        ' "memory_bandwidth_bytes_per_s": 1e12}'
+    )
+    result = CliRunner().invoke(app, ["calibrate", "--size", "64MiB", "--spec", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert "host_link_bytes_per_s" in spec.read_text()

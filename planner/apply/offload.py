@@ -249,8 +249,9 @@ class OffloadedCall:
         self.prefetch_at = prefetch_at
         # Triggers of the calls this one runs inside: fired at its first unpack.
         self._triggers = active_triggers()
-        # CUDA events the compute stream waits for before reading what came back.
-        self._arrivals: list[Any] = []
+        # (device, CUDA event): what the compute stream waits for before reading what came
+        # back.
+        self._arrivals: list[tuple[torch.device, Any]] = []
 
     def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
@@ -282,8 +283,8 @@ class OffloadedCall:
             self.prefetch()
         if self._arrivals:
             arrivals, self._arrivals = self._arrivals, []
-            for event in arrivals:
-                torch.cuda.current_stream(event.device).wait_event(event)
+            for device, event in arrivals:
+                torch.cuda.current_stream(device).wait_event(event)
         if saved.tensor is not None:
             return saved.tensor
         stored = saved.stored
@@ -333,7 +334,7 @@ class OffloadedCall:
         for device in devices:
             event = torch.cuda.Event()
             event.record(_side_stream(device))
-            self._arrivals.append(event)
+            self._arrivals.append((device, event))
 
 
 # -- prefetching at the backward of the module before, in backward order -----------------------

@@ -72,12 +72,15 @@ __all__ = [
     "BUILT_IN_SPECS",
     "DeviceSpec",
     "TargetSpecError",
+    "check_spec_file",
     "default_host_budget",
     "load_spec",
     "offload_cost_ms",
     "op_time_ms",
     "provisional_costs",
     "roofline_costs",
+    "with_offload_options",
+    "write_host_link",
 ]
 
 TERA = 10**12
@@ -207,6 +210,29 @@ def load_spec(name_or_path: str) -> DeviceSpec:
     return spec
 
 
+def check_spec_file(path: str | Path) -> Path:
+    """``path`` if it is a valid device spec .json file (not a built-in name), else
+    :class:`TargetSpecError`."""
+    source = Path(path)
+    if source.suffix != ".json" or not source.is_file():
+        raise TargetSpecError(f"--spec {source}: give an existing device spec .json file")
+    load_spec(str(source))
+    return source
+
+
+def write_host_link(path: str | Path, host_link_bytes_per_s: float) -> DeviceSpec:
+    """Set ``host_link_bytes_per_s`` in the device spec file at ``path`` (a measured link,
+    `ckpt-plan calibrate --spec`), keeping its other fields as written; atomically. Raises
+    :class:`TargetSpecError` where ``path`` is not a valid spec file. Returns the spec."""
+    from planner.core.fileio import atomic_write_text
+
+    source = check_spec_file(path)
+    data = json.loads(source.read_text(encoding="utf-8"))
+    data["host_link_bytes_per_s"] = float(host_link_bytes_per_s)
+    atomic_write_text(source, json.dumps(data, indent=2) + "\n")
+    return load_spec(str(source))
+
+
 def default_host_budget(spec: DeviceSpec | None) -> tuple[int, str]:
     """The host memory offloaded tensors may fill when not told: the spec's host memory
     where it gives one, else what this machine has free now; and where it came from."""
@@ -277,6 +303,91 @@ def offload_cost_ms(
     return total
 
 
+def _offload_options(
+    memory: MemoryModel,
+    module_name: str,
+    spec: DeviceSpec,
+    op_ms: Callable[[OpCost], float],
+    boundaries: Sequence[int],
+) -> tuple[OptionCost, ...]:
+    """A candidate's offload options on ``spec``: none where it moves nothing; prefetched,
+    and where that differs, at its own backward (less device memory during the backward
+    before it, more time)."""
+    unit = Unit(module_name, option=OFFLOAD)
+    if memory.host_bytes(unit) <= 0:
+        return ()
+    offloads = [OFFLOAD]
+    if memory.prefetch_module(unit) is not None:
+        offloads.append(OFFLOAD_AT_USE)
+    return tuple(
+        OptionCost(
+            option,
+            offload_cost_ms(memory, module_name, spec, op_ms, boundaries, option),
+            0,
+            freed_bytes=memory.freed_bytes(Unit(module_name, option=option)),
+        )
+        for option in offloads
+    )
+
+
+def _candidate_boundaries(profile: Profile) -> list[int]:
+    """The sorted forward-end events of every candidate's calls (where copy windows end)."""
+    candidates = {record.module_name for record in profile.candidates}
+    return sorted(
+        call.forward_end_event for call in profile.timeline.calls if call.module_name in candidates
+    )
+
+
+def with_offload_options(profile: Profile, host_link_bytes_per_s: float) -> Profile:
+    """A profile whose times were measured on a CUDA device here, with each candidate's
+    offload options costed for a host link of ``host_link_bytes_per_s`` (measured here:
+    :func:`planner.measure.host_link.measure_host_link`). The compute that hides a copy is
+    the measured step's time shared among its recorded ops by their roofline times on a
+    GPU's balance of FLOP/s to bandwidth (ops are not timed one by one)."""
+    from dataclasses import replace
+
+    if host_link_bytes_per_s <= 0:
+        raise ValueError(f"host_link_bytes_per_s must be positive, not {host_link_bytes_per_s}")
+    if profile.cost_source is not CostSource.MEASURED or device_type(profile.device) != "cuda":
+        raise PlannerError(
+            "a measured host link costs offloading only for times measured on a CUDA device "
+            f"(this profile: {profile.cost_source.value} times on {profile.device})"
+        )
+    ops = profile.timeline.op_costs
+    if not ops:
+        raise PlannerError("this profile has no recorded ops; re-profile to offload")
+    spec = replace(_PROVISIONAL_SPECS["cuda"], host_link_bytes_per_s=host_link_bytes_per_s)
+    total_ms = sum(op_time_ms(op.flops, op.bytes_moved, op.dtype, spec) for op in ops)
+    scale = profile.step_ms / total_ms if total_ms > 0 else 0.0
+
+    def ms(op: OpCost) -> float:
+        return op_time_ms(op.flops, op.bytes_moved, op.dtype, spec) * scale
+
+    memory = MemoryModel(profile.timeline)
+    boundaries = _candidate_boundaries(profile)
+    modules = tuple(
+        replace(
+            record,
+            options=(
+                *(cost for cost in record.options if cost.option not in OFFLOAD_OPTIONS),
+                *(
+                    _offload_options(memory, record.module_name, spec, ms, boundaries)
+                    if record.is_candidate
+                    else ()
+                ),
+            ),
+        )
+        for record in profile.modules
+    )
+    note = Note(
+        NoteTopic.TIMES,
+        f"offload copies at the host link measured here, {host_link_bytes_per_s / GIGA:.1f} "
+        "GB/s each way; the compute that hides them is the measured step shared among its "
+        "ops by their roofline times",
+    )
+    return replace(profile, modules=modules, assumptions=(*profile.assumptions, note))
+
+
 def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = False) -> Profile:
     """``profile`` with every module's forward time and the step time estimated for
     ``spec`` from the recorded ops. ``cost_source`` becomes ``roofline`` and ``target`` the
@@ -299,10 +410,7 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
     for index, call in enumerate(profile.timeline.calls):
         by_module[call.module_name] = by_module.get(call.module_name, 0.0) + by_call[index]
     offloading = spec.host_link_bytes_per_s > 0
-    candidates = {record.module_name for record in profile.candidates}
-    boundaries = sorted(
-        call.forward_end_event for call in profile.timeline.calls if call.module_name in candidates
-    )
+    boundaries = _candidate_boundaries(profile)
     memory = (
         MemoryModel(profile.timeline)
         if offloading or any(r.options for r in profile.modules)
@@ -331,26 +439,7 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         if not (offloading and record.is_candidate):
             return known
         assert memory is not None
-        unit = Unit(record.module_name, option=OFFLOAD)
-        if memory.host_bytes(unit) <= 0:
-            return known
-        # Prefetched, and, where that differs, at its own backward (less device memory
-        # during the backward before it, more time).
-        offloads = [OFFLOAD]
-        if memory.prefetch_module(unit) is not None:
-            offloads.append(OFFLOAD_AT_USE)
-        return (
-            *known,
-            *(
-                OptionCost(
-                    option,
-                    offload_cost_ms(memory, record.module_name, spec, ms, boundaries, option),
-                    0,
-                    freed_bytes=memory.freed_bytes(Unit(record.module_name, option=option)),
-                )
-                for option in offloads
-            ),
-        )
+        return (*known, *_offload_options(memory, record.module_name, spec, ms, boundaries))
 
     modules = tuple(
         replace(
