@@ -348,7 +348,9 @@ _active: list[PrefetchTrigger | None] = []
 
 def wait_for(module: torch.nn.Module, call: OffloadedCall) -> None:
     """Have ``call``'s copy back start at the backward of ``module``'s next forward call."""
-    _waiting.setdefault(module, []).append(weakref.ref(call))
+    waiting = [reference for reference in _waiting.get(module, ()) if reference() is not None]
+    # (Calls whose graph died before their trigger module ran again are dropped here.)
+    _waiting[module] = [*waiting, weakref.ref(call)]
 
 
 def active_triggers() -> tuple[PrefetchTrigger, ...]:
