@@ -7,11 +7,11 @@ hold are sorted: the module's inputs and outputs (alive outside it anyway), the 
 parameters and buffers, storages below the plan's size threshold and storages viewed in
 more than one dtype stay on the device; every other storage is copied, whole, to a host
 buffer, and the handles let go of the device storage, which dies (autograd held it only
-through them). The first unpack of any of the call's handles in backward brings every
-storage of the call back (each into one new device storage of the same size, the views
-rebuilt with their sizes, strides and offsets): so the values backward reads are the
-forward's, bit for bit, and the device holds them again from the module's backward on, as
-without the plan.
+through them). Every storage of the call comes back (each into one new device storage of the
+same size, the views rebuilt with their sizes, strides and offsets) at the backward of the
+module the plan prefetches it at (see "Prefetched one module early"), or else at the first
+unpack of any of the call's handles: so the values backward reads are the forward's, bit for
+bit, and the device holds them again from then on, as without the plan.
 
 Design notes
 ------------
