@@ -381,6 +381,14 @@ def test_a_plan_that_offloads_is_schema_2_and_reads_back(tmp_path: Path) -> None
     assert loaded.host_budget_bytes == 10**9 and loaded.predicted_host_peak_bytes == 2 * MIB
     plain = save_plan(make_plan(model, ModuleDecision("blocks.1")), tmp_path / "plain.json")
     assert '"schema_version": 1' in plain.read_text()
+    assert "prefetch_module" not in plain.read_text() + path.read_text()
+    # Without prefetch_module (and in plans written before it) a decision copies back at its
+    # own backward: the offload-at-use unit; with it, the prefetched offload unit.
+    assert loaded.units == (Unit("blocks.1", option="offload-at-use"),)
+    prefetching = make_plan(model, offload("blocks.1", prefetch="blocks.2"))
+    again = load_plan(save_plan(prefetching, tmp_path / "prefetch.json"))
+    assert again.modules == prefetching.modules
+    assert again.units == (Unit("blocks.1", option="offload"),)
 
 
 @pytest.mark.cuda
