@@ -282,6 +282,24 @@ class StorageWatcher(TorchDispatchMode):
             reached_bytes=self.current_bytes,
         )
 
+    def charge_transient(self, size_bytes: int) -> int:
+        """Count ``size_bytes`` made and freed at once, at this point of the region: memory
+        no tensor shows (a CUDA kernel's scratch, :mod:`planner.measure.kernel_scratch`). It
+        takes part in the peak and in :meth:`on_alloc` and :meth:`on_free`, never in the
+        limit (it is modelled, not allocated here). Returns its index."""
+        index = self._next_index
+        self._next_index += 1
+        self.current_bytes += size_bytes
+        self._event += 1
+        if self.current_bytes > self.peak_bytes:
+            self.peak_bytes = self.current_bytes
+            self._peak_event = self._event
+        self.on_alloc(index, size_bytes, StorageKind.ACTIVATION)
+        self.current_bytes -= size_bytes
+        self._event += 1
+        self.on_free(index)
+        return index
+
     def add_existing(self, tensors_by_kind: Mapping[StorageKind, Iterable[torch.Tensor]]) -> None:
         for kind, tensors in tensors_by_kind.items():
             for tensor in tensors:
