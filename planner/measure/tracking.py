@@ -455,6 +455,9 @@ class PeakMemoryTracker:
     (data the caller holds, such as a data set a training run indexes); the caller keeps
     them alive. ``host_peak_bytes``: the most host memory offloaded saved tensors held at
     once in the region (:data:`planner.apply.offload.HOST_MEMORY`), apart from the device's.
+    ``reserved_peak_bytes`` (CUDA; None elsewhere): the most memory the caching allocator
+    held reserved from the driver in the region (``torch.cuda.max_memory_reserved()``),
+    which is what runs out (:mod:`planner.core.allocator`).
     """
 
     def __init__(
@@ -473,6 +476,7 @@ class PeakMemoryTracker:
         self.peak_bytes = 0
         self.start_bytes = 0
         self.host_peak_bytes = 0
+        self.reserved_peak_bytes: int | None = None
         self.peak_held_by_other_threads = False
 
     def __enter__(self) -> PeakMemoryTracker:
@@ -503,6 +507,7 @@ class PeakMemoryTracker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+            self.reserved_peak_bytes = torch.cuda.max_memory_reserved(self.device)
         else:
             assert self._watcher is not None
             self._watcher.__exit__(*exc)
