@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from planner.core.allocator import ALLOCATOR_ASSUMPTION
 from planner.measure.kernel_scratch import KernelScratch, scratch_bytes
 from planner.measure.tracking import allocated_bytes
 from planner.plan.memory_model import MemoryModel
@@ -167,3 +168,8 @@ def test_the_gpt_plan_that_went_over_is_now_seen_over_its_budget() -> None:
     plan, _ = plan_for_budget(whole, budget)
     assert plan.predicted_peak_bytes <= budget
     assert sorted(plan.module_names) != sorted(went_over)
+    # The plan says what it assumed: the scratch charged and the allocator's setting.
+    notes = [note.text for note in plan.assumptions]
+    assert ALLOCATOR_ASSUMPTION in notes
+    (scratch,) = [text for text in notes if "kernels' scratch" in text]
+    assert "sum x24 (up to 4.00 MiB)" in scratch
