@@ -14,12 +14,16 @@ Prints one table per model and writes reports/benchmarks/cuda_gaps.md.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# The allocator setting CUDA plans assume (planner.core.allocator), before torch starts CUDA;
+# run with PYTORCH_CUDA_ALLOC_CONF= (empty) to measure the default allocator instead.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
@@ -142,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
     arguments = parser.parse_args(argv)
-    header = f"Measured on {torch.cuda.get_device_name()}, torch {torch.__version__}.\n\n"
+    header = (
+        f"Measured on {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}.\n\n"
+    )
     text = header + "\n".join(run(name, MODELS[name]) for name in arguments.models)
     arguments.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(arguments.out / "cuda_gaps.md", text)

@@ -24,6 +24,7 @@ Writes reports/benchmarks/cuda_plans.csv and .md.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -33,6 +34,9 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# The allocator setting CUDA plans assume (planner.core.allocator), before torch starts CUDA;
+# run with PYTORCH_CUDA_ALLOC_CONF= (empty) to measure the default allocator instead.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 from benchmarks.common import markdown_table  # noqa: E402
 from planner.apply import apply_plan  # noqa: E402
@@ -116,6 +120,7 @@ def run_model(name: str, path: Path, spec_name: str, repeats: int) -> list[dict[
                 "modules": len(plan.modules),
                 "plan_predicted_mib": round(plan.predicted_peak_bytes / MIB, 2),
                 "plan_measured_mib": round(against_unplanned.measured_peak_bytes / MIB, 2),
+                "plan_reserved_mib": round((against_unplanned.reserved_peak_bytes or 0) / MIB, 2),
                 "plan_error_pct": round(
                     100
                     * (plan.predicted_peak_bytes - against_unplanned.measured_peak_bytes)
@@ -156,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     arguments.out.mkdir(parents=True, exist_ok=True)
     with atomic_path(arguments.out / "cuda_plans.csv") as temp_path:
         frame.to_csv(temp_path, index=False)
-    header = f"Measured on {torch.cuda.get_device_name()}, torch {torch.__version__}.\n\n"
+    header = (
+        f"Measured on {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}.\n\n"
+    )
     atomic_write_text(arguments.out / "cuda_plans.md", header + markdown_table(frame) + "\n")
     print(markdown_table(frame))
     return 0

@@ -309,6 +309,15 @@ def print_verification(result: Any) -> None:
             f"(measured differs by {result.prediction_error:+.2%})",
         ),
     ]
+    if (reserved := check.reserved) is not None:
+        rows.append(
+            (
+                "reserved with plan (measured)",
+                f"{format_bytes(reserved.reserved_peak_bytes)} "
+                + ("<=" if reserved.reserved_over_bytes == 0 else "OVER")
+                + f" budget {format_bytes(plan.budget_bytes)} (the caching allocator's segments)",
+            )
+        )
     if check.unplanned_peak_bytes is not None:
         rows.append(("unplanned peak (measured)", format_bytes(check.unplanned_peak_bytes)))
     table = Table(

@@ -515,7 +515,9 @@ def test_the_emulated_cuda_step_with_offload_peaks_where_predicted() -> None:
         (("blocks.0@offload", "blocks.1@offload", "blocks.2@offload"), 0),
         (("blocks.0@offload", "blocks.1@offload", "blocks.2@offload-at-use"), 0),
         (("blocks.0@offload-at-use", "blocks.1@offload", "blocks.2.attention"), 0),
-        (("blocks.0@offload", "blocks.1", "blocks.2@offload"), 512),  # see PLANS
+        # See PLANS: here the model's held tensors (66 KiB) meet the bias gradient's
+        # reduction scratch (2 MiB, planner.measure.kernel_scratch) instead of its 512 bytes.
+        (("blocks.0@offload", "blocks.1", "blocks.2@offload"), 67584),
         (("blocks.0@offload", "blocks.1.attention@save-matmuls", "blocks.2.attention"), 0),
     ]
     for names, slack in emulated:

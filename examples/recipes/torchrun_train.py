@@ -22,6 +22,8 @@ or FSDP2 x TP (CPU: gloo; GPUs: NCCL, one per rank).
    checkpointed block's recomputation then runs inside FSDP's hooks, with its parameters
    gathered, and TP's hooks stay outside the recomputed forward, as they were planned.
 3. Train with the loop the plan was made for (plain: ``zero_grad`` before the forward).
+   On GPUs, launch with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, as every CUDA
+   plan assumes (``apply_plan`` warns once, saying so, where it is not set).
 
 The model (``--model``; default: the one the plan records, else ``examples/gpt.py``) is the
 one the plan was made for: a model file, or a Hugging Face workload (``--hf CONFIG``: the plan

@@ -48,6 +48,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from planner.apply.cuda_allocator import warn_if_allocator_differs
 from planner.apply.guard import FirstForwardGuard
 from planner.apply.locate import check_world_size, planned_model
 from planner.apply.observe import Region, observed
@@ -350,6 +351,11 @@ def apply_plan(
     layout (sharded by FSDP2 or not, inside DDP or not;
     :func:`~planner.apply.locate.layout_mismatch`): a rank's memory is not what the plan was
     made for.
+
+    A CUDA plan assumes the caching allocator runs with
+    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (:mod:`planner.core.allocator`);
+    where CUDA is here and it does not, one warning says what to set
+    (:func:`~planner.apply.cuda_allocator.warn_if_allocator_differs`).
     """
     plan = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
     check_world_size(plan)
@@ -453,4 +459,5 @@ def apply_plan(
     FirstForwardGuard.remove(planned)
     if guard:
         FirstForwardGuard.install(planned, plan)
+    warn_if_allocator_differs(plan, planned)
     return model

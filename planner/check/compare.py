@@ -188,6 +188,7 @@ def _run_check(
         return PlanCheck(
             budget_bytes=plan_value.budget_bytes,
             measured_peak_bytes=planned.peak_bytes,
+            reserved_peak_bytes=planned.reserved_peak_bytes,
             unplanned_peak_bytes=None,
             loss_equal=None,
             gradients_equal=None,
@@ -232,6 +233,7 @@ def _run_check(
     return PlanCheck(
         budget_bytes=plan_value.budget_bytes,
         measured_peak_bytes=planned.peak_bytes,
+        reserved_peak_bytes=planned.reserved_peak_bytes,
         unplanned_peak_bytes=reference_run.peak_bytes,
         loss_equal=loss_equal,
         gradients_equal=gradients_equal,

@@ -7,6 +7,8 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from planner.core.allocator import ReservedVerdict, reserved_verdict
+
 __all__ = ["CheckReference", "Difference", "DifferenceKind", "PlanCheck"]
 
 
@@ -101,10 +103,23 @@ class PlanCheck:
     recompute_mismatches: tuple[str, ...] = field(default_factory=tuple)
     # For each of ``recompute_mismatches``, in order: where its recomputation first differed.
     mismatch_reasons: tuple[Difference, ...] = field(default_factory=tuple)
+    # CUDA: the planned step's reserved peak (the caching allocator's segments: what runs
+    # out of memory; planner.core.allocator). None where not measured (CPU).
+    reserved_peak_bytes: int | None = None
 
     @property
     def within_budget(self) -> bool:
+        """The allocated peak (``max_memory_allocated``: the budget's meaning) fits."""
         return self.measured_peak_bytes <= self.budget_bytes
+
+    @property
+    def reserved(self) -> ReservedVerdict | None:
+        """The reserved peak against the budget, where it was measured."""
+        if self.reserved_peak_bytes is None:
+            return None
+        return reserved_verdict(
+            self.measured_peak_bytes, self.reserved_peak_bytes, self.budget_bytes
+        )
 
     @property
     def training_unchanged(self) -> bool:

@@ -18,6 +18,12 @@ from planner.apply.tensors import describe_batch
 from planner.check.compare import check_plan
 from planner.check.ranks import RanksCheck, check_plan_on_ranks
 from planner.check.result import CheckReference, Difference, DifferenceKind, PlanCheck
+from planner.core.allocator import (
+    ALLOCATOR_SETTING,
+    ALLOCATOR_VARIABLE,
+    ReservedVerdict,
+    missing_setting_warning,
+)
 from planner.core.devices import device_type
 from planner.core.errors import ModelFileError, PlanMismatchError, PlannerError
 from planner.core.units import format_bytes
@@ -26,7 +32,13 @@ from planner.measure.source import WorkloadSource
 from planner.measure.workload import load_model_file
 from planner.plan.plan_file import Plan, load_plan
 
-__all__ = ["Verification", "batch_mismatch_warning", "format_batch", "verify_plan"]
+__all__ = [
+    "Verification",
+    "batch_mismatch_warning",
+    "format_batch",
+    "reserved_failure",
+    "verify_plan",
+]
 
 WarningCallback = Callable[[str], None]
 """Called with each one-line warning once the check has run (unless the plan turned out to be
@@ -48,7 +60,10 @@ class Verification:
 
     @property
     def passed(self) -> bool:
-        return self.check.passed
+        """Training unchanged, and both the allocated and (CUDA) the reserved peak within
+        the budget: an out-of-memory error comes from reserved memory."""
+        reserved = self.check.reserved
+        return self.check.passed and (reserved is None or reserved.within_budget)
 
     @property
     def prediction_error(self) -> float:
@@ -93,7 +108,21 @@ class Verification:
                 f"the measured peak {format_bytes(check.measured_peak_bytes)} is "
                 f"{format_bytes(over)} over the budget {format_bytes(check.budget_bytes)}"
             )
+        if (reserved := check.reserved) is not None and reserved.reserved_over_bytes:
+            found.append(reserved_failure(reserved))
         return tuple(found)
+
+
+def reserved_failure(reserved: ReservedVerdict) -> str:
+    """The failure for a CUDA step whose reserved peak passed the budget."""
+    return (
+        f"the caching allocator's reserved peak {format_bytes(reserved.reserved_peak_bytes)} is "
+        f"{format_bytes(reserved.reserved_over_bytes)} over the budget "
+        f"{format_bytes(reserved.budget_bytes)} (allocated peak "
+        f"{format_bytes(reserved.allocated_peak_bytes)}): run with "
+        f"{ALLOCATOR_VARIABLE}={ALLOCATOR_SETTING}, as the plan assumes, or plan for a lower "
+        "budget"
+    )
 
 
 def _of_kind(differences: tuple[Difference, ...], kind: DifferenceKind) -> list[Difference]:
@@ -208,6 +237,13 @@ def verify_plan(
             f"the plan was made on {plan.device} and is run on {target}: its predicted peak "
             "is for the other device"
         )
+    if device_type(target) == "cuda":
+        from planner.apply.cuda_allocator import allocator_settings
+
+        # The check runs in a child process, which inherits this one's allocator settings.
+        allocator_warning = missing_setting_warning(allocator_settings())
+        if allocator_warning:
+            warnings.append(allocator_warning)
 
     def report_warnings() -> None:
         for warning in warnings:

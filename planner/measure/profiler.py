@@ -37,6 +37,7 @@ import torch
 
 from planner.apply import model_fingerprint
 from planner.apply.tensors import describe_batch
+from planner.core.allocator import ALLOCATOR_ASSUMPTION
 from planner.core.devices import device_type
 from planner.core.errors import ProfilingError
 from planner.core.records import (
@@ -59,6 +60,7 @@ from planner.core.switches import StepSwitches
 from planner.core.text import and_more
 from planner.measure.candidates import _is_torch_layer, find_block_stacks
 from planner.measure.clock import Clock, _time_forward
+from planner.measure.kernel_scratch import KernelScratch
 from planner.measure.recorder import _record_step
 from planner.measure.tracking import (
     PeakMemoryTracker,
@@ -231,6 +233,9 @@ def record_memory(
     recording does not count when an op returns a view of them: ``bucket_bytes`` counts them."""
     running = session.running if session is not None else contextlib.nullcontext
     device_type = session.device_type if session is not None else workload.device.type
+    charged_as = charge_as or device_type
+    # A CUDA step: each kernel's scratch is charged at its op (planner.measure.kernel_scratch).
+    scratch = KernelScratch() if charged_as == "cuda" else None
     around = around_steps if around_steps is not None else (lambda: contextlib.nullcontext(()))
     with running(), around() as held:
         for step in range(warmup_steps):
@@ -253,12 +258,13 @@ def record_memory(
         timeline, measured_peak = _record_step(
             workload,
             seed=seed,
-            charge_as=charge_as or device_type,
+            charge_as=charged_as,
             ignore=(
                 *(session.host_tensors(workload.optimizer) if session is not None else ()),
                 *held,
             ),
             limit_bytes=limit_bytes,
+            scratch=scratch,
         )
     if workspace_bytes:
         timeline = _with_resident(timeline, workspace_bytes, StorageKind.WORKSPACE)
@@ -275,7 +281,13 @@ def record_memory(
         memory_source=MemorySource.FAKE if session is not None else MemorySource.REAL,
         cost_source=CostSource.NONE,
         device=str(torch.device(device_type)) if session is not None else str(workload.device),
-        assumptions=general_notes(session.assumptions) if session is not None else (),
+        assumptions=general_notes(
+            (
+                *(session.assumptions if session is not None else ()),
+                *(scratch.assumptions() if scratch is not None else ()),
+                *((ALLOCATOR_ASSUMPTION,) if charged_as == "cuda" else ()),
+            )
+        ),
         switches=StepSwitches(
             caches_off=workload.caches_off,
             expert_load=session.expert_load_used if session is not None else None,

@@ -25,6 +25,7 @@ from planner.core.records import (
     StorageKind,
     StorageLifetime,
 )
+from planner.measure.kernel_scratch import KernelScratch
 from planner.measure.tracking import (
     StorageWatcher,
     iter_tensors,
@@ -62,9 +63,11 @@ class TimelineRecorder(StorageWatcher):
         *,
         charge_as: str | None = None,
         limit_bytes: int | None = None,
+        scratch: KernelScratch | None = None,
     ) -> None:
         super().__init__(workload.device.type, charge_as=charge_as, limit_bytes=limit_bytes)
         self.workload = workload
+        self.scratch = scratch
         self._op_costs: list[OpCost] = []
         self.event = 0
         # index -> size, event, call, kind
@@ -111,6 +114,10 @@ class TimelineRecorder(StorageWatcher):
             for fresh in self._fresh:
                 self._alloc_op[fresh] = cost.op
             self._fresh.clear()
+            # The kernel's scratch: alive with the outputs while the op runs, none of them.
+            scratch = self.scratch.charge(func, args, kwargs, outputs) if self.scratch else 0
+            if scratch:
+                self._fresh.remove(self.charge_transient(scratch))
         written = [
             index
             for tensor in written_arguments(func, args, kwargs)
@@ -385,9 +392,11 @@ def _record_step(
     charge_as: str | None = None,
     ignore: tuple[torch.Tensor, ...] = (),
     limit_bytes: int | None = None,
+    scratch: KernelScratch | None = None,
 ) -> tuple[MemoryTimeline, int]:
     """Run one instrumented step; return its timeline and the tracker's measured peak.
-    ``ignore``: tensors not on the planned device (see ``FakeSession.host_tensors``)."""
+    ``ignore``: tensors not on the planned device (see ``FakeSession.host_tensors``).
+    ``scratch``: charge each op's CUDA kernel scratch as a transient storage."""
     if workload.loop.gradients_in_forward and all(
         parameter.grad is None for parameter in workload.model.parameters()
     ):
@@ -395,7 +404,9 @@ def _record_step(
             "internal error: the step of this loop shape starts with gradients in place, "
             "but none exist: run a warm-up step before recording it"
         )
-    recorder = TimelineRecorder(workload, charge_as=charge_as, limit_bytes=limit_bytes)
+    recorder = TimelineRecorder(
+        workload, charge_as=charge_as, limit_bytes=limit_bytes, scratch=scratch
+    )
     recorder.ignore(ignore)
     with recorder:
         run_training_step(workload, seed=seed, phase_ended=recorder.mark_phase_end)

@@ -37,6 +37,8 @@ class StepMeasurement:
     buffers: dict[str, torch.Tensor]
     peak_held_by_other_threads: bool = False
     host_peak_bytes: int = 0
+    # CUDA: the caching allocator's reserved peak (None on other devices).
+    reserved_peak_bytes: int | None = None
 
 
 def measure_step(
@@ -108,4 +110,5 @@ def measure_step(
         buffers=buffers,
         peak_held_by_other_threads=tracker.peak_held_by_other_threads,
         host_peak_bytes=tracker.host_peak_bytes,
+        reserved_peak_bytes=tracker.reserved_peak_bytes,
     )

@@ -282,6 +282,24 @@ class StorageWatcher(TorchDispatchMode):
             reached_bytes=self.current_bytes,
         )
 
+    def charge_transient(self, size_bytes: int) -> int:
+        """Count ``size_bytes`` made and freed at once, at this point of the region: memory
+        no tensor shows (a CUDA kernel's scratch, :mod:`planner.measure.kernel_scratch`). It
+        takes part in the peak and in :meth:`on_alloc` and :meth:`on_free`, never in the
+        limit (it is modelled, not allocated here). Returns its index."""
+        index = self._next_index
+        self._next_index += 1
+        self.current_bytes += size_bytes
+        self._event += 1
+        if self.current_bytes > self.peak_bytes:
+            self.peak_bytes = self.current_bytes
+            self._peak_event = self._event
+        self.on_alloc(index, size_bytes, StorageKind.ACTIVATION)
+        self.current_bytes -= size_bytes
+        self._event += 1
+        self.on_free(index)
+        return index
+
     def add_existing(self, tensors_by_kind: Mapping[StorageKind, Iterable[torch.Tensor]]) -> None:
         for kind, tensors in tensors_by_kind.items():
             for tensor in tensors:
@@ -437,6 +455,9 @@ class PeakMemoryTracker:
     (data the caller holds, such as a data set a training run indexes); the caller keeps
     them alive. ``host_peak_bytes``: the most host memory offloaded saved tensors held at
     once in the region (:data:`planner.apply.offload.HOST_MEMORY`), apart from the device's.
+    ``reserved_peak_bytes`` (CUDA; None elsewhere): the most memory the caching allocator
+    held reserved from the driver in the region (``torch.cuda.max_memory_reserved()``),
+    which is what runs out (:mod:`planner.core.allocator`).
     """
 
     def __init__(
@@ -455,6 +476,7 @@ class PeakMemoryTracker:
         self.peak_bytes = 0
         self.start_bytes = 0
         self.host_peak_bytes = 0
+        self.reserved_peak_bytes: int | None = None
         self.peak_held_by_other_threads = False
 
     def __enter__(self) -> PeakMemoryTracker:
@@ -485,6 +507,7 @@ class PeakMemoryTracker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+            self.reserved_peak_bytes = torch.cuda.max_memory_reserved(self.device)
         else:
             assert self._watcher is not None
             self._watcher.__exit__(*exc)
