@@ -183,6 +183,20 @@ def _laid_out_workload(model_path: str, plan: Plan, *, planned: bool, device: st
 
     assert plan.parallel is not None
     workload = build_workload(load_model_file(model_path), device=device, seed=seed, loop=plan.loop)
+    pipeline = plan.parallel.pipeline
+    if pipeline is not None:
+        # A stage is made first, the plan applied to it, then its schedule (the recipe's
+        # order); one stage per rank.
+        import torch.distributed as dist
+
+        from planner.measure.pipeline_stage import pipeline_stage, split_into_stage
+
+        stage = dist.get_rank()
+        boundaries = split_into_stage(workload, pipeline, stage)
+        if planned:
+            apply_plan(workload.model, plan)
+        pipeline_stage(workload, pipeline, stage, boundaries)
+        return workload, workload.model, [], 0
     if planned:
         apply_plan(workload.model, plan)
     parallelized(workload, plan.parallel)
@@ -312,11 +326,12 @@ def run_rank(
             _allocator_peak(model_path, plan, device=device, seed=seed) if cross_check else None
         )
     steps = compare_steps(unplanned, planned)
+    own = plan.stage_plan(rank) if plan.stages else plan  # a pipeline: this rank's stage
     return RankCheck(
         rank=rank,
         allocator_peak_bytes=allocator_peak,
-        budget_bytes=plan.budget_bytes,
-        predicted_peak_bytes=plan.predicted_peak_bytes,
+        budget_bytes=own.budget_bytes,
+        predicted_peak_bytes=own.predicted_peak_bytes,
         measured_peak_bytes=peak,
         unplanned_peak_bytes=unplanned_peak,
         loss_equal=steps.loss_equal,

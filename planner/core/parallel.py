@@ -33,7 +33,14 @@ from typing import Any
 
 from planner.core.errors import ParallelLayoutError
 
-__all__ = ["ParallelLayout", "ParallelStrategy", "parallel_from_dict", "parallel_to_dict"]
+__all__ = [
+    "ParallelLayout",
+    "ParallelStrategy",
+    "PipelineLayout",
+    "PipelineSchedule",
+    "parallel_from_dict",
+    "parallel_to_dict",
+]
 
 
 class ParallelStrategy(str, enum.Enum):
@@ -45,6 +52,67 @@ class ParallelStrategy(str, enum.Enum):
     """``fully_shard``: parameters, gradients and optimizer state sharded over the ranks."""
     TP = "tp"
     """Tensor parallelism alone: every rank in one TP group, no data-parallel dimension."""
+    PP = "pp"
+    """Pipeline stages alone: rank ``s`` holds stage ``s`` (:class:`PipelineLayout`)."""
+
+
+class PipelineSchedule(str, enum.Enum):
+    """The ``torch.distributed.pipelining`` schedule a pipeline runs its micro-batches in."""
+
+    ONE_F_ONE_B = "1f1b"
+    """``Schedule1F1B``: stage ``s`` of ``S`` runs ``min(M, S - s)`` forwards, then
+    alternates one backward and one forward: that many micro-batches in flight."""
+    GPIPE = "gpipe"
+    """``ScheduleGPipe``: every forward, then every backward: ``M`` in flight on each stage."""
+
+
+@dataclass(frozen=True)
+class PipelineLayout:
+    """A pipeline of ``stages`` stages running ``microbatches`` micro-batches per step in
+    ``schedule``; ``stage``: the one stage a profile or a stage's plan is for (None: the
+    whole pipeline, a plan holding every stage's). Pure data (docs/distributed.md,
+    "Pipeline stages")."""
+
+    stages: int
+    microbatches: int
+    schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    stage: int | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "schedule", PipelineSchedule(self.schedule))
+        except ValueError:
+            choices = ", ".join(choice.value for choice in PipelineSchedule)
+            raise ParallelLayoutError(
+                f"the pipeline schedule must be one of {choices}, not {self.schedule!r} "
+                "(interleaved-1f1b is not planned yet: it puts several stages on one rank)"
+            ) from None
+        for name in ("stages", "microbatches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ParallelLayoutError(
+                    f"the pipeline's {name} must be a whole number >= 1, not {value!r}"
+                )
+        if self.stages < 2:
+            raise ParallelLayoutError("a pipeline has at least 2 stages (--pp 2 or more)")
+        if self.stage is not None and not 0 <= self.stage < self.stages:
+            raise ParallelLayoutError(
+                f"stage {self.stage} is not one of the pipeline's {self.stages} stages"
+            )
+
+    def in_flight(self, stage: int) -> int:
+        """How many micro-batches' activations stage ``stage`` holds at most: 1F1B's warm-up
+        forwards, ``min(M, S - stage)``; GPipe's, all ``M``."""
+        if self.schedule is PipelineSchedule.GPIPE:
+            return self.microbatches
+        return min(self.microbatches, self.stages - stage)
+
+    def describe(self) -> str:
+        which = f"stage {self.stage} of " if self.stage is not None else ""
+        return (
+            f"{which}{self.stages} pipeline stages, {self.microbatches} micro-batches, "
+            f"{self.schedule.value}"
+        )
 
 
 # The device mesh's dimension names, by the number of data-parallel dimensions; a TP
@@ -68,6 +136,7 @@ class ParallelLayout:
     strategy: ParallelStrategy
     mesh_shape: tuple[int, ...] = ()
     tp: int = 1
+    pipeline: PipelineLayout | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -89,6 +158,19 @@ class ParallelLayout:
             raise ParallelLayoutError(
                 f"the tensor-parallel degree must be a whole number >= 1, not {self.tp!r}"
             )
+        if (self.strategy is ParallelStrategy.PP) != (self.pipeline is not None):
+            raise ParallelLayoutError(
+                "pipeline stages are planned alone (--pp S --microbatches M): strategy pp "
+                "with a pipeline, and a pipeline only with strategy pp"
+            )
+        if self.pipeline is not None and (
+            self.world_size != self.pipeline.stages or self.tp != 1 or len(self.mesh_shape) > 1
+        ):
+            raise ParallelLayoutError(
+                f"a pipeline of {self.pipeline.stages} stages is planned on "
+                f"{self.pipeline.stages} ranks, one stage each, not {self.world_size} "
+                "(with data or tensor parallelism too: not planned yet)"
+            )
         if self.strategy is ParallelStrategy.TP:
             if self.tp not in (1, self.world_size):
                 raise ParallelLayoutError(
@@ -109,7 +191,7 @@ class ParallelLayout:
                 f"{self.world_size}"
             )
         default = (self.world_size // self.tp, self.tp) if self.tp > 1 else (self.world_size,)
-        if self.strategy is ParallelStrategy.TP:
+        if self.strategy in (ParallelStrategy.TP, ParallelStrategy.PP):
             default = (self.world_size,)
         shape = tuple(self.mesh_shape) or default
         if any(not isinstance(size, int) or size < 1 for size in shape) or (
@@ -139,8 +221,9 @@ class ParallelLayout:
 
     @property
     def data_mesh_shape(self) -> tuple[int, ...]:
-        """The mesh's data-parallel dimensions (all but the TP one; none for TP alone)."""
-        if self.strategy is ParallelStrategy.TP or self.tp > 1:
+        """The mesh's data-parallel dimensions (all but the TP one; none for TP or PP
+        alone)."""
+        if self.strategy in (ParallelStrategy.TP, ParallelStrategy.PP) or self.tp > 1:
             return self.mesh_shape[:-1]
         return self.mesh_shape
 
@@ -149,6 +232,8 @@ class ParallelLayout:
         """The device mesh's dimension names, as the model file's ``parallelize`` finds
         them: ``("dp",)``, HSDP's ``("replicate", "shard")``, then ``"tp"`` where the
         layout has a TP dimension (``("tp",)``, ``("dp", "tp")``, ...)."""
+        if self.strategy is ParallelStrategy.PP:
+            return ("pp",)
         names = _DATA_DIM_NAMES[len(self.data_mesh_shape)]
         if len(self.data_mesh_shape) < len(self.mesh_shape):
             names = (*names, "tp")
@@ -156,6 +241,8 @@ class ParallelLayout:
 
     def describe(self) -> str:
         """One line for summaries."""
+        if self.pipeline is not None:
+            return f"{self.pipeline.describe()} (one rank each)"
         mesh = "x".join(str(size) for size in self.mesh_shape)
         tp = f", tp {self.tp}" if self.tp > 1 and self.strategy is not ParallelStrategy.TP else ""
         return f"one rank of {self.world_size} ({self.strategy.value}, mesh {mesh}{tp})"
@@ -164,6 +251,12 @@ class ParallelLayout:
         """The ``ckpt-plan profile`` options that plan this layout."""
         if self.strategy is ParallelStrategy.TP:
             return f"--tp {self.tp}"
+        if self.pipeline is not None:
+            pipeline = self.pipeline
+            return (
+                f"--pp {pipeline.stages} --microbatches {pipeline.microbatches} "
+                f"--schedule {pipeline.schedule.value}"
+            )
         options = f"--world-size {self.world_size} --parallel {self.strategy.value}"
         if len(self.data_mesh_shape) == 2:
             options += " --mesh " + "x".join(str(size) for size in self.data_mesh_shape)
@@ -183,6 +276,14 @@ def parallel_to_dict(layout: ParallelLayout | None) -> dict[str, Any] | None:
     }
     if layout.tp > 1:  # absent: 1, as in plans written before tensor parallelism
         data["tp"] = layout.tp
+    if layout.pipeline is not None:  # absent: no pipeline
+        pipeline = layout.pipeline
+        data["pipeline"] = {
+            "stages": pipeline.stages,
+            "microbatches": pipeline.microbatches,
+            "schedule": pipeline.schedule.value,
+            "stage": pipeline.stage,
+        }
     return data
 
 
@@ -191,14 +292,32 @@ def parallel_from_dict(data: Any) -> ParallelLayout | None:
     process. Raises :class:`ParallelLayoutError` for anything else."""
     if data is None:
         return None
-    if not isinstance(data, dict) or set(data) - {"world_size", "strategy", "mesh_shape", "tp"}:
+    known = {"world_size", "strategy", "mesh_shape", "tp", "pipeline"}
+    if not isinstance(data, dict) or set(data) - known:
         raise ParallelLayoutError(
             '"parallel" should be an object with world_size, strategy, mesh_shape and '
-            f"(optional) tp, not {data!r}"
+            f"(optional) tp and pipeline, not {data!r}"
+        )
+    pipeline = data.get("pipeline")
+    if pipeline is not None and (
+        not isinstance(pipeline, dict)
+        or set(pipeline) - {"stages", "microbatches", "schedule", "stage"}
+    ):
+        raise ParallelLayoutError(
+            '"pipeline" should be an object with stages, microbatches, schedule and stage, '
+            f"not {pipeline!r}"
         )
     return ParallelLayout(
         world_size=data.get("world_size"),  # type: ignore[arg-type]
         strategy=data.get("strategy"),  # type: ignore[arg-type]
         mesh_shape=tuple(data.get("mesh_shape") or ()),
         tp=data.get("tp", 1),
+        pipeline=None
+        if pipeline is None
+        else PipelineLayout(
+            stages=pipeline.get("stages"),  # type: ignore[arg-type]
+            microbatches=pipeline.get("microbatches"),  # type: ignore[arg-type]
+            schedule=pipeline.get("schedule", "1f1b"),
+            stage=pipeline.get("stage"),
+        ),
     )
