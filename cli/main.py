@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -39,10 +39,13 @@ from .options import (
     HfOption,
     HostBudgetOption,
     MeshOption,
+    MicrobatchesOption,
     OffloadOption,
     ParallelOption,
+    PpOption,
     ProfileArgument,
     ReferenceChoice,
+    ScheduleOption,
     SeqLenOption,
     TargetOption,
     TpOption,
@@ -128,6 +131,9 @@ def profile(
     parallel: ParallelOption = None,
     mesh: MeshOption = None,
     tp: TpOption = None,
+    pp: PpOption = None,
+    microbatches: MicrobatchesOption = None,
+    schedule: ScheduleOption = "1f1b",
     expert_load: ExpertLoadOption = 1.0,
     offload: OffloadOption = True,
     host_budget_text: HostBudgetOption = None,
@@ -139,11 +145,12 @@ def profile(
     No pass needs more memory than BUDGET (with the default --memory fake): the step is
     recorded on fake tensors, times are taken in steps that fit, and the check runs only
     the planned step. With --world-size N --parallel ddp|fsdp2 the plan is for one rank of a
-    torchrun job (BUDGET per rank), simulated here and checked on N real ranks where N <= 4."""
+    torchrun job (BUDGET per rank), simulated here and checked on N real ranks where N <= 4;
+    with --pp S a plan for each pipeline stage (BUDGET per stage's rank), in one file."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
-        layout = parallel_layout(world_size, parallel, mesh, tp)
+        layout = parallel_layout(world_size, parallel, mesh, tp, pp, microbatches, schedule)
         source = workload_source(model, hf, batch_size, seq_len, dtype)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
@@ -193,6 +200,11 @@ def profile(
         name = result.profile.model_name
         plan_path = out or _plan_path(name)
         charts = report_dir or _report_folder(name)
+        if result.stages:
+            wrote = _write_stages(result, plan_path, charts)
+            wrote.append(save_plan(result.plan, plan_path))  # last, as below
+            print_plan_summary(result, wrote)
+            return
         wrote = [
             save_profile(result.profile, plan_path.parent / "profile.json"),
             save_profile_table(result.profile, plan_path.parent / "profile.csv"),
@@ -209,6 +221,21 @@ def profile(
         )
         wrote.append(save_plan(result.plan, plan_path))  # last: a plan file means a complete run
         print_plan_summary(result, wrote)
+
+
+def _write_stages(result: Any, plan_path: Path, charts: Path) -> list[Path]:
+    """A pipeline's outputs: each stage's profile beside the plan, its report in
+    ``stage<N>/``, and the page over the stages (``stages.md``, ``stages.png``)."""
+    from planner.plan.profile_file import save_profile
+    from planner.report import write_report, write_stages_report
+
+    wrote: list[Path] = []
+    for index, stage in enumerate(result.stages):
+        wrote.append(save_profile(stage.profile, plan_path.parent / f"profile-stage{index}.json"))
+        wrote += write_report(
+            stage.profile, stage.plan, charts / f"stage{index}", frontier_points=20
+        )
+    return wrote + write_stages_report(result.plan, charts)
 
 
 @app.command()

@@ -36,9 +36,11 @@ logger = logging.getLogger(__name__)
 
 def combined_plan(stage_plans: tuple[Plan, ...], layout: ParallelLayout) -> Plan:
     """One plan holding every stage's (``stages``), for the whole pipeline ``layout``: its
-    own ``modules`` empty (each stage applies its own), its figures the highest stage's
-    (the peak, the baseline, the overhead), its fingerprint one digest of the stages'."""
+    own ``modules`` empty (each stage applies its own), its peaks the highest stage's, its
+    overhead (and times) the slowest stage's (the pipeline runs at its pace), its
+    fingerprint one digest of the stages'."""
     worst = max(stage_plans, key=lambda plan: plan.predicted_peak_bytes)
+    slowest = max(stage_plans, key=lambda plan: plan.predicted_overhead)
     digests = [plan.fingerprint.get("digest", "") for plan in stage_plans]
     fingerprint = {
         "digest": hashlib.sha256(":".join(digests).encode()).hexdigest(),
@@ -49,7 +51,9 @@ def combined_plan(stage_plans: tuple[Plan, ...], layout: ParallelLayout) -> Plan
         predicted_peak_bytes=max(plan.predicted_peak_bytes for plan in stage_plans),
         baseline_peak_bytes=max(plan.baseline_peak_bytes for plan in stage_plans),
         static_bytes=max(plan.static_bytes for plan in stage_plans),
-        predicted_overhead=max(plan.predicted_overhead for plan in stage_plans),
+        predicted_overhead=slowest.predicted_overhead,
+        recompute_ms=slowest.recompute_ms,
+        step_ms=slowest.step_ms,
         modules=(),
         fingerprint=fingerprint,
         parallel=layout,

@@ -281,6 +281,13 @@ def _micro_batch(batch: Any, microbatches: int) -> Any:
     dimension, as the schedule splits them)."""
     from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
 
+    for name, value in batch_keywords(batch).items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] % microbatches:
+            raise ParallelLayoutError(
+                f"the batch's {name.removeprefix(_BATCH_KEY) or 'tensor'} is not a tensor "
+                f"whose first dimension splits into {microbatches} equal micro-batches: "
+                "pick --microbatches dividing the batch size (or a batch of tensors)"
+            )
     _, chunks = split_args_kwargs_into_chunks((), batch_keywords(batch), microbatches)
     return _batch_from_keywords(chunks[0])
 
