@@ -212,6 +212,7 @@ def layout_mismatch(model: torch.nn.Module, plan: Plan) -> str | None:
         return None
     if strategy == "pp":
         strategy = None
+    if strategy == parallel:
         return _tensor_parallel_mismatch(model, plan)
     layouts = {
         None: "a single process",
