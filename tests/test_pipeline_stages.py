@@ -5,6 +5,9 @@ group, bad options, and (slow) the check on 2 real gloo ranks, 1F1B and GPipe.""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -233,3 +236,36 @@ def test_profile_checks_each_stages_plan_on_real_ranks(
         assert first.baseline_peak_bytes > last.baseline_peak_bytes
     assert (tmp_path / "r" / "stages.png").is_file()
     assert "| 1 |" in (tmp_path / "r" / "stages.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_pipeline_recipe_trains_each_stage_as_without_the_plan(tmp_path: Path) -> None:
+    """examples/recipes/pipeline_train.py makes each rank's stage, applies the one plan file
+    (each stage picks its own decisions), and trains 3 steps of 1F1B: the last stage's
+    losses equal the unplanned pipeline's, loss by loss."""
+    from planner.pipeline import profile_and_plan
+    from planner.plan.plan_file import save_plan
+    from tests.test_distributed import _losses
+
+    layout = _layout()
+    plan = profile_and_plan(TP_GPT, 330_000, parallel=layout, check=False).plan
+    assert all(stage.modules for stage in plan.stages)
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    recipe = Path(__file__).resolve().parent.parent / "examples" / "recipes" / "pipeline_train.py"
+
+    def torchrun(*arguments: str):  # type: ignore[no-untyped-def]
+        environment = dict(os.environ, OMP_NUM_THREADS="1")
+        root = str(Path(__file__).resolve().parent.parent)
+        environment["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [root, os.environ.get("PYTHONPATH")])
+        )
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += ["--nproc-per-node=2", str(recipe), *arguments]
+        return subprocess.run(
+            command, capture_output=True, text=True, env=environment, timeout=600, check=False
+        )
+
+    planned = _losses(torchrun(str(plan_path)))
+    unplanned = _losses(torchrun("--model", str(TP_GPT)))
+    assert planned[0] == unplanned[0] == []  # the first stage computes no loss
+    assert len(planned[1]) == 3 and planned == unplanned

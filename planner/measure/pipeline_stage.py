@@ -49,7 +49,17 @@ from planner.core.records import Phase
 from planner.measure.candidates import find_block_stacks
 from planner.measure.workload import Workload, build_optimizer, loss_from_output
 
-__all__ = ["StageStep", "boundary_metas", "make_stage", "pipeline_stage", "stage_blocks"]
+__all__ = [
+    "StageStep",
+    "batch_keywords",
+    "boundary_metas",
+    "make_stage",
+    "pipeline_stage",
+    "record_stage_memory",
+    "split_into_stage",
+    "stage_blocks",
+    "stage_schedule",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -334,6 +344,50 @@ def boundary_metas(
     )
 
 
+def stage_schedule(
+    stage_module: nn.Module,
+    pipeline: PipelineLayout,
+    stage: int,
+    boundaries: tuple[torch.Tensor, ...],
+    device: torch.device | str,
+    group: Any = None,
+) -> tuple[Any, Any]:
+    """The ``PipelineStage`` of ``stage_module`` (made by :func:`make_stage`, its plan
+    applied) and its schedule (``Schedule1F1B`` or ``ScheduleGPipe`` over
+    ``pipeline.microbatches``, its loss the stage's output), on ``group`` (default: the
+    world). The stage's input and output shapes are given (``boundaries``, from
+    :func:`boundary_metas`): no metadata is exchanged. Run a step with
+    ``schedule.step(**batch_keywords(batch), ...)`` on every stage, the last also given
+    ``target`` (any tensor of ``microbatches`` rows) and ``losses``."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    device = torch.device(device)
+
+    def example(meta: torch.Tensor) -> torch.Tensor:
+        return torch.empty(meta.shape, dtype=meta.dtype, device=device, requires_grad=True)
+
+    last = stage == pipeline.stages - 1
+    inputs = (example(boundaries[stage - 1]),) if stage else ()
+    outputs = (
+        (torch.empty((), device=device, requires_grad=True),)
+        if last
+        else (example(boundaries[stage]),)
+    )
+    pipeline_stage = PipelineStage(
+        stage_module,
+        stage,
+        pipeline.stages,
+        device,
+        input_args=inputs,
+        output_args=outputs,
+        group=group,
+    )
+    kind = ScheduleGPipe if pipeline.schedule is PipelineSchedule.GPIPE else Schedule1F1B
+    return pipeline_stage, kind(
+        pipeline_stage, pipeline.microbatches, loss_fn=lambda loss, target: loss
+    )
+
+
 class StageStep:
     """A pipeline stage's training step: its schedule over the batch's micro-batches, then
     the optimizer step (the workload's ``step``). Returns the mean of the micro-batches'
@@ -348,34 +402,13 @@ class StageStep:
         *,
         simulated: bool,
     ) -> None:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
         self.workload = workload
         self.pipeline = pipeline
         self.stage_index = stage
         device = workload.device
-
-        def example(meta: torch.Tensor) -> torch.Tensor:
-            return torch.empty(meta.shape, dtype=meta.dtype, device=device, requires_grad=True)
-
         last = stage == pipeline.stages - 1
-        inputs = (example(boundaries[stage - 1]),) if stage else ()
-        outputs = (
-            (torch.empty((), device=device, requires_grad=True),)
-            if last
-            else (example(boundaries[stage]),)
-        )
-        self.stage = PipelineStage(
-            workload.model,
-            stage,
-            pipeline.stages,
-            device,
-            input_args=inputs,
-            output_args=outputs,
-        )
-        schedule = ScheduleGPipe if pipeline.schedule is PipelineSchedule.GPIPE else Schedule1F1B
-        self.schedule = schedule(
-            self.stage, pipeline.microbatches, loss_fn=lambda loss, target: loss
+        self.stage, self.schedule = stage_schedule(
+            workload.model, pipeline, stage, boundaries, device
         )
         if simulated:
             self.schedule._warmup_p2p = _static_stages  # type: ignore[method-assign]
