@@ -355,22 +355,21 @@ def parallel_layout(
     or the pipeline --pp, --microbatches and --schedule name (alone: one stage a rank).
     Raises :class:`ParallelLayoutError` (one line, exit 2) for anything else."""
     if pp is not None:
-        if (
-            parallel is not None
-            or mesh is not None
-            or tp is not None
-            or world_size
-            not in (
-                None,
-                pp,
-            )
-        ):
+        if mesh is not None or tp is not None or parallel not in (None, "fsdp2"):
             raise ParallelLayoutError(
-                f"--pp {pp} is planned alone ({pp} ranks, one stage each), not yet with "
-                "--world-size, --parallel, --mesh or --tp"
+                f"--pp {pp} is planned alone ({pp} ranks, one stage each) or with "
+                "--world-size N --parallel fsdp2, not yet with --mesh, --tp or ddp"
             )
         pipeline = PipelineLayout(pp, microbatches or pp, schedule)  # type: ignore[arg-type]
-        return ParallelLayout(pp, ParallelStrategy.PP, pipeline=pipeline)
+        if parallel is None:
+            if world_size not in (None, pp):
+                raise ParallelLayoutError(
+                    f"--pp {pp} with data parallelism needs --world-size N --parallel fsdp2"
+                )
+            return ParallelLayout(pp, ParallelStrategy.PP, pipeline=pipeline)
+        if world_size is None:
+            raise ParallelLayoutError("--parallel fsdp2 needs --world-size N (the job's ranks)")
+        return ParallelLayout(world_size, ParallelStrategy.FSDP2, pipeline=pipeline)
     if microbatches is not None:
         raise ParallelLayoutError("--microbatches needs --pp S (the pipeline's stages)")
     if tp is not None and parallel is None:

@@ -127,17 +127,21 @@ def plan_pipeline(
     for rank in ranks.ranks:
         if not rank.training_unchanged:
             raise PlanCheckError(
-                f"the plan changes stage {rank.rank}'s training step ("
+                f"the plan changes rank {rank.rank}'s training step ("
                 + "; ".join(map(str, rank.differences[:3]))
                 + "); please report this with your model file"
             )
         if not rank.within_budget:
             raise PlanCheckError(
-                f"stage {rank.rank}'s plan measured {format_bytes(rank.measured_peak_bytes)}, "
+                f"rank {rank.rank}'s stage plan measured "
+                f"{format_bytes(rank.measured_peak_bytes)}, "
                 f"over the budget {format_bytes(budget_bytes)} (predicted "
                 f"{format_bytes(rank.predicted_peak_bytes)}); try a larger budget"
             )
-    measured = {rank.rank: rank.measured_peak_bytes for rank in ranks.ranks}
+    measured: dict[int, int] = {}  # each stage's highest rank
+    for rank in ranks.ranks:
+        stage = layout.stage_of_rank(rank.rank)
+        measured[stage] = max(measured.get(stage, 0), rank.measured_peak_bytes)
     stage_plans = tuple(
         dataclasses.replace(stage, measured_peak_bytes=measured[index], checked=True)
         for index, stage in enumerate(plan.stages)

@@ -82,7 +82,15 @@ def test_a_pipeline_layout_counts_in_flight_micro_batches_and_round_trips() -> N
         (lambda: PipelineLayout(2, 0), "microbatches must be a whole number"),
         (lambda: PipelineLayout(2, 4, stage=2), "not one of the pipeline's 2 stages"),
         (lambda: ParallelLayout(4, ParallelStrategy.PP, pipeline=PipelineLayout(2, 4)), "one"),
-        (lambda: ParallelLayout(2, ParallelStrategy.PP), "strategy pp with a pipeline"),
+        (lambda: ParallelLayout(2, ParallelStrategy.PP), "strategy pp needs a pipeline"),
+        (
+            lambda: ParallelLayout(6, ParallelStrategy.FSDP2, pipeline=PipelineLayout(4, 4)),
+            "do not divide the world size 6",
+        ),
+        (
+            lambda: ParallelLayout(4, ParallelStrategy.DDP, pipeline=PipelineLayout(2, 4)),
+            "not with ddp",
+        ),
     ],
 )
 def test_bad_pipeline_layouts_are_one_line_errors(make, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -96,7 +104,8 @@ def test_bad_pipeline_layouts_are_one_line_errors(make, message: str) -> None:  
     [
         (["--pp", "2", "--schedule", "interleaved-1f1b"], "interleaved-1f1b is not planned"),
         (["--microbatches", "2"], "--microbatches needs --pp"),
-        (["--pp", "2", "--parallel", "fsdp2", "--world-size", "4"], "planned alone"),
+        (["--pp", "2", "--parallel", "ddp", "--world-size", "4"], "planned alone"),
+        (["--pp", "2", "--world-size", "4"], "needs --world-size N --parallel fsdp2"),
         (["--pp", "3"], "need at least 3 blocks"),
         (["--pp", "2", "--microbatches", "3"], "splits into 3 equal micro-batches"),
     ],

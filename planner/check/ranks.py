@@ -191,11 +191,11 @@ def _laid_out_workload(model_path: str, plan: Plan, *, planned: bool, device: st
 
         from planner.measure.pipeline_stage import pipeline_stage, split_into_stage
 
-        stage = dist.get_rank()
+        stage = plan.parallel.stage_of_rank(dist.get_rank())
         boundaries = split_into_stage(workload, pipeline, stage)
         if planned:
             apply_plan(workload.model, plan)
-        pipeline_stage(workload, pipeline, stage, boundaries)
+        pipeline_stage(workload, plan.parallel, stage, boundaries)
         return workload, workload.model, [], 0
     if planned:
         apply_plan(workload.model, plan)
@@ -326,7 +326,10 @@ def run_rank(
             _allocator_peak(model_path, plan, device=device, seed=seed) if cross_check else None
         )
     steps = compare_steps(unplanned, planned)
-    own = plan.stage_plan(rank) if plan.stages else plan  # a pipeline: this rank's stage
+    # a pipeline: this rank's stage's plan
+    own = plan
+    if plan.stages and plan.parallel is not None:
+        own = plan.stage_plan(plan.parallel.stage_of_rank(rank))
     return RankCheck(
         rank=rank,
         allocator_peak_bytes=allocator_peak,

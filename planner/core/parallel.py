@@ -158,19 +158,11 @@ class ParallelLayout:
             raise ParallelLayoutError(
                 f"the tensor-parallel degree must be a whole number >= 1, not {self.tp!r}"
             )
-        if (self.strategy is ParallelStrategy.PP) != (self.pipeline is not None):
-            raise ParallelLayoutError(
-                "pipeline stages are planned alone (--pp S --microbatches M): strategy pp "
-                "with a pipeline, and a pipeline only with strategy pp"
-            )
-        if self.pipeline is not None and (
-            self.world_size != self.pipeline.stages or self.tp != 1 or len(self.mesh_shape) > 1
-        ):
-            raise ParallelLayoutError(
-                f"a pipeline of {self.pipeline.stages} stages is planned on "
-                f"{self.pipeline.stages} ranks, one stage each, not {self.world_size} "
-                "(with data or tensor parallelism too: not planned yet)"
-            )
+        if self.strategy is ParallelStrategy.PP and self.pipeline is None:
+            raise ParallelLayoutError("strategy pp needs a pipeline (--pp S --microbatches M)")
+        if self.pipeline is not None:
+            self._check_pipeline(self.pipeline)
+            return
         if self.strategy is ParallelStrategy.TP:
             if self.tp not in (1, self.world_size):
                 raise ParallelLayoutError(
@@ -219,11 +211,46 @@ class ParallelLayout:
             )
         object.__setattr__(self, "mesh_shape", shape)
 
+    def _check_pipeline(self, pipeline: PipelineLayout) -> None:
+        """A pipeline's mesh: ``(pp,)`` alone, one rank per stage; ``(pp, dp)`` with FSDP2,
+        each stage sharded over ``dp`` ranks (the stage of rank r is r // dp)."""
+        stages = pipeline.stages
+        if self.strategy not in (ParallelStrategy.PP, ParallelStrategy.FSDP2) or self.tp != 1:
+            raise ParallelLayoutError(
+                "pipeline stages are planned alone (--pp S) or with FSDP2 (--pp S "
+                "--world-size N --parallel fsdp2), not with ddp or tensor parallelism yet"
+            )
+        if self.world_size % stages:
+            raise ParallelLayoutError(
+                f"{stages} pipeline stages do not divide the world size {self.world_size}"
+            )
+        data = self.world_size // stages
+        if self.strategy is ParallelStrategy.PP and data != 1:
+            raise ParallelLayoutError(
+                f"a pipeline of {stages} stages alone is {stages} ranks, one stage each, not "
+                f"{self.world_size} (with data parallelism too: --parallel fsdp2)"
+            )
+        shape = (stages,) if self.strategy is ParallelStrategy.PP else (stages, data)
+        if self.mesh_shape and tuple(self.mesh_shape) != shape:
+            raise ParallelLayoutError(
+                f"the mesh of {stages} pipeline stages over {self.world_size} ranks is "
+                f"{list(shape)}, not {list(self.mesh_shape)}"
+            )
+        object.__setattr__(self, "mesh_shape", shape)
+
+    def stage_of_rank(self, rank: int) -> int:
+        """The pipeline stage rank ``rank`` holds (the mesh is ``(pp, dp)``, row-major)."""
+        if self.pipeline is None:
+            raise ParallelLayoutError("this layout has no pipeline stages")
+        return rank // (self.world_size // self.pipeline.stages)
+
     @property
     def data_mesh_shape(self) -> tuple[int, ...]:
         """The mesh's data-parallel dimensions (all but the TP one; none for TP or PP
         alone)."""
-        if self.strategy in (ParallelStrategy.TP, ParallelStrategy.PP) or self.tp > 1:
+        if self.pipeline is not None:
+            return self.mesh_shape[1:]
+        if self.strategy is ParallelStrategy.TP or self.tp > 1:
             return self.mesh_shape[:-1]
         return self.mesh_shape
 
@@ -232,8 +259,8 @@ class ParallelLayout:
         """The device mesh's dimension names, as the model file's ``parallelize`` finds
         them: ``("dp",)``, HSDP's ``("replicate", "shard")``, then ``"tp"`` where the
         layout has a TP dimension (``("tp",)``, ``("dp", "tp")``, ...)."""
-        if self.strategy is ParallelStrategy.PP:
-            return ("pp",)
+        if self.pipeline is not None:
+            return ("pp",) if self.strategy is ParallelStrategy.PP else ("pp", "dp")
         names = _DATA_DIM_NAMES[len(self.data_mesh_shape)]
         if len(self.data_mesh_shape) < len(self.mesh_shape):
             names = (*names, "tp")
@@ -242,7 +269,9 @@ class ParallelLayout:
     def describe(self) -> str:
         """One line for summaries."""
         if self.pipeline is not None:
-            return f"{self.pipeline.describe()} (one rank each)"
+            data = self.world_size // self.pipeline.stages
+            each = "one rank each" if data == 1 else f"each FSDP2-sharded over {data} ranks"
+            return f"{self.pipeline.describe()} ({each}; {self.world_size} ranks)"
         mesh = "x".join(str(size) for size in self.mesh_shape)
         tp = f", tp {self.tp}" if self.tp > 1 and self.strategy is not ParallelStrategy.TP else ""
         return f"one rank of {self.world_size} ({self.strategy.value}, mesh {mesh}{tp})"
@@ -253,10 +282,13 @@ class ParallelLayout:
             return f"--tp {self.tp}"
         if self.pipeline is not None:
             pipeline = self.pipeline
-            return (
+            options = (
                 f"--pp {pipeline.stages} --microbatches {pipeline.microbatches} "
                 f"--schedule {pipeline.schedule.value}"
             )
+            if self.strategy is ParallelStrategy.FSDP2:
+                options += f" --world-size {self.world_size} --parallel fsdp2"
+            return options
         options = f"--world-size {self.world_size} --parallel {self.strategy.value}"
         if len(self.data_mesh_shape) == 2:
             options += " --mesh " + "x".join(str(size) for size in self.data_mesh_shape)

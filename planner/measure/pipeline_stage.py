@@ -44,7 +44,12 @@ import torch
 from torch import nn
 
 from planner.core.errors import ModelFileError, ParallelLayoutError
-from planner.core.parallel import PipelineLayout, PipelineSchedule
+from planner.core.parallel import (
+    ParallelLayout,
+    ParallelStrategy,
+    PipelineLayout,
+    PipelineSchedule,
+)
 from planner.core.records import Phase
 from planner.measure.candidates import find_block_stacks
 from planner.measure.workload import Workload, build_optimizer, loss_from_output
@@ -110,10 +115,15 @@ class _StageEnd(Exception):
         self.output = output
 
 
-def stage_blocks(model: nn.Module, stages: int) -> tuple[str, tuple[tuple[str, ...], ...]]:
+def stage_blocks(
+    model: nn.Module, stages: int, *, allow_elsewhere: bool = False
+) -> tuple[str, tuple[tuple[str, ...], ...]]:
     """The parent of the model's blocks, and the blocks of each of ``stages`` stages:
     contiguous runs as even as they can be, the longer ones last (the first stages keep
-    more micro-batches in flight)."""
+    more micro-batches in flight). ``allow_elsewhere``: ``model`` is a stage already (its
+    container still holds every block's place)."""
+    if allow_elsewhere and hasattr(model, "_pipeline_blocks"):
+        return model._pipeline_blocks  # type: ignore[return-value]
     stacks = find_block_stacks(model)
     blocks = stacks[0] if len(stacks) == 1 else ()
     parents = {name.rpartition(".")[0] for name in blocks}
@@ -189,6 +199,7 @@ def make_stage(
             "the model's forward and its loss: define loss_fn(output, batch) instead"
         )
     container, runs = stage_blocks(model, pipeline.stages)
+    model._pipeline_blocks = (container, runs)  # type: ignore[assignment]
     mine = runs[stage]
     first, last = stage == 0, stage == pipeline.stages - 1
     before, after = _outside_blocks(model, container)
@@ -401,6 +412,7 @@ class StageStep:
         boundaries: tuple[torch.Tensor, ...],
         *,
         simulated: bool,
+        group: Any = None,
     ) -> None:
         self.workload = workload
         self.pipeline = pipeline
@@ -408,7 +420,7 @@ class StageStep:
         device = workload.device
         last = stage == pipeline.stages - 1
         self.stage, self.schedule = stage_schedule(
-            workload.model, pipeline, stage, boundaries, device
+            workload.model, pipeline, stage, boundaries, device, group
         )
         if simulated:
             self.schedule._warmup_p2p = _static_stages  # type: ignore[method-assign]
@@ -528,17 +540,34 @@ def split_into_stage(
 
 def pipeline_stage(
     workload: Workload,
-    pipeline: PipelineLayout,
+    layout: ParallelLayout,
     stage: int,
     boundaries: tuple[torch.Tensor, ...],
     *,
     simulated: bool = False,
 ) -> Workload:
-    """``workload`` (split by :func:`split_into_stage`, its plan applied) given its stage's
-    schedule as its step (:class:`StageStep`) on the running process group, and its
-    optimizer built again over the (now checkpointed) stage."""
+    """``workload`` (split by :func:`split_into_stage`, its plan applied) laid out for
+    ``layout`` on the running process group: with FSDP2, ``fully_shard`` on the stage's
+    blocks and its root over the mesh's ``dp`` dimension (the stage's ranks); then its
+    stage's schedule as its step (:class:`StageStep`) over the ``pp`` dimension, and its
+    optimizer built again over the stage's (sharded, checkpointed) parameters."""
+    assert layout.pipeline is not None
+    group = None
+    if layout.strategy is ParallelStrategy.FSDP2:
+        from torch.distributed.fsdp import fully_shard
+
+        from planner.measure.distributed import device_mesh
+
+        mesh = device_mesh(layout, workload.device.type)
+        _, runs = stage_blocks(workload.model, layout.pipeline.stages, allow_elsewhere=True)
+        for name in runs[stage]:
+            fully_shard(workload.model.get_submodule(name), mesh=mesh["dp"])
+        fully_shard(workload.model, mesh=mesh["dp"])
+        group = mesh["pp"].get_group()
     workload.optimizer = build_optimizer(workload.model_file, workload.model)
-    workload.step = StageStep(workload, pipeline, stage, boundaries, simulated=simulated)
+    workload.step = StageStep(
+        workload, layout.pipeline, stage, boundaries, simulated=simulated, group=group
+    )
     return workload
 
 
@@ -562,12 +591,13 @@ def record_stage_memory(
     stage = pipeline.stage
     if progress:
         progress(f"simulating {pipeline.describe()}", 0, 0)
-    with simulated_ranks(layout, rank=stage):
+    ranks_per_stage = layout.world_size // pipeline.stages
+    with simulated_ranks(layout, rank=stage * ranks_per_stage):
         workload, session = build_fake_workload(model_file, device_type, seed)
         with session.running():
             boundaries = split_into_stage(workload, pipeline, stage)
             types = _module_types(workload.model)
-            pipeline_stage(workload, pipeline, stage, boundaries, simulated=True)
+            pipeline_stage(workload, layout, stage, boundaries, simulated=True)
         profile = record_memory(
             workload,
             session=session,
