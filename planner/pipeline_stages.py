@@ -13,7 +13,7 @@ import logging
 
 from planner.check.ranks import check_plan_on_ranks
 from planner.checked_plan import CheckedPlan
-from planner.core.errors import PlanCheckError
+from planner.core.errors import InfeasibleBudgetError, PlanCheckError
 from planner.core.loop import PLAIN_LOOP
 from planner.core.parallel import ParallelLayout
 from planner.core.units import format_bytes
@@ -99,16 +99,25 @@ def plan_pipeline(
             progress=progress,
         )
         # Solved alone: a stage's recomputation is tried on the real ranks, in its schedule.
-        result = plan_checked(
-            profile,
-            budget_bytes,
-            model_path=None,
-            device=device,
-            seed=seed,
-            progress=progress,
-            offload=offload,
-            host_budget_bytes=host_budget_bytes,
-        )
+        try:
+            result = plan_checked(
+                profile,
+                budget_bytes,
+                model_path=None,
+                device=device,
+                seed=seed,
+                progress=progress,
+                offload=offload,
+                host_budget_bytes=host_budget_bytes,
+            )
+        except InfeasibleBudgetError as error:
+            staged = InfeasibleBudgetError(
+                f"pipeline stage {stage} of {pipeline.stages}: {error}",
+                budget_bytes=error.budget_bytes,
+                min_budget_bytes=error.min_budget_bytes,
+            )
+            staged.profile = error.profile
+            raise staged from None
         results.append(result)
     plan = combined_plan(tuple(result.plan for result in results), layout)
     worst = max(range(len(results)), key=lambda index: results[index].plan.predicted_peak_bytes)

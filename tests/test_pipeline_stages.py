@@ -58,7 +58,7 @@ def stage_profiles():  # type: ignore[no-untyped-def]
 # -- the layout record ---------------------------------------------------------------------
 def test_a_pipeline_layout_counts_in_flight_micro_batches_and_round_trips() -> None:
     assert [PipelineLayout(4, 8).in_flight(stage) for stage in range(4)] == [4, 3, 2, 1]
-    assert [PipelineLayout(4, 2).in_flight(stage) for stage in range(4)] == [2, 2, 2, 1]
+    assert [PipelineLayout(4, 2, "gpipe").in_flight(stage) for stage in range(4)] == [2] * 4
     assert [PipelineLayout(4, 8, "gpipe").in_flight(stage) for stage in range(4)] == [8] * 4
     layout = _layout("gpipe", 1)
     assert layout.mesh_shape == (2,) and layout.mesh_dim_names == ("pp",)
@@ -80,6 +80,7 @@ def test_a_pipeline_layout_counts_in_flight_micro_batches_and_round_trips() -> N
         (lambda: PipelineLayout(2, 4, "interleaved-1f1b"), "one of 1f1b, gpipe"),
         (lambda: PipelineLayout(1, 4), "at least 2 stages"),
         (lambda: PipelineLayout(2, 0), "microbatches must be a whole number"),
+        (lambda: PipelineLayout(4, 2), "--microbatches 2 is fewer than --pp 4"),
         (lambda: PipelineLayout(2, 4, stage=2), "not one of the pipeline's 2 stages"),
         (lambda: ParallelLayout(4, ParallelStrategy.PP, pipeline=PipelineLayout(2, 4)), "one"),
         (lambda: ParallelLayout(2, ParallelStrategy.PP), "strategy pp needs a pipeline"),

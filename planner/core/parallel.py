@@ -95,6 +95,11 @@ class PipelineLayout:
                 )
         if self.stages < 2:
             raise ParallelLayoutError("a pipeline has at least 2 stages (--pp 2 or more)")
+        if self.schedule is PipelineSchedule.ONE_F_ONE_B and self.microbatches < self.stages:
+            raise ParallelLayoutError(
+                f"1F1B runs at least as many micro-batches as stages: --microbatches "
+                f"{self.microbatches} is fewer than --pp {self.stages}"
+            )
         if self.stage is not None and not 0 <= self.stage < self.stages:
             raise ParallelLayoutError(
                 f"stage {self.stage} is not one of the pipeline's {self.stages} stages"
@@ -102,7 +107,8 @@ class PipelineLayout:
 
     def in_flight(self, stage: int) -> int:
         """How many micro-batches' activations stage ``stage`` holds at most: 1F1B's warm-up
-        forwards, ``min(M, S - stage)``; GPipe's, all ``M``."""
+        forwards, ``min(M, S - stage)`` (``S - stage``: 1F1B needs ``M >= S``); GPipe's,
+        all ``M``."""
         if self.schedule is PipelineSchedule.GPIPE:
             return self.microbatches
         return min(self.microbatches, self.stages - stage)
