@@ -216,22 +216,30 @@ def test_a_stage_holds_the_micro_batches_its_schedule_keeps_in_flight(
 
 # -- the check on real ranks ---------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize(("schedule", "budget"), [("1f1b", "330000"), ("gpipe", "430000")])
+@pytest.mark.parametrize(
+    ("schedule", "budget", "data_parallel"),
+    [("1f1b", "330000", []), ("gpipe", "430000", []), ("1f1b", "300000", ["fsdp2"])],
+)
 def test_profile_checks_each_stages_plan_on_real_ranks(
-    schedule: str, budget: str, tmp_path: Path
+    schedule: str, budget: str, data_parallel: list[str], tmp_path: Path
 ) -> None:
     """Each stage's plan is made on its simulated rank and checked by profile on 2 real gloo
     ranks, 4 micro-batches: every stage within the budget, its loss, gradients and buffers
     bit-identical to the unplanned pipeline's, its measured peak the predicted one to the
-    byte; under 1F1B the first stage (2 in flight) recomputes more than the last (1)."""
+    byte; under 1F1B the first stage (2 in flight) recomputes more than the last (1). With
+    FSDP2 too, 4 ranks as a (pp, dp) mesh of 2 x 2."""
     plan_path = tmp_path / "plan.json"
     options = ["--pp", "2", "--microbatches", "4", "--schedule", schedule]
+    ranks = 2
+    if data_parallel:
+        ranks = 4
+        options += ["--world-size", "4", "--parallel", "fsdp2"]
     outputs = ["-o", str(plan_path), "--report-dir", str(tmp_path / "r")]
     result = CliRunner().invoke(
         app, ["profile", str(TP_GPT), "--budget", budget, *options, *outputs]
     )
     assert result.exit_code == 0, result.output
-    assert "checked by running it on 2 real ranks" in result.stdout
+    assert f"checked by running it on {ranks} real ranks" in result.stdout
     assert "pipeline stages, each planned for its own rank" in result.stdout
     plan = load_plan(plan_path)
     assert plan.checked and len(plan.stages) == 2
