@@ -366,6 +366,12 @@ def check_plan_on_ranks(
         raise errors.ParallelLayoutError(
             "this plan is for a single process; check it with `ckpt-plan verify` without --nproc"
         )
+    if plan.parallel.pipeline is not None and not plan.stages:
+        raise errors.ParallelLayoutError(
+            f"this plan is pipeline stage {plan.parallel.pipeline.stage}'s alone; the ranks run "
+            "every stage: check the whole pipeline's plan (ckpt-plan profile ... "
+            f"{plan.parallel.command_options()} writes one)"
+        )
     nproc = nproc or plan.parallel.world_size
     if nproc != plan.parallel.world_size:
         raise errors.ParallelLayoutError(
