@@ -648,6 +648,19 @@ def _losses(result: subprocess.CompletedProcess[str]) -> dict[int, list[float]]:
     return {line["rank"]: line["losses"] for line in lines}
 
 
+def _compared(
+    result: subprocess.CompletedProcess[str],
+) -> dict[int, tuple[list[float], list[float]]]:
+    """Each rank's losses with the plan and without it, from one `--compare` launch."""
+    assert result.returncode == 0, result.stderr[-2000:]
+    losses = r"\[[^\]]*\]"
+    pattern = rf'\{{"rank": \d+, "unplanned_losses": {losses}, "losses": {losses}, "equal": \w+\}}'
+    lines = [json.loads(text) for text in re.findall(pattern, result.stdout)]
+    for line in lines:
+        assert line["equal"] is (line["losses"] == line["unplanned_losses"])
+    return {line["rank"]: (line["losses"], line["unplanned_losses"]) for line in lines}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
 def test_the_torchrun_recipe_trains_each_rank_as_without_the_plan(
@@ -662,10 +675,15 @@ def test_the_torchrun_recipe_trains_each_rank_as_without_the_plan(
     assert plan.modules
     plan_path = save_plan(plan, tmp_path / "plan.json")
     model = ("--model", str(SMALL_GPT))
-    planned = _losses(_torchrun(2, str(plan_path), *model))
-    unplanned = _losses(_torchrun(2, *model, "--parallel", strategy))
-    assert set(planned) == {0, 1}
-    assert planned == unplanned  # loss by loss, on every rank
+    # One launch: each rank trains without the plan (laid out as the plan says), then with it.
+    compared = _compared(_torchrun(2, str(plan_path), *model, "--compare"))
+    assert set(compared) == {0, 1}
+    for planned, unplanned in compared.values():
+        assert len(planned) == 3 and planned == unplanned  # loss by loss, on every rank
+    if strategy == "ddp":  # without a plan, laid out as --parallel says: the same losses
+        assert _losses(_torchrun(2, *model, "--parallel", strategy)) == {
+            rank: unplanned for rank, (_, unplanned) in compared.items()
+        }
 
 
 @pytest.mark.slow

@@ -117,7 +117,7 @@ def test_a_fake_profile_allocates_no_tensor_memory() -> None:
         workload, session = build_fake_workload(load_model_file(DATA / "wide_elementwise.py"))
         profile = record_memory(workload, session=session)
     assert all(is_fake(p) for p in workload.model.parameters())
-    assert profile.measured_peak_bytes > 800 * 2**20
+    assert profile.measured_peak_bytes > 480 * 2**20
     # Only the batch is made for real (its values seed the small tensors' shadows): 32 MiB.
     assert watcher.peak_bytes <= 65536 * 128 * 4 + 2**20
 

@@ -3,8 +3,10 @@ profile` allocates more than the budget.
 
 The processes run under an address-space limit (``RLIMIT_AS``, as ``ulimit -v`` sets): the
 address space a tiny model's whole `profile` run needs (the interpreter, torch, the report's
-libraries), plus 650 MiB. `tests/data/wide_elementwise.py` needs 800 MiB of tensors
-unplanned and 416 MiB with every block checkpointed; the budget is 500 MiB. With the
+libraries), plus 360 MiB. `tests/data/wide_elementwise.py` needs 480 MiB of tensors
+unplanned and 288 MiB with its blocks checkpointed; the budget is 300 MiB. Its tensors are
+32 MiB each, so that glibc's malloc maps and unmaps each one (above its largest mmap
+threshold) and the address space follows the live tensors. With the
 unplanned step run for real (``--memory real``, what `profile` did before fake tensors) the
 allocator fails, as the issue reported; by default the plan is made, checked and written.
 """
@@ -68,18 +70,21 @@ def test_a_model_that_does_not_fit_the_process_is_planned_within_the_budget(
 ) -> None:
     tiny = _run(["profile", str(DATA / "small_cnn.py"), "--budget", "1MiB"], tmp_path, None)
     assert tiny.returncode == 0, tiny.stderr
-    limit = _vm_peak_bytes(tiny) + 650 * 2**20
+    limit = _vm_peak_bytes(tiny) + 360 * 2**20
     model = str(DATA / "wide_elementwise.py")
 
-    # The unplanned step, run for real, cannot allocate its 800 MiB under the limit.
-    real = _run(["profile", model, "--budget", "500MiB", "--memory", "real"], tmp_path, limit)
+    # The unplanned step, run for real, cannot allocate its 480 MiB under the limit.
+    real = _run(["profile", model, "--budget", "300MiB", "--memory", "real"], tmp_path, limit)
     assert real.returncode == 4, real.stderr
     assert "can't allocate memory" in real.stderr
 
-    planned = _run(["profile", model, "--budget", "500MiB"], tmp_path, limit)
+    planned = _run(["profile", model, "--budget", "300MiB"], tmp_path, limit)
     assert planned.returncode == 0, planned.stderr + planned.stdout
     plan = json.loads((tmp_path / "profiles" / "wide_elementwise" / "plan.json").read_text())
     assert plan["checked"] and plan["memory_source"] == "fake"
-    assert plan["baseline_peak_bytes"] > 800 * 2**20 > 500 * 2**20 >= plan["measured_peak_bytes"]
-    assert plan["measured_peak_bytes"] == plan["predicted_peak_bytes"]
+    assert plan["baseline_peak_bytes"] > 480 * 2**20 > 300 * 2**20 >= plan["measured_peak_bytes"]
+    # The plan nests each block in the whole stack, and its peak falls where a recomputed
+    # tensor outlives its reader in the model by one gradient reduction (512 B: docs/
+    # how-it-works.md, "The memory model"), never below it.
+    assert 0 <= plan["predicted_peak_bytes"] - plan["measured_peak_bytes"] <= 512
     assert _vm_peak_bytes(planned) <= limit

@@ -12,6 +12,9 @@ from planner.check.result import Difference, DifferenceKind, PlanCheck
 from planner.core.errors import InfeasibleBudgetError, PlanCheckError
 from planner.core.records import Profile, Unit
 from planner.plan.memory_model import MemoryModel
+from planner.plan.plan_file import CheckpointMethod, ModuleDecision
+
+_PROBE_NAMES = pipeline._probe_names  # before the fixture below replaces it
 
 
 @pytest.fixture(autouse=True)
@@ -96,3 +99,20 @@ def test_with_times_estimates_where_the_model_file_is_gone(profile) -> None:  # 
     assert estimated.cost_source is CostSource.ROOFLINE
     assert any("/nonexistent/model.py is not here" in note.text for note in estimated.assumptions)
     assert pipeline.with_times(profile) is profile  # already timed: as it is
+
+
+def test_the_recomputation_probe_names_nested_modules_and_not_offloaded_ones(profile) -> None:  # type: ignore[no-untyped-def]
+    """A nested decision has no unit of its own, but its module is recomputed too: it is
+    probed (this crashed with a real-memory profile whose plan nested); an offloaded module
+    is never recomputed, so it is not."""
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(
+        modules=[
+            ModuleDecision("blocks.0"),
+            ModuleDecision("blocks.0.mlp", nested_in="blocks.0"),
+            ModuleDecision("blocks.1.mlp", method=CheckpointMethod.OFFLOAD),
+            ModuleDecision("blocks.2"),
+        ]
+    )
+    assert _PROBE_NAMES(profile, plan) == ["blocks.0", "blocks.0.mlp", "blocks.2"]  # type: ignore[arg-type]

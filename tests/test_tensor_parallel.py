@@ -268,12 +268,12 @@ def test_profile_checks_a_tp_plan_on_real_ranks(
 @pytest.mark.slow
 def test_the_torchrun_recipe_trains_fsdp2_x_tp_ranks_as_without_the_plan(tmp_path: Path) -> None:
     """examples/recipes/torchrun_train.py applies an FSDP2 x TP plan, builds the plan's mesh
-    (here 1 x 2: the 4-rank job's two launches would take twice as long; profile's check runs
-    2 x 2) and the model file's parallelize lays the model out on it: every rank's losses
-    equal the unplanned job's, loss by loss."""
+    (here 1 x 2: a 4-rank job would take twice as long; profile's check runs 2 x 2) and the
+    model file's parallelize lays the model out on it: every rank's losses equal the
+    unplanned job's, loss by loss (both runs in one launch, --compare)."""
     from planner.plan.plan_file import save_plan
     from planner.solve.solver import lowest_peak
-    from tests.test_distributed import _losses, _torchrun
+    from tests.test_distributed import _compared, _torchrun
 
     layout = ParallelLayout(2, ParallelStrategy.FSDP2, tp=2)
     profile = record_rank_memory(load_model_file(TP_GPT), layout)
@@ -281,10 +281,10 @@ def test_the_torchrun_recipe_trains_fsdp2_x_tp_ranks_as_without_the_plan(tmp_pat
     assert plan.modules and plan.parallel == layout and layout.mesh_shape == (1, 2)
     plan_path = save_plan(plan, tmp_path / "plan.json")
     model = ("--model", str(TP_GPT))
-    planned = _losses(_torchrun(2, str(plan_path), *model))
-    unplanned = _losses(_torchrun(2, *model, "--parallel", "fsdp2", "--tp", "2"))
-    assert set(planned) == {0, 1}
-    assert planned == unplanned
+    compared = _compared(_torchrun(2, str(plan_path), *model, "--compare"))
+    assert set(compared) == {0, 1}
+    for planned, unplanned in compared.values():
+        assert len(planned) == 3 and planned == unplanned
 
 
 # -- Hugging Face Llama-family models: the built-in plan ------------------------------------

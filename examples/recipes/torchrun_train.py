@@ -31,6 +31,10 @@ mesh)``, if it defines one (``fully_shard`` for FSDP2, tensor parallelism, or
 instead of the default, as ckpt-plan did when planning; a Hugging Face Llama with TP takes
 ckpt-plan's built-in plan (``parallelize_hf_llama``). Each rank prints one JSON line: its
 losses. The ranks of a TP group must see the same batch: here every rank draws the same one.
+
+``--compare`` trains the same steps without the plan first, in the same launch and laid out
+as the plan says, and each rank's line carries both runs' losses and whether every one is
+equal (it must be: a plan never changes training).
 """
 
 from __future__ import annotations
@@ -122,14 +126,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--parallel", default="fsdp2", help="without a plan: ddp, fsdp2 or tp")
     parser.add_argument("--tp", type=int, default=1, help="without a plan: the TP degree")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="first train without the plan (laid out as the plan says), then with it, and "
+        "print both runs' losses",
+    )
     arguments = parser.parse_args()
+    if arguments.compare and arguments.plan is None:
+        parser.error("--compare needs a plan to compare with")
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
         world_size = dist.get_world_size()
         tp = world_size if arguments.parallel == "tp" else arguments.tp
         layout = ParallelLayout(world_size, arguments.parallel, tp=tp)
-        losses = train(arguments.plan, arguments.model, arguments.steps, layout)
-        print(json.dumps({"rank": dist.get_rank(), "losses": losses}), flush=True)
+        line: dict[str, object] = {"rank": dist.get_rank()}
+        if arguments.compare:
+            plan = load_plan(arguments.plan)
+            model = arguments.model or plan.model_file or str(EXAMPLES / "gpt.py")
+            line["unplanned_losses"] = train(None, model, arguments.steps, plan.parallel or layout)
+        line["losses"] = train(arguments.plan, arguments.model, arguments.steps, layout)
+        if arguments.compare:
+            line["equal"] = line["losses"] == line["unplanned_losses"]
+        print(json.dumps(line), flush=True)
     finally:
         dist.destroy_process_group()
 
