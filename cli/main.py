@@ -212,7 +212,13 @@ def profile(
                 )
         except errors.InfeasibleBudgetError as error:
             # Keep what was measured: re-solving at a budget that fits needs no new profile.
-            if isinstance(error.profile, Profile):
+            if isinstance(error.profile, Profile) and layout is not None and layout.pipeline:
+                # One stage's profile: re-solving it alone would not plan the pipeline.
+                stdout.print(
+                    "re-plan the pipeline with a budget that fits this stage: --budget "
+                    f"{error.min_budget_bytes} or more"
+                )
+            elif isinstance(error.profile, Profile):
                 warn_own_checkpointing(error.profile)
                 plan_path = out or _plan_path(error.profile.model_name)
                 saved = save_profile(error.profile, plan_path.parent / "profile.json")
