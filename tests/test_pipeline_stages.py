@@ -25,7 +25,7 @@ from planner.core.parallel import (
     parallel_to_dict,
 )
 from planner.measure.distributed import record_rank_memory
-from planner.measure.pipeline_stage import make_stage, stage_blocks
+from planner.measure.stage_split import make_stage, stage_blocks
 from planner.measure.workload import load_model_file
 from planner.pipeline_stages import combined_plan
 from planner.plan.plan_file import (

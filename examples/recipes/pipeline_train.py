@@ -32,12 +32,8 @@ import torch.distributed as dist
 
 from planner import apply_plan, load_plan
 from planner.core.parallel import PipelineLayout
-from planner.measure.pipeline_stage import (
-    batch_keywords,
-    boundary_metas,
-    make_stage,
-    stage_schedule,
-)
+from planner.measure.pipeline_stage import stage_schedule
+from planner.measure.stage_split import batch_keywords, boundary_metas, make_stage
 from planner.measure.workload import load_model_file
 
 
