@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -40,10 +40,13 @@ from .options import (
     HfOption,
     HostBudgetOption,
     MeshOption,
+    MicrobatchesOption,
     OffloadOption,
     ParallelOption,
+    PpOption,
     ProfileArgument,
     ReferenceChoice,
+    ScheduleOption,
     SeqLenOption,
     TargetOption,
     TpOption,
@@ -154,6 +157,9 @@ def profile(
     parallel: ParallelOption = None,
     mesh: MeshOption = None,
     tp: TpOption = None,
+    pp: PpOption = None,
+    microbatches: MicrobatchesOption = None,
+    schedule: ScheduleOption = "1f1b",
     expert_load: ExpertLoadOption = 1.0,
     offload: OffloadOption = True,
     host_budget_text: HostBudgetOption = None,
@@ -165,11 +171,12 @@ def profile(
     No pass needs more memory than BUDGET (with the default --memory fake): the step is
     recorded on fake tensors, times are taken in steps that fit, and the check runs only
     the planned step. With --world-size N --parallel ddp|fsdp2 the plan is for one rank of a
-    torchrun job (BUDGET per rank), simulated here and checked on N real ranks where N <= 4."""
+    torchrun job (BUDGET per rank), simulated here and checked on N real ranks where N <= 4;
+    with --pp S a plan for each pipeline stage (BUDGET per stage's rank), in one file."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
-        layout = parallel_layout(world_size, parallel, mesh, tp)
+        layout = parallel_layout(world_size, parallel, mesh, tp, pp, microbatches, schedule)
         source = workload_source(model, hf, batch_size, seq_len, dtype)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
@@ -205,7 +212,13 @@ def profile(
                 )
         except errors.InfeasibleBudgetError as error:
             # Keep what was measured: re-solving at a budget that fits needs no new profile.
-            if isinstance(error.profile, Profile):
+            if isinstance(error.profile, Profile) and layout is not None and layout.pipeline:
+                # One stage's profile: re-solving it alone would not plan the pipeline.
+                stdout.print(
+                    "re-plan the pipeline with a budget that fits this stage: --budget "
+                    f"{error.min_budget_bytes} or more"
+                )
+            elif isinstance(error.profile, Profile):
                 warn_own_checkpointing(error.profile)
                 plan_path = out or _plan_path(error.profile.model_name)
                 saved = save_profile(error.profile, plan_path.parent / "profile.json")
@@ -226,6 +239,11 @@ def profile(
         name = result.profile.model_name
         plan_path = out or _plan_path(name)
         charts = report_dir or _report_folder(name)
+        if result.stages:
+            wrote = _write_stages(result, plan_path, charts, offload, host_budget_bytes)
+            wrote.append(save_plan(result.plan, plan_path))  # last, as below
+            print_plan_summary(result, wrote)
+            return
         wrote = [
             save_profile(result.profile, plan_path.parent / "profile.json"),
             save_profile_table(result.profile, plan_path.parent / "profile.csv"),
@@ -248,6 +266,28 @@ def profile(
         )
         wrote.append(save_plan(result.plan, plan_path))  # last: a plan file means a complete run
         print_plan_summary(result, wrote)
+
+
+def _write_stages(
+    result: Any, plan_path: Path, charts: Path, offload: bool, host_budget_bytes: int | None
+) -> list[Path]:
+    """A pipeline's outputs: each stage's profile beside the plan, its report in
+    ``stage<N>/``, and the page over the stages (``stages.md``, ``stages.png``)."""
+    from planner.plan.profile_file import save_profile
+    from planner.report import write_report, write_stages_report
+
+    wrote: list[Path] = []
+    for index, stage in enumerate(result.stages):
+        wrote.append(save_profile(stage.profile, plan_path.parent / f"profile-stage{index}.json"))
+        wrote += write_report(
+            stage.profile,
+            stage.plan,
+            charts / f"stage{index}",
+            frontier_points=20,
+            offload=offload,
+            host_budget_bytes=host_budget_bytes,
+        )
+    return wrote + write_stages_report(result.plan, charts)
 
 
 @app.command()

@@ -11,7 +11,7 @@ import typer
 from planner.core import errors
 from planner.core.errors import ParallelLayoutError
 from planner.core.loop import ZeroGrad
-from planner.core.parallel import ParallelLayout, ParallelStrategy
+from planner.core.parallel import ParallelLayout, ParallelStrategy, PipelineLayout
 from planner.core.units import parse_bytes
 
 from .boundary import EXIT_CODES, fail
@@ -139,6 +139,35 @@ TpOption = Annotated[
         "or with --parallel fsdp2 (a mesh of --world-size/N data-parallel shards x N).",
         min=1,
         show_default="none",
+    ),
+]
+PpOption = Annotated[
+    int | None,
+    typer.Option(
+        "--pp",
+        help="Pipeline stages (torch.distributed.pipelining): the model's blocks split into "
+        "this many contiguous stages, one rank each, the first also holding what comes "
+        "before the blocks and the last what comes after; a plan per stage, in one file.",
+        min=2,
+        show_default="none",
+    ),
+]
+MicrobatchesOption = Annotated[
+    int | None,
+    typer.Option(
+        "--microbatches",
+        help="With --pp: the micro-batches the batch is split into (its first dimension).",
+        min=1,
+        show_default="--pp",
+    ),
+]
+ScheduleOption = Annotated[
+    str,
+    typer.Option(
+        "--schedule",
+        help="With --pp: the pipeline schedule, 1f1b (Schedule1F1B: min(M, S - s) "
+        "micro-batches in flight on stage s) or gpipe (ScheduleGPipe: all M).",
+        metavar="1f1b|gpipe",
     ),
 ]
 ExpertLoadOption = Annotated[
@@ -317,10 +346,32 @@ def parallel_layout(
     parallel: str | None,
     mesh: str | None = None,
     tp: int | None = None,
+    pp: int | None = None,
+    microbatches: int | None = None,
+    schedule: str = "1f1b",
 ) -> ParallelLayout | None:
     """The layout --world-size, --parallel, --mesh and --tp name (the first two both or
-    neither, but for --tp N alone: N ranks of tensor parallelism), or None: one process.
+    neither, but for --tp N alone: N ranks of tensor parallelism), or None: one process;
+    or the pipeline --pp, --microbatches and --schedule name (alone: one stage a rank).
     Raises :class:`ParallelLayoutError` (one line, exit 2) for anything else."""
+    if pp is not None:
+        if mesh is not None or tp is not None or parallel not in (None, "fsdp2"):
+            raise ParallelLayoutError(
+                f"--pp {pp} is planned alone ({pp} ranks, one stage each) or with "
+                "--world-size N --parallel fsdp2, not yet with --mesh, --tp or ddp"
+            )
+        pipeline = PipelineLayout(pp, microbatches or pp, schedule)  # type: ignore[arg-type]
+        if parallel is None:
+            if world_size not in (None, pp):
+                raise ParallelLayoutError(
+                    f"--pp {pp} with data parallelism needs --world-size N --parallel fsdp2"
+                )
+            return ParallelLayout(pp, ParallelStrategy.PP, pipeline=pipeline)
+        if world_size is None:
+            raise ParallelLayoutError("--parallel fsdp2 needs --world-size N (the job's ranks)")
+        return ParallelLayout(world_size, ParallelStrategy.FSDP2, pipeline=pipeline)
+    if microbatches is not None:
+        raise ParallelLayoutError("--microbatches needs --pp S (the pipeline's stages)")
     if tp is not None and parallel is None:
         if world_size not in (None, tp) or mesh is not None:
             raise ParallelLayoutError(

@@ -31,6 +31,34 @@ def warn_own_checkpointing(profile: Profile) -> None:
             warn(str(note))
 
 
+def _print_stages(result: Any) -> None:
+    """A pipeline's plan: each stage's peak before and after, and what it checkpoints."""
+    table = Table(title="pipeline stages, each planned for its own rank", title_justify="left")
+    for column in ("stage", "in flight", "unplanned peak", "predicted peak", "measured peak"):
+        table.add_column(column, justify="right")
+    table.add_column("checkpointed", overflow="fold")
+    table.add_column("recompute (ms)", justify="right")
+    for index, stage in enumerate(result.plan.stages):
+        pipeline = stage.parallel.pipeline
+        how = ", ".join(
+            f"{decision.module_name} ({decision.how})"
+            for decision in stage.modules
+            if decision.nested_in is None
+        )
+        table.add_row(
+            str(index),
+            str(pipeline.in_flight(index)),
+            format_bytes(stage.baseline_peak_bytes),
+            format_bytes(stage.predicted_peak_bytes),
+            format_bytes(stage.measured_peak_bytes)
+            if stage.measured_peak_bytes is not None
+            else "not run",
+            how or "nothing",
+            f"{stage.recompute_ms:.1f}",
+        )
+    stdout.print(table)
+
+
 def print_plan_summary(result: Any, wrote: list[Path]) -> None:
     plan, profile = result.plan, result.profile
     table = Table(title=f"checkpointed modules of {profile.model_name}", title_justify="left")
@@ -55,7 +83,9 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
             f"{decision.recompute_ms:.1f}",
             "yes" if decision.preserve_rng_state else "no",
         )
-    if plan.modules:
+    if plan.stages:
+        _print_stages(result)
+    elif plan.modules:
         stdout.print(table)
     else:
         stdout.print("No checkpointing needed: the unplanned step already fits the budget.")

@@ -24,10 +24,14 @@ __all__ = ["CheckedPlan"]
 class CheckedPlan:
     """A solved plan, the profile it was solved on (with any modules excluded on the way),
     the solver's answer it was built from, and its check (None when it was not run).
-    ``attempts``: how many plans were run to find one that fits (1 when none was run)."""
+    ``attempts``: how many plans were run to find one that fits (1 when none was run).
+    ``stages``: a pipeline's plan (whose ``plan.stages`` are its stages' plans) holds each
+    stage's own result here, in stage order; ``profile`` and ``solution`` are then the
+    stage's with the highest predicted peak."""
 
     profile: Profile
     plan: Plan
     solution: Solution
     check: PlanCheck | None
     attempts: int
+    stages: tuple[CheckedPlan, ...] = ()

@@ -583,6 +583,27 @@ def profile_and_plan(
     if target is not None:
         check_budget_fits(target, budget_bytes)
         device = target.device_type
+    if parallel is not None and parallel.pipeline is not None:
+        from planner.pipeline_stages import plan_pipeline
+
+        if memory is not MemorySource.FAKE or loop != PLAIN_LOOP or expert_load != 1.0:
+            raise ParallelLayoutError(
+                "pipeline stages are planned on fake tensors in the plain loop "
+                "(without --memory real, --zero-grad-after-forward, --grad-accum or "
+                "--expert-load)"
+            )
+        return plan_pipeline(
+            model_file,
+            budget_bytes,
+            parallel,
+            device=device,
+            seed=seed,
+            check=check,
+            target=target,
+            progress=progress,
+            offload=offload,
+            host_budget_bytes=host_budget_bytes,
+        )
     profile = profile_model_file(
         model_file,
         device=device,

@@ -42,7 +42,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "apply": ("apply", "model_switches"),
     "measure": ("measure",),
     "check": ("check",),
-    "pipeline": ("pipeline", "fit", "checked_plan"),
+    "pipeline": ("pipeline", "pipeline_stages", "fit", "checked_plan"),
 }
 ORDER = list(LAYERS)
 LAYER_OF = {module: layer for layer, modules in LAYERS.items() for module in modules}

@@ -208,6 +208,10 @@ def layout_mismatch(model: torch.nn.Module, plan: Plan) -> str | None:
     parallelism, the mesh its parameters are laid out on (:func:`_tensor_parallel_mismatch`)."""
     parallel = _running_strategy(model)
     strategy = plan.parallel.strategy.value if plan.parallel is not None else None
+    if strategy == "pp" and parallel is None:  # a stage runs as one process does
+        return None
+    if strategy == "pp":
+        strategy = None
     if strategy == parallel:
         return _tensor_parallel_mismatch(model, plan)
     layouts = {

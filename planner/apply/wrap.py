@@ -72,6 +72,7 @@ __all__ = [
     "is_wrapped",
     "remove_plan",
     "selective_contexts",
+    "stage_plan_of",
     "wrapped_modules",
 ]
 
@@ -318,6 +319,24 @@ def remove_plan(model: torch.nn.Module) -> None:
     FirstForwardGuard.remove(model)
 
 
+def stage_plan_of(model: torch.nn.Module, plan: Plan) -> Plan:
+    """The plan of the pipeline stage ``model`` is, found by its modules and parameters
+    (each stage's plan has its stage's fingerprint). Raises :class:`PlanMismatchError` for a
+    module that is none of the plan's stages."""
+    for stage in plan.stages:
+        try:
+            planned_model(model, stage)
+        except PlanMismatchError:
+            continue
+        return stage
+    raise PlanMismatchError(
+        f"this module is none of the plan's {len(plan.stages)} pipeline stages (its modules "
+        "and parameters match no stage's): make the stage first "
+        "(planner.measure.pipeline_stage.split_into_stage, or the pipeline recipe), then "
+        "apply_plan(stage_module, plan)"
+    )
+
+
 def apply_plan(
     model: torch.nn.Module, plan_or_path: Plan | str | Path, *, guard: bool = True
 ) -> torch.nn.Module:
@@ -333,7 +352,8 @@ def apply_plan(
     has already run recompiles on its next call. Under ``torch.distributed`` (every rank of a
     ``torchrun`` job applies the same plan), the plan must be made for the job's world size
     (``ckpt-plan profile ... --world-size N --parallel ddp|fsdp2``; its ``parallel``), else
-    :class:`PlanMismatchError`.
+    :class:`PlanMismatchError`. A pipeline's plan (``stages``) is applied to one stage's
+    module: the stage it holds the plan of is found by its modules (:func:`stage_plan_of`).
 
     Hugging Face models inside it get ``config.use_cache`` turned off, with one log line: a
     plan is made with the cache off, as Hugging Face's own gradient checkpointing trains
@@ -359,6 +379,8 @@ def apply_plan(
     """
     plan = plan_or_path if isinstance(plan_or_path, Plan) else load_plan(plan_or_path)
     check_world_size(plan)
+    if plan.stages:
+        plan = stage_plan_of(model, plan)
     planned = planned_model(model, plan)
     modules = dict(planned.named_modules())
     targets: dict[str, tuple[torch.nn.Module, ModuleDecision]] = {}

@@ -183,6 +183,20 @@ def _laid_out_workload(model_path: str, plan: Plan, *, planned: bool, device: st
 
     assert plan.parallel is not None
     workload = build_workload(load_model_file(model_path), device=device, seed=seed, loop=plan.loop)
+    pipeline = plan.parallel.pipeline
+    if pipeline is not None:
+        # A stage is made first, the plan applied to it, then its schedule (the recipe's
+        # order); one stage per rank.
+        import torch.distributed as dist
+
+        from planner.measure.pipeline_stage import pipeline_stage, split_into_stage
+
+        stage = plan.parallel.stage_of_rank(dist.get_rank())
+        boundaries = split_into_stage(workload, pipeline, stage)
+        if planned:
+            apply_plan(workload.model, plan)
+        pipeline_stage(workload, plan.parallel, stage, boundaries)
+        return workload, workload.model, [], 0
     if planned:
         apply_plan(workload.model, plan)
     parallelized(workload, plan.parallel)
@@ -312,11 +326,15 @@ def run_rank(
             _allocator_peak(model_path, plan, device=device, seed=seed) if cross_check else None
         )
     steps = compare_steps(unplanned, planned)
+    # a pipeline: this rank's stage's plan
+    own = plan
+    if plan.stages and plan.parallel is not None:
+        own = plan.stage_plan(plan.parallel.stage_of_rank(rank))
     return RankCheck(
         rank=rank,
         allocator_peak_bytes=allocator_peak,
-        budget_bytes=plan.budget_bytes,
-        predicted_peak_bytes=plan.predicted_peak_bytes,
+        budget_bytes=own.budget_bytes,
+        predicted_peak_bytes=own.predicted_peak_bytes,
         measured_peak_bytes=peak,
         unplanned_peak_bytes=unplanned_peak,
         loss_equal=steps.loss_equal,
@@ -347,6 +365,12 @@ def check_plan_on_ranks(
     if plan.parallel is None:
         raise errors.ParallelLayoutError(
             "this plan is for a single process; check it with `ckpt-plan verify` without --nproc"
+        )
+    if plan.parallel.pipeline is not None and not plan.stages:
+        raise errors.ParallelLayoutError(
+            f"this plan is pipeline stage {plan.parallel.pipeline.stage}'s alone; the ranks run "
+            "every stage: check the whole pipeline's plan (ckpt-plan profile ... "
+            f"{plan.parallel.command_options()} writes one)"
         )
     nproc = nproc or plan.parallel.world_size
     if nproc != plan.parallel.world_size:

@@ -33,7 +33,14 @@ from typing import Any
 
 from planner.core.errors import ParallelLayoutError
 
-__all__ = ["ParallelLayout", "ParallelStrategy", "parallel_from_dict", "parallel_to_dict"]
+__all__ = [
+    "ParallelLayout",
+    "ParallelStrategy",
+    "PipelineLayout",
+    "PipelineSchedule",
+    "parallel_from_dict",
+    "parallel_to_dict",
+]
 
 
 class ParallelStrategy(str, enum.Enum):
@@ -45,6 +52,73 @@ class ParallelStrategy(str, enum.Enum):
     """``fully_shard``: parameters, gradients and optimizer state sharded over the ranks."""
     TP = "tp"
     """Tensor parallelism alone: every rank in one TP group, no data-parallel dimension."""
+    PP = "pp"
+    """Pipeline stages alone: rank ``s`` holds stage ``s`` (:class:`PipelineLayout`)."""
+
+
+class PipelineSchedule(str, enum.Enum):
+    """The ``torch.distributed.pipelining`` schedule a pipeline runs its micro-batches in."""
+
+    ONE_F_ONE_B = "1f1b"
+    """``Schedule1F1B``: stage ``s`` of ``S`` runs ``min(M, S - s)`` forwards, then
+    alternates one backward and one forward: that many micro-batches in flight."""
+    GPIPE = "gpipe"
+    """``ScheduleGPipe``: every forward, then every backward: ``M`` in flight on each stage."""
+
+
+@dataclass(frozen=True)
+class PipelineLayout:
+    """A pipeline of ``stages`` stages running ``microbatches`` micro-batches per step in
+    ``schedule``; ``stage``: the one stage a profile or a stage's plan is for (None: the
+    whole pipeline, a plan holding every stage's). Pure data (docs/distributed.md,
+    "Pipeline stages")."""
+
+    stages: int
+    microbatches: int
+    schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    stage: int | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "schedule", PipelineSchedule(self.schedule))
+        except ValueError:
+            choices = ", ".join(choice.value for choice in PipelineSchedule)
+            raise ParallelLayoutError(
+                f"the pipeline schedule must be one of {choices}, not {self.schedule!r} "
+                "(interleaved-1f1b is not planned yet: it puts several stages on one rank)"
+            ) from None
+        for name in ("stages", "microbatches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ParallelLayoutError(
+                    f"the pipeline's {name} must be a whole number >= 1, not {value!r}"
+                )
+        if self.stages < 2:
+            raise ParallelLayoutError("a pipeline has at least 2 stages (--pp 2 or more)")
+        if self.schedule is PipelineSchedule.ONE_F_ONE_B and self.microbatches < self.stages:
+            raise ParallelLayoutError(
+                f"1F1B runs at least as many micro-batches as stages: --microbatches "
+                f"{self.microbatches} is fewer than --pp {self.stages}"
+            )
+        if self.stage is not None and not 0 <= self.stage < self.stages:
+            raise ParallelLayoutError(
+                f"stage {self.stage} is not one of the pipeline's {self.stages} stages"
+            )
+
+    def in_flight(self, stage: int) -> int:
+        """How many micro-batches' activations stage ``stage`` holds at most: 1F1B's warm-up
+        forwards, ``min(M, S - stage)`` (``S - stage``: 1F1B needs ``M >= S``); GPipe's,
+        all ``M``."""
+        if self.schedule is PipelineSchedule.GPIPE:
+            return self.microbatches
+        return min(self.microbatches, self.stages - stage)
+
+    def describe(self) -> str:
+        which = f"stage {self.stage} of " if self.stage is not None else ""
+        return (
+            f"{which}{self.stages} pipeline stages, {self.microbatches} micro-batches, "
+            f"{self.schedule.value}"
+        )
 
 
 # The device mesh's dimension names, by the number of data-parallel dimensions; a TP
@@ -68,6 +142,7 @@ class ParallelLayout:
     strategy: ParallelStrategy
     mesh_shape: tuple[int, ...] = ()
     tp: int = 1
+    pipeline: PipelineLayout | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -89,6 +164,11 @@ class ParallelLayout:
             raise ParallelLayoutError(
                 f"the tensor-parallel degree must be a whole number >= 1, not {self.tp!r}"
             )
+        if self.strategy is ParallelStrategy.PP and self.pipeline is None:
+            raise ParallelLayoutError("strategy pp needs a pipeline (--pp S --microbatches M)")
+        if self.pipeline is not None:
+            self._check_pipeline(self.pipeline)
+            return
         if self.strategy is ParallelStrategy.TP:
             if self.tp not in (1, self.world_size):
                 raise ParallelLayoutError(
@@ -109,7 +189,7 @@ class ParallelLayout:
                 f"{self.world_size}"
             )
         default = (self.world_size // self.tp, self.tp) if self.tp > 1 else (self.world_size,)
-        if self.strategy is ParallelStrategy.TP:
+        if self.strategy in (ParallelStrategy.TP, ParallelStrategy.PP):
             default = (self.world_size,)
         shape = tuple(self.mesh_shape) or default
         if any(not isinstance(size, int) or size < 1 for size in shape) or (
@@ -137,9 +217,45 @@ class ParallelLayout:
             )
         object.__setattr__(self, "mesh_shape", shape)
 
+    def _check_pipeline(self, pipeline: PipelineLayout) -> None:
+        """A pipeline's mesh: ``(pp,)`` alone, one rank per stage; ``(pp, dp)`` with FSDP2,
+        each stage sharded over ``dp`` ranks (the stage of rank r is r // dp)."""
+        stages = pipeline.stages
+        if self.strategy not in (ParallelStrategy.PP, ParallelStrategy.FSDP2) or self.tp != 1:
+            raise ParallelLayoutError(
+                "pipeline stages are planned alone (--pp S) or with FSDP2 (--pp S "
+                "--world-size N --parallel fsdp2), not with ddp or tensor parallelism yet"
+            )
+        if self.world_size % stages:
+            raise ParallelLayoutError(
+                f"{stages} pipeline stages do not divide the world size {self.world_size}"
+            )
+        data = self.world_size // stages
+        if self.strategy is ParallelStrategy.PP and data != 1:
+            raise ParallelLayoutError(
+                f"a pipeline of {stages} stages alone is {stages} ranks, one stage each, not "
+                f"{self.world_size} (with data parallelism too: --parallel fsdp2)"
+            )
+        shape = (stages,) if self.strategy is ParallelStrategy.PP else (stages, data)
+        if self.mesh_shape and tuple(self.mesh_shape) != shape:
+            raise ParallelLayoutError(
+                f"the mesh of {stages} pipeline stages over {self.world_size} ranks is "
+                f"{list(shape)}, not {list(self.mesh_shape)}"
+            )
+        object.__setattr__(self, "mesh_shape", shape)
+
+    def stage_of_rank(self, rank: int) -> int:
+        """The pipeline stage rank ``rank`` holds (the mesh is ``(pp, dp)``, row-major)."""
+        if self.pipeline is None:
+            raise ParallelLayoutError("this layout has no pipeline stages")
+        return rank // (self.world_size // self.pipeline.stages)
+
     @property
     def data_mesh_shape(self) -> tuple[int, ...]:
-        """The mesh's data-parallel dimensions (all but the TP one; none for TP alone)."""
+        """The mesh's data-parallel dimensions (all but the TP one; none for TP or PP
+        alone)."""
+        if self.pipeline is not None:
+            return self.mesh_shape[1:]
         if self.strategy is ParallelStrategy.TP or self.tp > 1:
             return self.mesh_shape[:-1]
         return self.mesh_shape
@@ -149,6 +265,8 @@ class ParallelLayout:
         """The device mesh's dimension names, as the model file's ``parallelize`` finds
         them: ``("dp",)``, HSDP's ``("replicate", "shard")``, then ``"tp"`` where the
         layout has a TP dimension (``("tp",)``, ``("dp", "tp")``, ...)."""
+        if self.pipeline is not None:
+            return ("pp",) if self.strategy is ParallelStrategy.PP else ("pp", "dp")
         names = _DATA_DIM_NAMES[len(self.data_mesh_shape)]
         if len(self.data_mesh_shape) < len(self.mesh_shape):
             names = (*names, "tp")
@@ -156,6 +274,10 @@ class ParallelLayout:
 
     def describe(self) -> str:
         """One line for summaries."""
+        if self.pipeline is not None:
+            data = self.world_size // self.pipeline.stages
+            each = "one rank each" if data == 1 else f"each FSDP2-sharded over {data} ranks"
+            return f"{self.pipeline.describe()} ({each}; {self.world_size} ranks)"
         mesh = "x".join(str(size) for size in self.mesh_shape)
         tp = f", tp {self.tp}" if self.tp > 1 and self.strategy is not ParallelStrategy.TP else ""
         return f"one rank of {self.world_size} ({self.strategy.value}, mesh {mesh}{tp})"
@@ -164,6 +286,15 @@ class ParallelLayout:
         """The ``ckpt-plan profile`` options that plan this layout."""
         if self.strategy is ParallelStrategy.TP:
             return f"--tp {self.tp}"
+        if self.pipeline is not None:
+            pipeline = self.pipeline
+            options = (
+                f"--pp {pipeline.stages} --microbatches {pipeline.microbatches} "
+                f"--schedule {pipeline.schedule.value}"
+            )
+            if self.strategy is ParallelStrategy.FSDP2:
+                options += f" --world-size {self.world_size} --parallel fsdp2"
+            return options
         options = f"--world-size {self.world_size} --parallel {self.strategy.value}"
         if len(self.data_mesh_shape) == 2:
             options += " --mesh " + "x".join(str(size) for size in self.data_mesh_shape)
@@ -183,6 +314,14 @@ def parallel_to_dict(layout: ParallelLayout | None) -> dict[str, Any] | None:
     }
     if layout.tp > 1:  # absent: 1, as in plans written before tensor parallelism
         data["tp"] = layout.tp
+    if layout.pipeline is not None:  # absent: no pipeline
+        pipeline = layout.pipeline
+        data["pipeline"] = {
+            "stages": pipeline.stages,
+            "microbatches": pipeline.microbatches,
+            "schedule": pipeline.schedule.value,
+            "stage": pipeline.stage,
+        }
     return data
 
 
@@ -191,14 +330,32 @@ def parallel_from_dict(data: Any) -> ParallelLayout | None:
     process. Raises :class:`ParallelLayoutError` for anything else."""
     if data is None:
         return None
-    if not isinstance(data, dict) or set(data) - {"world_size", "strategy", "mesh_shape", "tp"}:
+    known = {"world_size", "strategy", "mesh_shape", "tp", "pipeline"}
+    if not isinstance(data, dict) or set(data) - known:
         raise ParallelLayoutError(
             '"parallel" should be an object with world_size, strategy, mesh_shape and '
-            f"(optional) tp, not {data!r}"
+            f"(optional) tp and pipeline, not {data!r}"
+        )
+    pipeline = data.get("pipeline")
+    if pipeline is not None and (
+        not isinstance(pipeline, dict)
+        or set(pipeline) - {"stages", "microbatches", "schedule", "stage"}
+    ):
+        raise ParallelLayoutError(
+            '"pipeline" should be an object with stages, microbatches, schedule and stage, '
+            f"not {pipeline!r}"
         )
     return ParallelLayout(
         world_size=data.get("world_size"),  # type: ignore[arg-type]
         strategy=data.get("strategy"),  # type: ignore[arg-type]
         mesh_shape=tuple(data.get("mesh_shape") or ()),
         tp=data.get("tp", 1),
+        pipeline=None
+        if pipeline is None
+        else PipelineLayout(
+            stages=pipeline.get("stages"),  # type: ignore[arg-type]
+            microbatches=pipeline.get("microbatches"),  # type: ignore[arg-type]
+            schedule=pipeline.get("schedule", "1f1b"),
+            stage=pipeline.get("stage"),
+        ),
     )

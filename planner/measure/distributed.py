@@ -73,10 +73,10 @@ logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def simulated_ranks(layout: ParallelLayout) -> Iterator[None]:
-    """Run the block as rank 0 of ``layout.world_size`` ranks on a fake process group (see the
-    module's design notes). Refused inside a process group that already exists (a real job:
-    plan before launching it, or in a separate process)."""
+def simulated_ranks(layout: ParallelLayout, *, rank: int = 0) -> Iterator[None]:
+    """Run the block as rank ``rank`` (default 0) of ``layout.world_size`` ranks on a fake
+    process group (see the module's design notes). Refused inside a process group that
+    already exists (a real job: plan before launching it, or in a separate process)."""
     if dist.is_initialized():
         raise ParallelLayoutError(
             "a process group is already running in this process; plan for a parallel layout "
@@ -84,7 +84,7 @@ def simulated_ranks(layout: ParallelLayout) -> Iterator[None]:
         )
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=layout.world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
     try:
         yield
     finally:
@@ -251,6 +251,22 @@ def record_rank_memory(
     from planner.measure.tracking import MemoryLimitExceeded
     from planner.measure.workload import build_workload
 
+    if layout.pipeline is not None:
+        from planner.measure.pipeline_stage import record_stage_memory
+
+        if loop != PLAIN_LOOP:
+            raise ParallelLayoutError(
+                "a pipeline stage's step is its schedule's: plan it in the plain loop "
+                "(without --zero-grad-after-forward or --grad-accum)"
+            )
+        return record_stage_memory(
+            model_file,
+            layout,
+            device_type=device_type,
+            seed=seed,
+            workspace_bytes=workspace_bytes,
+            progress=progress,
+        )
     if progress:
         progress(f"simulating {layout.describe()}", 0, 0)
     with simulated_ranks(layout):

@@ -39,6 +39,7 @@ __all__ = [
     "build_workload",
     "compute_loss",
     "load_model_file",
+    "loss_from_output",
     "map_tensors",
     "run_training_step",
     "switch_off_own_checkpointing",
@@ -55,7 +56,9 @@ class Workload:
     :func:`switch_off_own_checkpointing`), one line each. ``loop``: the training loop's
     shape its steps run in (:func:`run_training_step`). ``caches_off``: the Hugging Face
     models in it whose cache was switched off for training
-    (:func:`planner.model_switches.switch_off_caches`)."""
+    (:func:`planner.model_switches.switch_off_caches`). ``step``: a step of its own that
+    :func:`run_training_step` runs instead, given ``phase_ended`` (a pipeline stage's
+    schedule: :mod:`planner.measure.pipeline_stage`)."""
 
     model_file: ModelFile
     model: torch.nn.Module
@@ -65,6 +68,7 @@ class Workload:
     notes: tuple[Note, ...] = ()
     loop: LoopShape = PLAIN_LOOP
     caches_off: tuple[str, ...] = ()
+    step: Callable[[Callable[[Phase], None] | None], torch.Tensor] | None = None
 
 
 def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[Note, ...]:
@@ -205,15 +209,7 @@ def compute_loss(
             output = model(*batch)
         else:
             output = model(batch)
-        if model_file.loss_fn is not None:
-            loss = model_file.loss_fn(output, batch)
-            source = "loss_fn()"
-        elif getattr(output, "loss", None) is not None:
-            loss = output.loss
-            source = "the model output's .loss"
-        else:
-            loss = output
-            source = "the model output"
+        loss, source = loss_from_output(model_file, output, batch)
     if not require_grad:
         return loss  # type: ignore[no-any-return]
     if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.requires_grad):
@@ -227,6 +223,16 @@ def compute_loss(
             "loss_fn(output, batch) or training_step(model, batch) in the model file"
         )
     return loss
+
+
+def loss_from_output(model_file: ModelFile, output: Any, batch: Any) -> tuple[Any, str]:
+    """The loss of a model output, by the contract's precedence (``loss_fn``, else the
+    output's ``.loss``, else the output), and where it came from, for errors."""
+    if model_file.loss_fn is not None:
+        return model_file.loss_fn(output, batch), "loss_fn()"
+    if getattr(output, "loss", None) is not None:
+        return output.loss, "the model output's .loss"
+    return output, "the model output"
 
 
 def user_code_errors(workload: Workload) -> contextlib.AbstractContextManager[None]:
@@ -266,6 +272,9 @@ def run_training_step(
     loop = workload.loop
     if seed is not None:
         torch.manual_seed(seed)
+    if workload.step is not None:
+        with _user_code("the training step", workload.model_file.path):
+            return workload.step(phase_ended)
     with _user_code("the training step", workload.model_file.path):
         if loop.zero_grad is ZeroGrad.BEFORE_FORWARD and not loop.accumulates:
             workload.optimizer.zero_grad(set_to_none=True)

@@ -25,6 +25,7 @@ from planner.plan.policies import NESTED, OFFLOAD, OFFLOAD_AT_USE
 __all__ = [
     "OFFLOAD_SCHEMA_VERSION",
     "PLAN_SCHEMA_VERSION",
+    "STAGES_SCHEMA_VERSION",
     "CheckpointMethod",
     "ModuleDecision",
     "Plan",
@@ -34,14 +35,19 @@ __all__ = [
     "save_plan",
 ]
 
-PLAN_SCHEMA_VERSION = 2
+PLAN_SCHEMA_VERSION = 3
 """The newest plan schema this reads. Version 2 added the ``offload`` method; a plan with
 no offloaded module is still written as version 1 (:data:`OFFLOAD_SCHEMA_VERSION`), so
 that an older ckpt-plan reads it as before, and one that offloads says it needs a newer
-one instead of failing on a method it does not know."""
+one instead of failing on a method it does not know. Version 3 added ``stages`` (a
+pipeline's plan: one plan per stage), written only by plans that have them
+(:data:`STAGES_SCHEMA_VERSION`)."""
 
 OFFLOAD_SCHEMA_VERSION = 2
 """The schema a plan with an offloaded module is written in (older plans: 1)."""
+
+STAGES_SCHEMA_VERSION = 3
+"""The schema a pipeline's plan (with ``stages``) is written in."""
 
 
 class CheckpointMethod(str, enum.Enum):
@@ -131,7 +137,10 @@ class Plan:
     step was planned with (:mod:`planner.core.switches`: Hugging Face caches turned off,
     routing assumed). ``host_budget_bytes`` bounds the host memory offloaded modules hold at
     once (None: the plan offloads nothing, or was made before offloading existed), and
-    ``predicted_host_peak_bytes`` is what they hold at most.
+    ``predicted_host_peak_bytes`` is what they hold at most. ``stages``: a pipeline's plan
+    holds one plan per stage (each for its stage's modules, budget and peak; its
+    ``parallel`` names the stage), its own ``modules`` empty and its peaks the highest
+    stage's; ``apply_plan`` on a stage's module picks that stage's.
     """
 
     budget_bytes: int
@@ -162,10 +171,23 @@ class Plan:
     switches: StepSwitches = NO_SWITCHES
     host_budget_bytes: int | None = None
     predicted_host_peak_bytes: int = 0
+    stages: tuple[Plan, ...] = ()
 
     def __post_init__(self) -> None:
-        # The schema it is written in: 2 where a module offloads (PLAN_SCHEMA_VERSION).
-        object.__setattr__(self, "schema_version", OFFLOAD_SCHEMA_VERSION if self.offloads else 1)
+        # The schema it is written in: 3 with stages, 2 where a module offloads, else 1
+        # (PLAN_SCHEMA_VERSION).
+        version = (
+            STAGES_SCHEMA_VERSION if self.stages else OFFLOAD_SCHEMA_VERSION if self.offloads else 1
+        )
+        object.__setattr__(self, "schema_version", version)
+
+    def stage_plan(self, stage: int) -> Plan:
+        """Stage ``stage``'s own plan (a pipeline's plan holds one per stage)."""
+        for plan in self.stages:
+            layout = plan.parallel.pipeline if plan.parallel is not None else None
+            if layout is not None and layout.stage == stage:
+                return plan
+        raise PlanFileError(f"the plan holds no plan for pipeline stage {stage}")
 
     @property
     def module_names(self) -> tuple[str, ...]:
@@ -215,6 +237,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     data["loop"] = loop_to_dict(plan.loop)
     data["parallel"] = parallel_to_dict(plan.parallel)
     data["switches"] = switches_to_dict(plan.switches)
+    if plan.stages:
+        data["stages"] = [plan_to_dict(stage) for stage in plan.stages]
+    else:
+        del data["stages"]  # absent: no pipeline, as in every plan written before
     # Version 2 only where it matters (see PLAN_SCHEMA_VERSION); first, so a person opening
     # the file sees it.
     return {"schema_version": data.pop("schema_version"), **data}
@@ -277,6 +303,13 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         values["loop"] = loop_from_dict(data.get("loop"))  # absent: the plain loop
         values["parallel"] = parallel_from_dict(data.get("parallel"))  # absent: one process
         values["switches"] = switches_from_dict(data.get("switches"))  # absent: none
+        stages = data.get("stages", [])  # absent: no pipeline
+        if not isinstance(stages, list):
+            raise PlanFileError(f"{source}: field 'stages' should be a list; re-create the plan")
+        values["stages"] = tuple(
+            plan_from_dict(stage, source=f"{source}, stage {index}")
+            for index, stage in enumerate(stages)
+        )
         plan = Plan(**values)
     except (KeyError, TypeError, ValueError, LoopShapeError, ParallelLayoutError) as error:
         raise PlanFileError(

@@ -34,6 +34,7 @@ from planner.report.figures import memory_timeline_figure, module_figure, tradeo
 from planner.report.files import write_report
 from planner.report.frames import module_frame, timeline_frame, tradeoff_frame
 from planner.report.inputs import load_report_inputs
+from planner.report.stages import stage_frame, stage_peaks_figure, write_stages_report
 from planner.report.summary import (
     cost_source_text,
     memory_source_text,
@@ -50,10 +51,13 @@ __all__ = [
     "memory_timeline_figure",
     "module_figure",
     "module_frame",
+    "stage_frame",
+    "stage_peaks_figure",
     "summary_markdown",
     "timeline_frame",
     "tradeoff_figure",
     "tradeoff_frame",
     "unplanned_source",
     "write_report",
+    "write_stages_report",
 ]

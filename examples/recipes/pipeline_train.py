@@ -1,0 +1,102 @@
+"""Recipe: a pipeline (``torch.distributed.pipelining``), one stage per rank, each stage with
+its own plan from one plan file (CPU: gloo; GPUs: NCCL, one per rank).
+
+    ckpt-plan profile tests/data/tp_gpt.py --budget 330000 --pp 2 --microbatches 4 -o plan.json
+    torchrun --nproc-per-node 2 examples/recipes/pipeline_train.py plan.json
+
+1. Plan every stage, once, on any machine: ``--pp S --microbatches M --schedule 1f1b|gpipe``
+   (the budget is each rank's peak; each stage is simulated in its schedule, and where S is
+   small the plan is checked on S real ranks before it is written).
+2. On every rank, in this order: build the model; take the shapes that cross the stage
+   boundaries (``boundary_metas``, on fake tensors: no memory); make this rank's stage
+   (``make_stage``: the other stages' modules taken out, names kept); ``apply_plan(stage,
+   plan)``, which picks this stage's decisions by its modules; THEN the ``PipelineStage``
+   and its schedule (``stage_schedule``), THEN the optimizer over the stage's parameters.
+3. Each step: ``zero_grad``, ``schedule.step`` over the batch's micro-batches (the last
+   stage gets its losses), ``optimizer.step``.
+
+Each rank prints one JSON line: its losses (the last stage's: the mean over the
+micro-batches; the other stages', none). Without a plan (``--pp S --microbatches M``) it
+trains the same pipeline unplanned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from planner import apply_plan, load_plan
+from planner.core.parallel import PipelineLayout
+from planner.measure.pipeline_stage import stage_schedule
+from planner.measure.stage_split import batch_keywords, boundary_metas, make_stage
+from planner.measure.workload import load_model_file
+
+
+def train(
+    plan_path: Path | None, model_path: str | None, steps: int, pipeline: PipelineLayout
+) -> list[float]:
+    """``steps`` training steps of this rank's stage; ``plan_path`` None: unplanned, as
+    ``pipeline`` says (with a plan: as the plan says)."""
+    plan = load_plan(plan_path) if plan_path is not None else None
+    if plan is not None:
+        assert plan.parallel is not None and plan.parallel.pipeline is not None, "not a --pp plan"
+        pipeline = plan.parallel.pipeline
+        model_path = model_path or plan.model_file
+    assert model_path is not None, "--model MODEL.py (or a plan that records it)"
+    model_file = load_model_file(model_path)
+    device = "cpu"
+    if torch.cuda.is_available():
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    rank = dist.get_rank()
+    torch.manual_seed(0)  # the same initial weights on every rank: each keeps its stage's
+    model = model_file.build_model().to(device)
+    boundaries = boundary_metas(model, model_file, model_file.sample_batch(), pipeline)
+    stage_module = make_stage(model, model_file, pipeline, rank)  # 1. the stage
+    if plan is not None:
+        apply_plan(stage_module, plan)  # 2. this stage's plan
+    _, schedule = stage_schedule(stage_module, pipeline, rank, boundaries, device)  # 3.
+    optimizer = torch.optim.AdamW(stage_module.parameters(), lr=1e-3)  # 4.
+    last = rank == pipeline.stages - 1
+    losses = []
+    for step in range(steps):
+        torch.manual_seed(1000 + step)  # every rank draws the same batch
+        batch = {key: value.to(device) for key, value in model_file.sample_batch().items()}
+        optimizer.zero_grad(set_to_none=True)
+        if last:
+            step_losses: list[torch.Tensor] = []
+            target = torch.zeros(pipeline.microbatches, device=device)
+            schedule.step(
+                target=target, losses=step_losses, return_outputs=False, **batch_keywords(batch)
+            )
+            losses.append(torch.stack(step_losses).mean().item())
+        else:
+            schedule.step(return_outputs=False, **batch_keywords(batch))
+        optimizer.step()
+    return losses
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("plan", type=Path, nargs="?", help="plan.json (none: train unplanned)")
+    parser.add_argument("--model", default=None, help="the model file the plan was made for")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--microbatches", type=int, default=4, help="without a plan")
+    parser.add_argument("--schedule", default="1f1b", help="without a plan: 1f1b or gpipe")
+    arguments = parser.parse_args()
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        pipeline = PipelineLayout(dist.get_world_size(), arguments.microbatches, arguments.schedule)
+        losses = train(arguments.plan, arguments.model, arguments.steps, pipeline)
+        print(json.dumps({"rank": dist.get_rank(), "losses": losses}), flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

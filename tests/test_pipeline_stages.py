@@ -1,0 +1,289 @@
+"""Plans for pipeline stages (issue #30): the layout record, a stage made from the model,
+one plan file holding every stage's, each stage simulated in its schedule on a fake process
+group, bad options, and (slow) the check on 2 real gloo ranks, 1F1B and GPipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from planner.apply import apply_plan, is_wrapped
+from planner.cli.main import app
+from planner.core.errors import ParallelLayoutError, PlanMismatchError
+from planner.core.parallel import (
+    ParallelLayout,
+    ParallelStrategy,
+    PipelineLayout,
+    parallel_from_dict,
+    parallel_to_dict,
+)
+from planner.measure.distributed import record_rank_memory
+from planner.measure.stage_split import make_stage, stage_blocks
+from planner.measure.workload import load_model_file
+from planner.pipeline_stages import combined_plan
+from planner.plan.plan_file import (
+    STAGES_SCHEMA_VERSION,
+    load_plan,
+    plan_from_dict,
+    plan_to_dict,
+)
+from planner.solve.planning import plan_for_budget
+
+DATA = Path(__file__).parent / "data"
+TP_GPT = DATA / "tp_gpt.py"  # a small Llama: 2 blocks, batch 4
+
+
+def _layout(schedule: str = "1f1b", stage: int | None = None) -> ParallelLayout:
+    return ParallelLayout(2, ParallelStrategy.PP, pipeline=PipelineLayout(2, 4, schedule, stage))
+
+
+@pytest.fixture(scope="module")
+def stage_profiles():  # type: ignore[no-untyped-def]
+    """Both stages of 2, 4 micro-batches, 1F1B and GPipe, simulated (fake tensors)."""
+    model_file = load_model_file(TP_GPT)
+    return {
+        (schedule, stage): record_rank_memory(model_file, _layout(schedule, stage))
+        for schedule in ("1f1b", "gpipe")
+        for stage in (0, 1)
+    }
+
+
+# -- the layout record ---------------------------------------------------------------------
+def test_a_pipeline_layout_counts_in_flight_micro_batches_and_round_trips() -> None:
+    assert [PipelineLayout(4, 8).in_flight(stage) for stage in range(4)] == [4, 3, 2, 1]
+    assert [PipelineLayout(4, 2, "gpipe").in_flight(stage) for stage in range(4)] == [2] * 4
+    assert [PipelineLayout(4, 8, "gpipe").in_flight(stage) for stage in range(4)] == [8] * 4
+    layout = _layout("gpipe", 1)
+    assert layout.mesh_shape == (2,) and layout.mesh_dim_names == ("pp",)
+    assert layout.command_options() == "--pp 2 --microbatches 4 --schedule gpipe"
+    data = parallel_to_dict(layout)
+    assert data is not None and data["pipeline"] == {
+        "stages": 2,
+        "microbatches": 4,
+        "schedule": "gpipe",
+        "stage": 1,
+    }
+    assert parallel_from_dict(json.loads(json.dumps(data))) == layout
+    assert "pipeline" not in (parallel_to_dict(ParallelLayout(2, ParallelStrategy.FSDP2)) or {})
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: PipelineLayout(2, 4, "interleaved-1f1b"), "one of 1f1b, gpipe"),
+        (lambda: PipelineLayout(1, 4), "at least 2 stages"),
+        (lambda: PipelineLayout(2, 0), "microbatches must be a whole number"),
+        (lambda: PipelineLayout(4, 2), "--microbatches 2 is fewer than --pp 4"),
+        (lambda: PipelineLayout(2, 4, stage=2), "not one of the pipeline's 2 stages"),
+        (lambda: ParallelLayout(4, ParallelStrategy.PP, pipeline=PipelineLayout(2, 4)), "one"),
+        (lambda: ParallelLayout(2, ParallelStrategy.PP), "strategy pp needs a pipeline"),
+        (
+            lambda: ParallelLayout(6, ParallelStrategy.FSDP2, pipeline=PipelineLayout(4, 4)),
+            "do not divide the world size 6",
+        ),
+        (
+            lambda: ParallelLayout(4, ParallelStrategy.DDP, pipeline=PipelineLayout(2, 4)),
+            "not with ddp",
+        ),
+    ],
+)
+def test_bad_pipeline_layouts_are_one_line_errors(make, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ParallelLayoutError, match=message) as error:
+        make()
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--pp", "2", "--schedule", "interleaved-1f1b"], "interleaved-1f1b is not planned"),
+        (["--microbatches", "2"], "--microbatches needs --pp"),
+        (["--pp", "2", "--parallel", "ddp", "--world-size", "4"], "planned alone"),
+        (["--pp", "2", "--world-size", "4"], "needs --world-size N --parallel fsdp2"),
+        (["--pp", "3"], "need at least 3 blocks"),
+        (["--pp", "2", "--microbatches", "3"], "splits into 3 equal micro-batches"),
+    ],
+)
+def test_bad_pipeline_options_are_one_line_errors(
+    options: list[str], message: str, tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(
+        app, ["profile", str(TP_GPT), "--budget", "1MB", "-o", str(tmp_path / "p.json"), *options]
+    )
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# -- a stage made from the model -----------------------------------------------------------
+def _model():  # type: ignore[no-untyped-def]
+    model_file = load_model_file(TP_GPT)
+    torch.manual_seed(0)
+    return model_file, model_file.build_model()
+
+
+def test_stages_split_the_blocks_and_the_first_and_last_hold_the_rest() -> None:
+    model_file, model = _model()
+    assert stage_blocks(model, 2) == ("layers", (("layers.0",), ("layers.1",)))
+    first = make_stage(_model()[1], model_file, PipelineLayout(2, 4), 0)
+    last = make_stage(_model()[1], model_file, PipelineLayout(2, 4), 1)
+    first_names = {name.split(".")[0] for name, _ in first.named_parameters()}
+    assert first_names == {"tok_embeddings", "layers"}
+    assert all(not name.startswith("layers.1") for name, _ in first.named_parameters())
+    assert {name.split(".")[0] for name, _ in last.named_parameters()} == {
+        "layers",
+        "norm",
+        "output",
+    }
+    assert all(not name.startswith("layers.0") for name, _ in last.named_parameters())
+
+
+def test_the_stages_chained_compute_the_whole_models_loss() -> None:
+    """Stage 0's output fed to stage 1 gives the unsplit model's loss, bit for bit, and
+    gradients reach both stages (the same weights: each stage built from the same seed)."""
+    model_file, model = _model()
+    torch.manual_seed(1)
+    batch = model_file.sample_batch()
+    expected = model(**batch)
+    first = make_stage(_model()[1], model_file, PipelineLayout(2, 4), 0)
+    last = make_stage(_model()[1], model_file, PipelineLayout(2, 4), 1)
+    hidden = first(**batch)
+    assert hidden.shape == (4, 32, 32)
+    loss = last(hidden.detach().requires_grad_(), **batch)
+    assert torch.equal(loss, expected)
+    loss.backward()
+    assert last.get_submodule("layers.1.attention.wq").weight.grad is not None
+
+
+def test_one_plan_holds_every_stage_and_apply_plan_picks_a_stage_by_its_modules(
+    stage_profiles,  # type: ignore[no-untyped-def]
+) -> None:
+    plans = []
+    for stage in (0, 1):
+        profile = stage_profiles[("1f1b", stage)]
+        plan, _ = plan_for_budget(profile, profile.measured_peak_bytes - 8_000)
+        plans.append(plan)
+    plan = combined_plan(tuple(plans), _layout())
+    assert plan.schema_version == STAGES_SCHEMA_VERSION and not plan.modules
+    assert plan.predicted_peak_bytes == max(p.predicted_peak_bytes for p in plans)
+    data = plan_to_dict(plan)
+    assert [s["parallel"]["pipeline"]["stage"] for s in data["stages"]] == [0, 1]
+    assert plan_from_dict(json.loads(json.dumps(data))) == plan
+    # a plan without stages is written as before: no "stages", schema 1
+    assert "stages" not in plan_to_dict(plans[0]) and plans[0].schema_version == 1
+
+    model_file, _ = _model()
+    for stage in (0, 1):
+        module = make_stage(_model()[1], model_file, PipelineLayout(2, 4), stage)
+        apply_plan(module, plan)
+        wrapped = {name for name, sub in module.named_modules() if is_wrapped(sub)}
+        assert wrapped == {d.module_name for d in plans[stage].modules if d.nested_in is None}
+    with pytest.raises(PlanMismatchError, match="none of the plan's 2 pipeline stages"):
+        apply_plan(_model()[1], plan)  # the whole model is no stage
+
+
+def test_a_plan_for_an_unknown_stage_is_refused(stage_profiles) -> None:  # type: ignore[no-untyped-def]
+    profile = stage_profiles[("1f1b", 0)]
+    plan, _ = plan_for_budget(profile, profile.measured_peak_bytes)
+    only_first = combined_plan((plan,), _layout())
+    model_file, _ = _model()
+    last = make_stage(_model()[1], model_file, PipelineLayout(2, 4), 1)
+    with pytest.raises(PlanMismatchError, match="none of the plan's 1 pipeline stages"):
+        apply_plan(last, only_first)
+
+
+# -- each stage simulated in its schedule --------------------------------------------------
+def test_a_stage_holds_the_micro_batches_its_schedule_keeps_in_flight(
+    stage_profiles,  # type: ignore[no-untyped-def]
+) -> None:
+    """1F1B keeps 2 micro-batches in flight on stage 0 of 2 and 1 on stage 1; GPipe keeps
+    all 4 on both: the activations each stage holds above its static memory grow with it."""
+    held = {key: p.measured_peak_bytes - p.static_bytes for key, p in stage_profiles.items()}
+    assert held[("gpipe", 0)] > held[("1f1b", 0)] > held[("1f1b", 1)]
+    assert held[("gpipe", 1)] > held[("1f1b", 1)]
+    for (_, stage), profile in stage_profiles.items():
+        assert profile.parallel is not None and profile.parallel.pipeline is not None
+        assert profile.parallel.pipeline.stage == stage
+        blocks = {record.module_name for record in profile.candidates}
+        assert f"layers.{stage}" in blocks and f"layers.{1 - stage}" not in blocks
+
+
+# -- the check on real ranks ---------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("schedule", "budget", "data_parallel"),
+    [("1f1b", "330000", []), ("gpipe", "430000", []), ("1f1b", "300000", ["fsdp2"])],
+)
+def test_profile_checks_each_stages_plan_on_real_ranks(
+    schedule: str, budget: str, data_parallel: list[str], tmp_path: Path
+) -> None:
+    """Each stage's plan is made on its simulated rank and checked by profile on 2 real gloo
+    ranks, 4 micro-batches: every stage within the budget, its loss, gradients and buffers
+    bit-identical to the unplanned pipeline's, its measured peak the predicted one to the
+    byte; under 1F1B the first stage (2 in flight) recomputes more than the last (1). With
+    FSDP2 too, 4 ranks as a (pp, dp) mesh of 2 x 2."""
+    plan_path = tmp_path / "plan.json"
+    options = ["--pp", "2", "--microbatches", "4", "--schedule", schedule]
+    ranks = 2
+    if data_parallel:
+        ranks = 4
+        options += ["--world-size", "4", "--parallel", "fsdp2"]
+    outputs = ["-o", str(plan_path), "--report-dir", str(tmp_path / "r")]
+    result = CliRunner().invoke(
+        app, ["profile", str(TP_GPT), "--budget", budget, *options, *outputs]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"checked by running it on {ranks} real ranks" in result.stdout
+    assert "pipeline stages, each planned for its own rank" in result.stdout
+    plan = load_plan(plan_path)
+    assert plan.checked and len(plan.stages) == 2
+    assert json.loads(plan_path.read_text())["schema_version"] == STAGES_SCHEMA_VERSION
+    for stage in plan.stages:
+        assert stage.checked and stage.modules
+        assert stage.measured_peak_bytes == stage.predicted_peak_bytes <= stage.budget_bytes
+        assert stage.predicted_peak_bytes < stage.baseline_peak_bytes
+    first, last = plan.stages
+    if schedule == "1f1b":
+        assert first.recompute_ms > last.recompute_ms
+        assert first.baseline_peak_bytes > last.baseline_peak_bytes
+    assert (tmp_path / "r" / "stages.png").is_file()
+    assert "| 1 |" in (tmp_path / "r" / "stages.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_pipeline_recipe_trains_each_stage_as_without_the_plan(tmp_path: Path) -> None:
+    """examples/recipes/pipeline_train.py makes each rank's stage, applies the one plan file
+    (each stage picks its own decisions), and trains 3 steps of 1F1B: the last stage's
+    losses equal the unplanned pipeline's, loss by loss."""
+    from planner.pipeline import profile_and_plan
+    from planner.plan.plan_file import save_plan
+    from tests.test_distributed import _losses
+
+    layout = _layout()
+    plan = profile_and_plan(TP_GPT, 330_000, parallel=layout, check=False).plan
+    assert all(stage.modules for stage in plan.stages)
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    recipe = Path(__file__).resolve().parent.parent / "examples" / "recipes" / "pipeline_train.py"
+
+    def torchrun(*arguments: str):  # type: ignore[no-untyped-def]
+        environment = dict(os.environ, OMP_NUM_THREADS="1")
+        root = str(Path(__file__).resolve().parent.parent)
+        environment["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [root, os.environ.get("PYTHONPATH")])
+        )
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += ["--nproc-per-node=2", str(recipe), *arguments]
+        return subprocess.run(
+            command, capture_output=True, text=True, env=environment, timeout=600, check=False
+        )
+
+    planned = _losses(torchrun(str(plan_path)))
+    unplanned = _losses(torchrun("--model", str(TP_GPT)))
+    assert planned[0] == unplanned[0] == []  # the first stage computes no loss
+    assert len(planned[1]) == 3 and planned == unplanned
