@@ -260,10 +260,10 @@ def test_profile_checks_each_stages_plan_on_real_ranks(
 def test_the_pipeline_recipe_trains_each_stage_as_without_the_plan(tmp_path: Path) -> None:
     """examples/recipes/pipeline_train.py makes each rank's stage, applies the one plan file
     (each stage picks its own decisions), and trains 3 steps of 1F1B: the last stage's
-    losses equal the unplanned pipeline's, loss by loss."""
+    losses equal the unplanned pipeline's, loss by loss (both runs in one launch, --compare)."""
     from planner.pipeline import profile_and_plan
     from planner.plan.plan_file import save_plan
-    from tests.test_distributed import _losses
+    from tests.test_distributed import _compared
 
     layout = _layout()
     plan = profile_and_plan(TP_GPT, 330_000, parallel=layout, check=False).plan
@@ -283,7 +283,8 @@ def test_the_pipeline_recipe_trains_each_stage_as_without_the_plan(tmp_path: Pat
             command, capture_output=True, text=True, env=environment, timeout=600, check=False
         )
 
-    planned = _losses(torchrun(str(plan_path)))
-    unplanned = _losses(torchrun("--model", str(TP_GPT)))
-    assert planned[0] == unplanned[0] == []  # the first stage computes no loss
-    assert len(planned[1]) == 3 and planned == unplanned
+    # One launch: each rank trains without the plan (laid out as the plan says), then with it.
+    compared = _compared(torchrun(str(plan_path), "--compare"))
+    assert compared[0] == ([], [])  # the first stage computes no loss
+    planned, unplanned = compared[1]
+    assert len(planned) == 3 and planned == unplanned

@@ -17,7 +17,9 @@ its own plan from one plan file (CPU: gloo; GPUs: NCCL, one per rank).
 
 Each rank prints one JSON line: its losses (the last stage's: the mean over the
 micro-batches; the other stages', none). Without a plan (``--pp S --microbatches M``) it
-trains the same pipeline unplanned.
+trains the same pipeline unplanned. ``--compare`` trains the same steps without the plan
+first, in the same launch and laid out as the plan says, and each rank's line carries both
+runs' losses and whether every one is equal.
 """
 
 from __future__ import annotations
@@ -88,12 +90,30 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--microbatches", type=int, default=4, help="without a plan")
     parser.add_argument("--schedule", default="1f1b", help="without a plan: 1f1b or gpipe")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="first train without the plan (laid out as the plan says), then with it, and "
+        "print both runs' losses",
+    )
     arguments = parser.parse_args()
+    if arguments.compare and arguments.plan is None:
+        parser.error("--compare needs a plan to compare with")
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
         pipeline = PipelineLayout(dist.get_world_size(), arguments.microbatches, arguments.schedule)
-        losses = train(arguments.plan, arguments.model, arguments.steps, pipeline)
-        print(json.dumps({"rank": dist.get_rank(), "losses": losses}), flush=True)
+        line: dict[str, object] = {"rank": dist.get_rank()}
+        if arguments.compare:
+            plan = load_plan(arguments.plan)
+            assert plan.parallel is not None and plan.parallel.pipeline is not None, (
+                "not a --pp plan"
+            )
+            model = arguments.model or plan.model_file
+            line["unplanned_losses"] = train(None, model, arguments.steps, plan.parallel.pipeline)
+        line["losses"] = train(arguments.plan, arguments.model, arguments.steps, pipeline)
+        if arguments.compare:
+            line["equal"] = line["losses"] == line["unplanned_losses"]
+        print(json.dumps(line), flush=True)
     finally:
         dist.destroy_process_group()
 
