@@ -41,6 +41,7 @@ from planner.core.records import OpCost, Profile, Unit  # noqa: E402
 from planner.measure.fake import build_fake_workload  # noqa: E402
 from planner.measure.profiler import record_memory  # noqa: E402
 from planner.measure.workload import load_model_file  # noqa: E402
+from planner.plan.policies import option_summary  # noqa: E402
 from planner.plan.targets import (  # noqa: E402
     DeviceSpec,
     StepTimeModel,
@@ -49,7 +50,11 @@ from planner.plan.targets import (  # noqa: E402
     op_time_ms,
     roofline_costs,
 )
-from planner.solve.planning import unit_cost_ms  # noqa: E402
+from planner.solve.planning import (  # noqa: E402
+    baseline_every_block,
+    plan_for_budget,
+    unit_cost_ms,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         new = roofline_costs(recorded, spec)
         times = StepTimeModel.of(recorded.timeline.op_costs, spec)
         predicted = printed_overhead_pct(new, row.modules)
+        # What the solver picks now, at the recorded budget (halfway from every block).
+        budget = (baseline_every_block(new).predicted_peak_bytes + new.measured_peak_bytes) // 2
+        plan_now, _ = plan_for_budget(new, budget)
         rows.append(
             {
                 "model": name,
@@ -206,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                     if row.same_plan_measured_pct
                     else "-"
                 ),
+                "plan_now": option_summary(plan_now.units),
+                "plan_now_pct": round(100 * plan_now.predicted_overhead, 1),
             }
         )
         print(rows[-1], flush=True)
@@ -228,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         "each model's plan made with `--target h100-80gb`, re-costed here on this code's "
         f"emulated profile with the `{spec.name}` spec's time model (`model_pct`) and with the "
         "pure roofline (`roofline_now_pct`; `printed_then_pct` is what the plan printed when "
-        "it was measured).\n\n"
+        "it was measured). `plan_now`: what the solver picks now at the recorded budget with "
+        "the time model, and its printed overhead (not run on a GPU).\n\n"
         + markdown_table(frame)
         + f"\n\nEvery row within +-25% of its measurement: {within}.\n\n"
         "## The spec's values, derived again from these rows\n\n"

@@ -456,9 +456,12 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         unit = Unit(record.module_name, option=OFFLOAD)
         if memory.host_bytes(unit) <= 0:
             return known
+        # Offloading's own host cost (its hooks on every saved tensor, each call) is not
+        # measured: taken as checkpointing's, so a host-bound step does not get it for free.
+        own_ms = call_ms * call_counts.get(record.module_name, 0)
         offload = OptionCost(
             OFFLOAD,
-            offload_cost_ms(memory, record.module_name, spec, ms, boundaries),
+            offload_cost_ms(memory, record.module_name, spec, ms, boundaries) + own_ms,
             0,
             freed_bytes=memory.freed_bytes(unit),
         )
