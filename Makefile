@@ -17,7 +17,7 @@ STAMP := $(VENV)/.installed
 CONSTRAINTS := $(VENV)/torch-constraint.txt
 # pytest-xdist workers: `auto` is one per CPU core; PYTEST_WORKERS=0 runs in this process.
 PYTEST_WORKERS ?= auto
-PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
+PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=10
 
 .PHONY: setup demo test test-fast lint typecheck pytest bench clean
 

@@ -6,7 +6,9 @@ Profiles ``--hf examples/configs/llama-3-8b.json --batch-size 1 --seq-len 8192 -
 h100-80gb`` (fake tensors, roofline times; the built-in spec's host link: PCIe Gen5 x16,
 50 GB/s each way) and, with a host budget of 256 GB (a DGX H100's 2 TB over its 8 GPUs):
 
-* the smallest feasible budget with offloading and without it, and what each plan is made of;
+* the smallest feasible budget with offloading and without it, and what each plan is made of
+  (offloading: ``offload``, its copy back prefetched at the next layer's backward, or
+  ``offload-at-use``, at its own);
 * the plan at a budget halfway between the two;
 * the predicted overhead with and without offloading at budgets where both fit;
 * the same with a host link of 450 GB/s (NVLink-C2C, as on a GH200; the H100's compute);
@@ -74,8 +76,11 @@ def _emulated(
 
     layers = range(32)
     plans = {
-        "every decoder layer offloaded": [
+        "every decoder layer offloaded (prefetched)": [
             Unit(f"model.layers.{i}", option="offload") for i in layers
+        ],
+        "every decoder layer offloaded (at use)": [
+            Unit(f"model.layers.{i}", option="offload-at-use") for i in layers
         ],
         "layers 0-15 offloaded": [Unit(f"model.layers.{i}", option="offload") for i in range(16)],
         "every self_attn and mlp offloaded": [
@@ -117,8 +122,11 @@ def main() -> int:
 
     with_offload = Solver(profile, host_budget_bytes=HOST_BUDGET)
     without = Solver(profile, offload=False)
-    floor_units, floor = with_offload.lowest_peak()
-    plain_units, plain_floor = without.lowest_peak()
+    _, floor = with_offload.lowest_peak()
+    _, plain_floor = without.lowest_peak()
+    # The cheapest plans at those budgets (lowest_peak's own answer is any plan that fits).
+    floor_units = plan_for_budget(profile, floor, solver=with_offload)[0].units
+    plain_units = plan_for_budget(profile, plain_floor, solver=without)[0].units
     middle = (floor + plain_floor) // 2
     plan, solution = plan_for_budget(profile, middle, solver=with_offload)
     offloaded = [d for d in plan.modules if d.how == "offload"]
@@ -138,7 +146,8 @@ def main() -> int:
     layer_host = with_offload.memory.host_bytes(Unit("model.layers.5", option="offload"))
     layer_costs = (
         f"{block.forward_ms:.2f} / {costs['torchtitan'].recompute_ms:.2f} / "
-        f"{costs['offload'].recompute_ms:.2f} ms (offload moves {format_bytes(layer_host)})"
+        f"{costs['offload'].recompute_ms:.2f} / {costs['offload-at-use'].recompute_ms:.2f} ms "
+        f"(offload moves {format_bytes(layer_host)})"
     )
     floor_host = format_bytes(with_offload.tree.host(floor_units))
     moved = ", ".join(
@@ -165,7 +174,8 @@ def main() -> int:
         "| smallest feasible budget, with offloading | "
         f"{floor:,} bytes ({_gib(floor)}): {option_summary(floor_units)}, host {floor_host} |",
         f"| lower by | {plain_floor - floor:,} bytes ({format_bytes(plain_floor - floor)}) |",
-        f"| a decoder layer: recompute whole / torchtitan / offload | {layer_costs} |",
+        "| a decoder layer: recompute whole / torchtitan / offload (prefetched at the next "
+        f"layer's backward) / offload at use | {layer_costs} |",
         "",
         f"## The plan halfway between, at {middle:,} bytes ({_gib(middle)})",
         "",
@@ -183,7 +193,8 @@ def main() -> int:
         "",
         "## With a 450 GB/s host link (NVLink-C2C, as on a GH200; the H100's compute)",
         "",
-        f"A decoder layer's offload costs {fast_block['offload'].recompute_ms:.2f} ms (its whole "
+        f"A decoder layer's offload costs {fast_block['offload'].recompute_ms:.2f} ms prefetched, "
+        f"{fast_block['offload-at-use'].recompute_ms:.2f} ms at use (its whole "
         f"recomputation {block.forward_ms:.2f} ms); smallest feasible budget "
         f"{fast_floor:,} bytes ({_gib(fast_floor)}).",
         "",
@@ -206,8 +217,8 @@ def main() -> int:
             profile,
             spec,
             {
-                "lowest peak with offloading (mixed)": list(floor_units),
-                "lowest peak without offloading": list(plain_units),
+                "cheapest plan at the lowest peak with offloading": list(floor_units),
+                "cheapest plan at the lowest peak without offloading": list(plain_units),
                 "the plan halfway between (mixed)": list(plan.units),
             },
         ),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -17,6 +17,7 @@ from rich.table import Table
 from planner.core import errors
 from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.records import CostSource, MemorySource, Profile
+from planner.core.units import format_bytes
 from planner.measure.source import workload_in_command
 
 from .boundary import (
@@ -56,6 +57,10 @@ from .options import (
     target_and_device,
     workload_source,
 )
+
+if TYPE_CHECKING:
+    from planner.plan.plan_file import Plan
+
 from .render import print_fit, print_plan_summary, print_verification, warn_own_checkpointing
 
 
@@ -63,6 +68,27 @@ def _plan_path(model_name: str, file_name: str = "plan.json") -> Path:
     """Where a command writes a plan when not told: ``profiles/<model name>/plan.json`` (the
     profile beside it)."""
     return Path("profiles") / model_name / file_name
+
+
+def _host_line(plan: Plan) -> str:
+    """The host memory a plan that offloads holds, and its host budget."""
+    text = format_bytes(plan.predicted_host_peak_bytes)
+    if plan.host_budget_bytes is not None:
+        text += f" of a {format_bytes(plan.host_budget_bytes)} host budget"
+    return text
+
+
+def _measured_host_link(device: str, budget_bytes: int) -> float:
+    """The host link of the CUDA device here, measured now with copies that fit a quarter
+    of the budget (see `calibrate`); a line on stderr says what it found."""
+    from planner.measure.host_link import DEFAULT_COPY_BYTES, measure_host_link
+
+    link = measure_host_link(device, size_bytes=max(1, min(DEFAULT_COPY_BYTES, budget_bytes // 4)))
+    stderr.print(
+        f"host link of {link.device_name}: {link.bytes_per_s / 1e9:.1f} GB/s each way "
+        f"(measured; offloading is costed at it)"
+    )
+    return link.bytes_per_s
 
 
 def _report_folder(model_name: str) -> Path:
@@ -149,6 +175,12 @@ def profile(
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec, device = target_and_device(target, device)
         host_budget_bytes = host_budget(host_budget_text, offload, spec)
+        # On a GPU here, offloading is costed at the host link measured now.
+        link_bytes_per_s = (
+            _measured_host_link(device.value, budget_bytes)
+            if offload and spec is None and device is Device.cuda and layout is None
+            else 0.0
+        )
         from planner.pipeline import profile_and_plan
         from planner.plan.plan_file import save_plan
         from planner.plan.profile_file import save_profile, save_profile_table
@@ -169,6 +201,7 @@ def profile(
                     expert_load=expert_load,
                     offload=offload,
                     host_budget_bytes=host_budget_bytes,
+                    host_link_bytes_per_s=link_bytes_per_s,
                 )
         except errors.InfeasibleBudgetError as error:
             # Keep what was measured: re-solving at a budget that fits needs no new profile.
@@ -205,7 +238,13 @@ def profile(
             else {}
         )
         wrote += write_report(
-            result.profile, result.plan, charts, measured=measured, frontier_points=20
+            result.profile,
+            result.plan,
+            charts,
+            measured=measured,
+            frontier_points=20,
+            offload=offload,
+            host_budget_bytes=host_budget_bytes,
         )
         wrote.append(save_plan(result.plan, plan_path))  # last: a plan file means a complete run
         print_plan_summary(result, wrote)
@@ -263,6 +302,8 @@ def fit(
     mesh: MeshOption = None,
     tp: TpOption = None,
     expert_load: ExpertLoadOption = 1.0,
+    offload: OffloadOption = True,
+    host_budget_text: HostBudgetOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """The largest batch size for which a checkpointing plan fits BUDGET, with its plan, and
@@ -295,6 +336,7 @@ def fit(
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec, device = target_and_device(target, device)
+        host_budget_bytes = host_budget(host_budget_text, offload, spec)
         from planner.fit import fit_largest
         from planner.measure.workload import load_model_file
         from planner.plan.plan_file import save_plan
@@ -312,6 +354,8 @@ def fit(
                 parallel=layout,
                 progress=progress,
                 expert_load=expert_load,
+                offload=offload,
+                host_budget_bytes=host_budget_bytes,
             )
         print_fit(result)
         name = result.planned.profile.model_name
@@ -359,22 +403,40 @@ def report(
         ),
     ] = None,
     svg: Annotated[bool, typer.Option("--svg", help="Also write the charts as SVG.")] = False,
+    offload: OffloadOption = True,
+    host_budget_text: HostBudgetOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Write the charts (trade-off, modules, memory timeline) and summary.md for a plan or a
-    profile, without profiling again."""
+    profile, without profiling again. The trade-off curve's plans (and a plan solved for
+    --budget) may offload where the profile offers it, within --host-budget; the host
+    memory of those that do is on the chart's right axis and in summary.md."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget) if budget is not None else None
+    host_budget_bytes = host_budget(host_budget_text, offload, None)
     with errors_to_exit_codes(verbose):
         from planner.report import load_report_inputs, write_report
 
         loaded, plan = load_report_inputs(
-            source, profile_path=profile_path, budget_bytes=budget_bytes
+            source,
+            profile_path=profile_path,
+            budget_bytes=budget_bytes,
+            offload=offload,
+            host_budget_bytes=host_budget_bytes,
         )
         folder = out_dir or _report_folder(loaded.model_name)
         with progress_line() as progress:
             progress("solving budgets for the trade-off curve and drawing", 0, 0)
-            wrote = write_report(loaded, plan, folder, formats=("png", "svg") if svg else ("png",))
+            wrote = write_report(
+                loaded,
+                plan,
+                folder,
+                formats=("png", "svg") if svg else ("png",),
+                offload=offload,
+                host_budget_bytes=host_budget_bytes,
+            )
+        if plan.offloads:
+            stdout.print(f"host memory (offloaded tensors): {_host_line(plan)}")
         for path in wrote:
             stdout.print(f"wrote {path}")
 
@@ -472,13 +534,18 @@ def tradeoff(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed for timing a profile without times.")] = 0,
+    offload: OffloadOption = True,
+    host_budget_text: HostBudgetOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """The memory/time frontier: the cheapest plan at POINTS budgets from the smallest
     that fits to the unplanned peak, and the usual baselines for comparison. A profile saved
     when no plan fit its budget (exit 3) is timed first, under the smallest budget that fits
-    (or its times estimated from its ops where the model file is gone), and saved."""
+    (or its times estimated from its ops where the model file is gone), and saved. Plans may
+    offload where the profile offers it (--target), within --host-budget; where any does,
+    the table has a host_peak_mib column."""
     configure_logging(verbose)
+    host_budget_bytes = host_budget(host_budget_text, offload, None)
     with errors_to_exit_codes(verbose):
         import time
 
@@ -487,6 +554,7 @@ def tradeoff(
         from planner.core.fileio import atomic_path
         from planner.plan.policies import option_summary
         from planner.plan.profile_file import load_profile, save_profile
+        from planner.solve import Solver
         from planner.solve.planning import baseline_plans, frontier
 
         loaded = load_profile(profile_path)
@@ -502,19 +570,28 @@ def tradeoff(
         started = time.perf_counter()
         with progress_line() as progress:
             progress(f"solving {points} budgets", 0, points)
-            plans = frontier(loaded, points)
+            solver = Solver(loaded, offload=offload, host_budget_bytes=host_budget_bytes)
+            plans = frontier(loaded, points, solver=solver)
         seconds = time.perf_counter() - started
+        every = [*baseline_plans(loaded).values(), *plans]
+        # The host column only where a plan offloads (other tables stay as they were).
+        offloading = any(plan.offloads for plan in every)
         rows = [
             {
                 "strategy": plan.strategy,
                 "budget_mib": round(plan.budget_bytes / 2**20, 2) if plan.budget_bytes else "-",
                 "predicted_peak_mib": round(plan.predicted_peak_bytes / 2**20, 2),
+                **(
+                    {"host_peak_mib": round(plan.predicted_host_peak_bytes / 2**20, 2)}
+                    if offloading
+                    else {}
+                ),
                 "recompute_ms": round(plan.recompute_ms, 2),
                 "overhead_pct": round(100 * plan.predicted_overhead, 1),
                 "units": len(plan.modules),
                 "how": option_summary(plan.units),
             }
-            for plan in [*baseline_plans(loaded).values(), *plans]
+            for plan in every
         ]
         frame = pd.DataFrame(rows)
         table = Table(title=f"memory/time trade-off of {loaded.model_name}", title_justify="left")
@@ -524,6 +601,9 @@ def tradeoff(
             table.add_row(*map(str, row))
         stdout.print(table)
         stdout.print(f"solved {len(plans)} budgets in {seconds:.2f} s")
+        if offloading and host_budget_bytes is not None:
+            bound = format_bytes(host_budget_bytes)
+            stdout.print(f"host budget of the plans that offload: {bound}")
         if csv is not None:
             with atomic_path(csv) as temp_path:
                 frame.to_csv(temp_path, index=False)
@@ -640,6 +720,52 @@ def verify(
         if failures:
             raise errors.PlanCheckError("the plan failed verification: " + "; ".join(failures))
         stdout.print("verified: the plan fits its budget and leaves the training step unchanged")
+
+
+@app.command()
+def calibrate(
+    device: Annotated[
+        str, typer.Option("--device", help="The CUDA device to measure (cuda, cuda:1).")
+    ] = "cuda",
+    size: Annotated[
+        str, typer.Option("--size", help="Bytes per timed copy (units as for --budget).")
+    ] = "256MiB",
+    copies: Annotated[
+        int, typer.Option("--copies", min=1, help="Timed copies each way (the median is kept).")
+    ] = 5,
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="A device spec JSON (as --target takes) to write the measured link into "
+            "(host_link_bytes_per_s), for plans made for this GPU elsewhere.",
+            show_default=False,
+        ),
+    ] = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Measure the link between this CUDA device and pinned host memory, each way: what
+    offloaded tensors are copied at. `profile --device cuda` measures it itself (and then
+    offers offloading); --spec writes it into a device spec for --target."""
+    configure_logging(verbose)
+    size_bytes = parse_budget(size, "--size")
+    with errors_to_exit_codes(verbose):
+        from planner.measure.host_link import measure_host_link
+        from planner.plan.targets import check_spec_file, write_host_link
+
+        if spec is not None:
+            check_spec_file(spec)  # before measuring: a bad file is known at once
+        link = measure_host_link(device, size_bytes=size_bytes, copies=copies)
+        stdout.print(
+            f"host link of {link.device_name} ({link.device}), pinned host memory, median of "
+            f"{link.copies} copies of {format_bytes(link.size_bytes)}: to the device "
+            f"{link.to_device_bytes_per_s / 1e9:.1f} GB/s, to the host "
+            f"{link.to_host_bytes_per_s / 1e9:.1f} GB/s; host_link_bytes_per_s "
+            f"{link.bytes_per_s:.4g}"
+        )
+        if spec is not None:
+            write_host_link(spec, link.bytes_per_s)
+            stdout.print(f"wrote host_link_bytes_per_s into {spec}")
 
 
 @app.callback()

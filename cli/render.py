@@ -161,7 +161,12 @@ def print_fit(result: Any) -> None:
     what = result.dimension.replace("_", " ")
     per = "samples/s" if result.dimension == "batch_size" else "tokens/s per sequence"
     table = Table(title=f"{what}s tried under {budget}", title_justify="left")
-    for column in (what, "lowest peak", "unplanned peak", "fits", "modules", per):
+    # The host memory of the plans that offload, only where one does.
+    offloading = any(point.host_peak_bytes for point in result.points)
+    columns = [what, "lowest peak", "unplanned peak", "fits", "modules", per]
+    if offloading:
+        columns.insert(5, "host memory")
+    for column in columns:
         table.add_column(column, justify="right")
     for point in result.points:
         fits = point.lowest_peak_bytes <= result.budget_bytes
@@ -177,6 +182,11 @@ def print_fit(result: Any) -> None:
             format_bytes(point.unplanned_peak_bytes),
             "yes" if fits else "no",
             "-" if point.plan_modules is None else str(point.plan_modules),
+            *(
+                [format_bytes(point.host_peak_bytes) if point.plan_modules is not None else "-"]
+                if offloading
+                else []
+            ),
             "-" if rate is None else f"{rate:,.1f}",
         )
     stdout.print(table)

@@ -73,8 +73,9 @@ class FitPoint:
     :func:`~planner.measure.workload.load_model_file` reads it). ``lowest_peak_bytes``: the
     smallest budget any plan fits (predicted); ``unplanned_peak_bytes``: the peak without
     checkpointing. For sizes that fit and were timed: ``step_ms`` (the unplanned step),
-    ``recompute_ms`` (what the cheapest plan at the budget adds) and ``plan_modules`` (how
-    many modules it wraps)."""
+    ``recompute_ms`` (what the cheapest plan at the budget adds), ``plan_modules`` (how
+    many modules it wraps) and ``host_peak_bytes`` (the host memory its offloaded tensors
+    hold at once; 0 where it offloads nothing)."""
 
     size: int
     source: WorkloadSource
@@ -83,6 +84,7 @@ class FitPoint:
     step_ms: float | None = None
     recompute_ms: float | None = None
     plan_modules: int | None = None
+    host_peak_bytes: int = 0
 
     @property
     def steps_per_second(self) -> float | None:
@@ -143,6 +145,8 @@ def fit_largest(
     check: bool = True,
     progress: ProgressCallback | None = None,
     expert_load: float = 1.0,
+    offload: bool = True,
+    host_budget_bytes: int | None = None,
 ) -> FitResult:
     """Search the largest ``dimension`` (see the module docstring) up to ``max_size``.
     Raises :class:`InfeasibleBudgetError` where not even size 1 fits (with the smallest
@@ -153,7 +157,10 @@ def fit_largest(
     simulated ranks, with recomputation times estimated from the ops (as ``profile`` does
     for a rank); the plan is checked on real ranks where they run here. ``expert_load``: the
     mixture-of-experts routing every size is planned for where its memory depends on
-    routing, as for ``profile`` (the plan records it, and its check runs under it)."""
+    routing, as for ``profile`` (the plan records it, and its check runs under it).
+    ``offload`` and ``host_budget_bytes``: whether plans may offload saved tensors to host
+    memory (where the device has a host link: ``target``), within that much host memory at
+    once (None: no bound), for every size as for its plan."""
     if dimension not in DIMENSIONS:
         raise ValueError(f"dimension must be one of {DIMENSIONS}, not {dimension!r}")
     if (
@@ -182,6 +189,9 @@ def fit_largest(
     what = dimension.replace("_", " ")
     memory: dict[int, tuple[ModelFile, Profile, int]] = {}
 
+    def solver_for(profile: Profile) -> Solver:
+        return Solver(profile, offload=offload, host_budget_bytes=host_budget_bytes)
+
     def fits(size: int) -> bool:
         if size not in memory:
             if progress:
@@ -209,7 +219,7 @@ def fit_largest(
                     progress=None,
                     expert_load=expert_load,
                 )
-            lowest = Solver(profile).lowest_peak()[1]
+            lowest = solver_for(profile).lowest_peak()[1]
             memory[size] = (sized, profile, lowest)
             logger.info(
                 "%s %d: lowest peak %s, unplanned %s",
@@ -273,13 +283,14 @@ def fit_largest(
                 budget_bytes=budget_bytes,
                 timing_steps=timing_steps,
             )
-        plan, _ = plan_for_budget(costed, budget_bytes)
+        plan, _ = plan_for_budget(costed, budget_bytes, solver=solver_for(costed))
         timed[size] = costed
         points[size] = dataclasses.replace(
             points[size],
             step_ms=costed.step_ms,
             recompute_ms=plan.recompute_ms,
             plan_modules=len(plan.modules),
+            host_peak_bytes=plan.predicted_host_peak_bytes,
         )
     fastest = max(timed_sizes, key=lambda size: points[size].throughput or 0.0)
 
@@ -292,6 +303,8 @@ def fit_largest(
         device=device,
         seed=seed,
         progress=progress,
+        offload=offload,
+        host_budget_bytes=host_budget_bytes,
     )
     if target is not None:
         planned = marked_unchecked(planned, target, sized.source)

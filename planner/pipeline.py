@@ -53,7 +53,13 @@ from planner.measure.tracking import MemoryLimitExceeded
 from planner.measure.workload import build_workload, load_model_file
 from planner.plan.memory_model import MemoryModel
 from planner.plan.plan_file import CheckpointMethod, Plan
-from planner.plan.targets import DeviceSpec, check_budget_fits, provisional_costs, roofline_costs
+from planner.plan.targets import (
+    DeviceSpec,
+    check_budget_fits,
+    provisional_costs,
+    roofline_costs,
+    with_offload_options,
+)
 from planner.solve import Solver
 from planner.solve.planning import (
     build_plan,
@@ -180,6 +186,7 @@ def profile_model_file(
     parallel: ParallelLayout | None = None,
     progress: ProgressCallback | None = None,
     expert_load: float = 1.0,
+    host_link_bytes_per_s: float = 0.0,
 ) -> Profile:
     """A complete profile of the model file's training step (see the module docstring).
     ``expert_load``: the mixture-of-experts routing to plan for where memory depends on it
@@ -196,7 +203,11 @@ def profile_model_file(
     it, and the profile records it. ``parallel``: profile ONE rank of that ``torchrun`` job
     instead, simulated here (:func:`planner.measure.distributed.record_rank_memory`); its
     recomputation times are then estimated from its ops (a roofline of this device), not
-    timed: a timing step of one rank needs the job's other ranks."""
+    timed: a timing step of one rank needs the job's other ranks. ``host_link_bytes_per_s``:
+    where times are measured on a CUDA device here, the host link measured on it
+    (:func:`planner.measure.host_link.measure_host_link`); candidates are then offered
+    offloading, costed at it (:func:`~planner.plan.targets.with_offload_options`). 0: not
+    offered (a ``target`` has its own link)."""
     if parallel is not None:
         if memory is not MemorySource.FAKE:
             raise ParallelLayoutError(
@@ -238,7 +249,7 @@ def profile_model_file(
     if target is not None:
         return roofline_costs(profile, target)
     try:
-        return measure_profile_costs(
+        measured = measure_profile_costs(
             model_file,
             profile,
             device=device,
@@ -250,6 +261,9 @@ def profile_model_file(
     except InfeasibleBudgetError as error:
         error.profile = profile  # memory only (no times): `solve` times it at a budget that fits
         raise
+    if host_link_bytes_per_s > 0:
+        return with_offload_options(measured, host_link_bytes_per_s)
+    return measured
 
 
 def _timing_plan(provisional: Profile, budget_bytes: int) -> Plan:
@@ -547,6 +561,7 @@ def profile_and_plan(
     expert_load: float = 1.0,
     offload: bool = True,
     host_budget_bytes: int | None = None,
+    host_link_bytes_per_s: float = 0.0,
 ) -> CheckedPlan:
     """Load the model file, profile one step, solve for the budget, check the plan (see
     the module docstring). With ``parallel`` the plan is for one rank of that ``torchrun``
@@ -558,7 +573,8 @@ def profile_and_plan(
     step is profiled, timed and checked in it, and the plan records it. ``expert_load``: the
     routing planned for where a mixture-of-experts step's memory depends on it.
     ``offload`` and ``host_budget_bytes``: see :func:`plan_checked` (a profile offers
-    offloading only for a ``target`` with a host link).
+    offloading for a ``target`` with a host link, or on a CUDA device here given the
+    ``host_link_bytes_per_s`` measured on it: see :func:`profile_model_file`).
 
     ``model_path`` is a model file's path or any workload's source
     (:class:`~planner.measure.source.WorkloadSource`, or its text); it travels to every
@@ -578,6 +594,7 @@ def profile_and_plan(
         parallel=parallel,
         progress=progress,
         expert_load=expert_load,
+        host_link_bytes_per_s=host_link_bytes_per_s if offload and target is None else 0.0,
     )
     runnable_here = ranks_run_here(parallel, device)
     result = plan_checked(

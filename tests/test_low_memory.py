@@ -83,7 +83,8 @@ def test_a_model_that_does_not_fit_the_process_is_planned_within_the_budget(
     plan = json.loads((tmp_path / "profiles" / "wide_elementwise" / "plan.json").read_text())
     assert plan["checked"] and plan["memory_source"] == "fake"
     assert plan["baseline_peak_bytes"] > 480 * 2**20 > 300 * 2**20 >= plan["measured_peak_bytes"]
-    # The plan nests each block in the whole stack; such plans predict one parameter's
-    # gradient (512 B) above the measured peak (being looked into), never below it.
+    # The plan nests each block in the whole stack, and its peak falls where a recomputed
+    # tensor outlives its reader in the model by one gradient reduction (512 B: docs/
+    # how-it-works.md, "The memory model"), never below it.
     assert 0 <= plan["predicted_peak_bytes"] - plan["measured_peak_bytes"] <= 512
     assert _vm_peak_bytes(planned) <= limit

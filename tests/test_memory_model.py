@@ -203,7 +203,7 @@ def test_offloading_block_0_moves_its_activation_out_at_its_end_and_back_at_its_
     # inside it returns, and is copied back at the first unpack of its backward (event 20):
     # the curve of checkpointing it, without a spike, and with the host holding a0 between.
     memory = MemoryModel(timeline_a(), offload_min_bytes=1)
-    unit = Unit("blocks.0", option="offload")
+    unit = Unit("blocks.0", option="offload-at-use")
     expected = list(UNPLANNED_A)
     for k in range(7 + 1, 20 + 1):  # after event 7 through after event 19
         expected[k] -= 100
@@ -214,6 +214,38 @@ def test_offloading_block_0_moves_its_activation_out_at_its_end_and_back_at_its_
     assert host == [0] * 8 + [100] * 13 + [0] * 4
     assert memory.host_peak_bytes([unit]) == memory.host_bytes(unit) == 100
     assert memory.freed_bytes(unit) == 100
+
+
+def test_offloaded_block_0_is_prefetched_at_the_backward_of_block_1() -> None:
+    # Under "offload" a0 starts back at the first unpack of blocks.1's backward (event 16),
+    # the next block: it is on the device again just before it (after event 15), and off
+    # the host there; blocks.1 itself has no later sibling, so it comes back at its use.
+    memory = MemoryModel(timeline_a(), offload_min_bytes=1)
+    unit = Unit("blocks.0", option="offload")
+    (effect,) = memory.unit_effects(unit)
+    assert (effect.prefetch_event, effect.prefetch_module) == (16, "blocks.1")
+    assert (effect.recompute_event, effect.release_event) == (15, 20)
+    expected = list(UNPLANNED_A)
+    for k in range(7 + 1, 15 + 1):  # after event 7 through after event 14
+        expected[k] -= 100
+    assert memory.memory_curve([unit]).tolist() == expected
+    assert memory.peak_bytes([unit]) == 1360  # still out at the unplanned peak (event 14)
+    assert memory.host_curve([unit]).tolist() == [0] * 8 + [100] * 8 + [0] * 9
+    assert memory.prefetch_module(unit) == "blocks.1"
+    last = Unit("blocks.1", option="offload")
+    assert memory.prefetch_module(last) is None
+    assert memory.peak_bytes([last]) == memory.peak_bytes(
+        [Unit("blocks.1", option="offload-at-use")]
+    )
+    # No lookahead: the same as at its use.
+    plain = MemoryModel(timeline_a(), offload_min_bytes=1, offload_lookahead=0)
+    assert plain.prefetch_module(unit) is None
+    assert (
+        plain.memory_curve([unit]).tolist()
+        == memory.memory_curve([Unit("blocks.0", option="offload-at-use")]).tolist()
+    )
+    with pytest.raises(ValueError, match="offload_lookahead"):
+        MemoryModel(timeline_a(), offload_lookahead=-1)
 
 
 def test_offloading_block_1_keeps_its_input_and_has_no_spike() -> None:

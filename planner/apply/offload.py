@@ -7,11 +7,11 @@ hold are sorted: the module's inputs and outputs (alive outside it anyway), the 
 parameters and buffers, storages below the plan's size threshold and storages viewed in
 more than one dtype stay on the device; every other storage is copied, whole, to a host
 buffer, and the handles let go of the device storage, which dies (autograd held it only
-through them). The first unpack of any of the call's handles in backward brings every
-storage of the call back (each into one new device storage of the same size, the views
-rebuilt with their sizes, strides and offsets): so the values backward reads are the
-forward's, bit for bit, and the device holds them again from the module's backward on, as
-without the plan.
+through them). Every storage of the call comes back (each into one new device storage of the
+same size, the views rebuilt with their sizes, strides and offsets) at the backward of the
+module the plan prefetches it at (see "Prefetched one module early"), or else at the first
+unpack of any of the call's handles: so the values backward reads are the forward's, bit for
+bit, and the device holds them again from then on, as without the plan.
 
 Design notes
 ------------
@@ -28,10 +28,29 @@ Design notes
 * **Host copies are not device memory.** They are made inside :func:`host_copies`, which
   the memory trackers read (:mod:`planner.measure.tracking`): on CPU, where the host is the
   device, they are counted apart, in :data:`HOST_MEMORY`, on every device.
-* **On CUDA** the host buffers are pinned and the copies run on a side stream: the copy to
-  the host starts when the forward ends (the device storage is released at once, with
-  ``record_stream``, so its block is reused only once the copy is done), and the copy back
-  at the first unpack, which the compute stream waits for. Elsewhere the copies run in line.
+* **Prefetched one module early.** A plan names, per offloaded module, the module at whose
+  backward its tensors start back (``prefetch_module``: the next block, whose backward runs
+  just before this one's; the memory model's point 8). When the offloaded forward ends,
+  its call waits on that module (:func:`wait_for`); the module's next forward call takes
+  the waiting calls into a :class:`PrefetchTrigger`, active while that forward runs
+  (:class:`PrefetchWatch`, a pair of forward hooks). Everything that packs a saved tensor
+  inside it takes the active triggers along and fires them at its first unpack: the
+  watch's own saved-tensor hooks (what the module saves itself), an offloaded call
+  (:class:`OffloadedCall`), a checkpoint's recomputation
+  (:func:`fire_at_recomputation`). So the copy back starts at the first unpack of any
+  tensor saved inside the trigger's call, the event the memory model uses, and the
+  offloaded module's own first unpack only waits for it.
+* **On CUDA** the host buffers are pinned and the copies run on a side stream. The copy to
+  the host starts when the forward ends, after the side stream waits for the compute
+  stream; the device storage is released at once, with ``record_stream``, so its block is
+  reused only once the copy is done. The copy back is made into blocks allocated on the
+  compute stream, after the side stream waits for it (a reused block's last readers are
+  done), and is recorded on the side stream too (a block freed early is not reused under
+  the copy); an event recorded after the copies is what the first unpack makes the
+  compute stream wait for (at the unpack itself where nothing was prefetched). A pinned
+  buffer may be dropped as soon as its copy is queued: the host allocator keeps it until
+  the copy's event has passed. Elsewhere (CPU, and the emulated CUDA step on fake CPU
+  tensors) the copies run in line, at the same points, so the memory is the same.
 """
 
 from __future__ import annotations
@@ -46,7 +65,18 @@ import torch
 
 from planner.apply.tensors import iter_tensors
 
-__all__ = ["HOST_MEMORY", "HostMemory", "OffloadedCall", "host_copies", "making_host_copies"]
+__all__ = [
+    "HOST_MEMORY",
+    "HostMemory",
+    "OffloadedCall",
+    "PrefetchTrigger",
+    "PrefetchWatch",
+    "active_triggers",
+    "fire_at_recomputation",
+    "host_copies",
+    "making_host_copies",
+    "wait_for",
+]
 
 
 class HostMemory:
@@ -155,17 +185,20 @@ class _Stored:
         HOST_MEMORY.add(self.nbytes)
 
     def to_device(self) -> None:
+        """Start the copy back into a new device storage (on CUDA: queued on the side
+        stream; the caller makes the compute stream wait before the storage is read)."""
         host = self.host
         assert host is not None
         with torch.no_grad():
             restored = torch.empty(self.numel, dtype=self.dtype, device=self.home)
             if self.home.type == "cuda":
                 stream = _side_stream(self.home)
-                current = torch.cuda.current_stream(self.home)
-                stream.wait_stream(current)
+                # The block may have been another tensor's until just now, on this stream.
+                stream.wait_stream(torch.cuda.current_stream(self.home))
                 with torch.cuda.stream(stream):
                     restored.copy_(host, non_blocking=True)
-                current.wait_stream(stream)
+                # Freed before the compute stream waits (a graph dropped): not reused early.
+                restored.record_stream(stream)
             else:
                 with host_copies():
                     restored.copy_(host)
@@ -203,13 +236,22 @@ class OffloadedCall:
     handles weakly until the forward ends: a storage whose every saving op autograd let go
     of in the forward dies there, as without the plan."""
 
-    def __init__(self, min_bytes: int, static: frozenset[int]) -> None:
+    def __init__(
+        self, min_bytes: int, static: frozenset[int], prefetch_at: torch.nn.Module | None = None
+    ) -> None:
         self.min_bytes = min_bytes
         self.static = static
         self._stored: dict[int, _Stored] = {}
         self._packed: list[weakref.ref[_Saved]] | None = []
         self._offloaded: list[_Stored] = []
         self._mixed: set[int] = set()
+        # The module whose next call's backward starts the copy back (None: the first unpack).
+        self.prefetch_at = prefetch_at
+        # Triggers of the calls this one runs inside: fired at its first unpack.
+        self._triggers = active_triggers()
+        # (device, CUDA event): what the compute stream waits for before reading what came
+        # back.
+        self._arrivals: list[tuple[torch.device, Any]] = []
 
     def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
@@ -233,8 +275,16 @@ class OffloadedCall:
         return saved
 
     def unpack(self, saved: _Saved) -> torch.Tensor:
+        if self._triggers:
+            triggers, self._triggers = self._triggers, ()
+            for trigger in triggers:
+                trigger.fire()
         if self._offloaded:
-            self.bring_back()
+            self.prefetch()
+        if self._arrivals:
+            arrivals, self._arrivals = self._arrivals, []
+            for device, event in arrivals:
+                torch.cuda.current_stream(device).wait_event(event)
         if saved.tensor is not None:
             return saved.tensor
         stored = saved.stored
@@ -268,13 +318,150 @@ class OffloadedCall:
                 stored.to_host(saved.tensor)
                 self._offloaded.append(stored)
             saved.tensor = None
+        if self._offloaded and self.prefetch_at is not None:
+            wait_for(self.prefetch_at, self)
 
-    def bring_back(self) -> None:
-        """Copy every storage of this call back to the device (the first unpack of its
-        backward)."""
+    def prefetch(self) -> None:
+        """Start copying every storage of this call back to the device: at the backward of
+        its trigger module, or at its own first unpack. On CUDA the copies are queued on the
+        side stream, and the first unpack waits for them."""
         offloaded, self._offloaded = self._offloaded, []
+        devices = set()
         for stored in offloaded:
             stored.to_device()
+            if stored.home.type == "cuda":
+                devices.add(stored.home)
+        for device in devices:
+            event = torch.cuda.Event()
+            event.record(_side_stream(device))
+            self._arrivals.append((device, event))
+
+
+# -- prefetching at the backward of the module before, in backward order -----------------------
+# Offloaded calls waiting for the next forward call of their trigger module, by module.
+_waiting: weakref.WeakKeyDictionary[torch.nn.Module, list[weakref.ref[OffloadedCall]]] = (
+    weakref.WeakKeyDictionary()
+)
+# The triggers of the forward calls running now, outermost first.
+_active: list[PrefetchTrigger | None] = []
+
+
+def wait_for(module: torch.nn.Module, call: OffloadedCall) -> None:
+    """Have ``call``'s copy back start at the backward of ``module``'s next forward call."""
+    waiting = [reference for reference in _waiting.get(module, ()) if reference() is not None]
+    # (Calls whose graph died before their trigger module ran again are dropped here.)
+    _waiting[module] = [*waiting, weakref.ref(call)]
+
+
+def active_triggers() -> tuple[PrefetchTrigger, ...]:
+    """The triggers of the forward calls running now: what a tensor saved now fires."""
+    return tuple(trigger for trigger in _active if trigger is not None)
+
+
+class PrefetchTrigger:
+    """One forward call of a trigger module: the offloaded calls whose copies back start
+    at the first unpack of a tensor saved inside it (fired once; held weakly, so a graph
+    dropped without a backward frees its host copies as before)."""
+
+    __slots__ = ("__weakref__", "_calls")
+
+    def __init__(self, calls: list[weakref.ref[OffloadedCall]]) -> None:
+        self._calls = calls
+
+    def fire(self) -> None:
+        calls, self._calls = self._calls, []
+        for reference in calls:
+            call = reference()
+            if call is not None and call._offloaded:
+                call.prefetch()
+
+
+class _Watched:
+    """What the watch's pack hook returns: the saved tensor (detached, as in
+    :meth:`OffloadedCall.pack`) and the triggers active when it was saved."""
+
+    __slots__ = ("tensor", "triggers")
+
+    def __init__(self, tensor: torch.Tensor, triggers: tuple[PrefetchTrigger, ...]) -> None:
+        self.tensor: torch.Tensor = tensor
+        self.triggers = triggers
+
+
+def _watch_pack(tensor: torch.Tensor) -> _Watched:
+    return _Watched(tensor.detach(), active_triggers())
+
+
+def _watch_unpack(watched: _Watched) -> torch.Tensor:
+    if watched.triggers:
+        for trigger in watched.triggers:
+            trigger.fire()
+        watched.triggers = ()
+    return watched.tensor
+
+
+class PrefetchWatch:
+    """The forward pre-hook and hook of a trigger module (``register``): while a call
+    for which offloaded calls wait runs, its :class:`PrefetchTrigger` is active and the
+    tensors saved directly under it (not inside a checkpoint or another offloaded module,
+    which take the trigger along themselves) go through saved-tensor hooks that fire it.
+    A plain class, so models stay copyable and picklable."""
+
+    def register(self, module: torch.nn.Module) -> None:
+        module.register_forward_pre_hook(self.enter)
+        module.register_forward_hook(self.leave, always_call=True)
+
+    @staticmethod
+    def remove(module: torch.nn.Module) -> None:
+        for hooks in (module._forward_pre_hooks, module._forward_hooks):
+            for key in [key for key, hook in hooks.items() if _is_watch_hook(hook)]:
+                del hooks[key]
+                module._forward_hooks_always_called.pop(key, None)
+
+    @staticmethod
+    def registered(module: torch.nn.Module) -> bool:
+        return any(_is_watch_hook(hook) for hook in module._forward_pre_hooks.values())
+
+    def enter(self, module: torch.nn.Module, args: Any) -> None:
+        calls = _waiting.pop(module, None)
+        if not calls or not torch.is_grad_enabled():
+            _active.append(None)
+            return
+        trigger = PrefetchTrigger(calls)
+        hooks = torch.autograd.graph.saved_tensors_hooks(_watch_pack, _watch_unpack)
+        hooks.__enter__()
+        _active.append(trigger)
+        _entered.append(hooks)
+
+    def leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if _active.pop() is not None:
+            _entered.pop().__exit__(None, None, None)
+
+
+_entered: list[torch.autograd.graph.saved_tensors_hooks] = []
+
+
+def _is_watch_hook(hook: Any) -> bool:
+    return isinstance(getattr(hook, "__self__", None), PrefetchWatch)
+
+
+def fire_at_recomputation(function: Any) -> Any:
+    """``function`` (a checkpoint's), firing the triggers active now when it runs again:
+    the recomputation, at the checkpoint's first unpack. ``function`` itself where none is
+    active."""
+    triggers = active_triggers()
+    if not triggers:
+        return function
+    runs = 0
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        if runs > 1:
+            for trigger in triggers:
+                trigger.fire()
+        return function(*args, **kwargs)
+
+    return run
 
 
 def model_storage_keys(model: torch.nn.Module) -> frozenset[int]:

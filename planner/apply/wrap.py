@@ -18,7 +18,9 @@ Design notes
   forward runs once, under saved-tensor hooks that send what it saves to host memory
   until its backward (:mod:`planner.apply.offload`). It composes with checkpointing
   elsewhere in the model; never on the same path (a plan that nests one in the other is
-  refused).
+  refused). Its copy back starts at the backward of the plan's ``prefetch_module`` (the
+  next block), which gets a pair of forward hooks (:class:`~planner.apply.offload.PrefetchWatch`);
+  checkpoints take the active prefetch triggers along to their recomputation.
 * **Recomputed under the forward's emulation.** The autograd engine runs a checkpoint's
   recomputation (in the unpack hook) without the Python torch-function modes the forward
   ran under. A mode that is part of the step itself, the emulation of a device
@@ -49,7 +51,12 @@ from torch.utils.checkpoint import (
 from planner.apply.guard import FirstForwardGuard
 from planner.apply.locate import check_world_size, planned_model
 from planner.apply.observe import Region, observed
-from planner.apply.offload import OffloadedCall, model_storage_keys
+from planner.apply.offload import (
+    OffloadedCall,
+    PrefetchWatch,
+    fire_at_recomputation,
+    model_storage_keys,
+)
 from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.model_switches import switch_off_caches
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan, load_plan
@@ -71,6 +78,8 @@ _STATE_ATTRIBUTE = "_ckpt_plan_decision"
 _ORIGINAL_ATTRIBUTE = "_ckpt_plan_instance_forward"
 # The planned model an offloaded module is part of: its parameters and buffers stay.
 _ROOT_ATTRIBUTE = "_ckpt_plan_root"
+# The module at whose backward an offloaded module's tensors start back.
+_PREFETCH_ATTRIBUTE = "_ckpt_plan_prefetch_at"
 
 
 class RecomputedUnder(TorchFunctionMode):
@@ -109,7 +118,11 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
         return original(*args, **kwargs)
     if decision.method is CheckpointMethod.OFFLOAD:
         root = module.__dict__.get(_ROOT_ATTRIBUTE, module)
-        call = OffloadedCall(decision.offload_min_bytes, model_storage_keys(root))
+        call = OffloadedCall(
+            decision.offload_min_bytes,
+            model_storage_keys(root),
+            module.__dict__.get(_PREFETCH_ATTRIBUTE),
+        )
         with call.hooks():
             output = original(*args, **kwargs)
         call.finish_forward(args, kwargs, output)
@@ -120,7 +133,7 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
     function = observed(Region(decision.module_name), original, _cached_ops(decision))
     if decision.restore_buffers:
         function = _restoring_buffers_on_recompute(module, function, decision.restore_buffers)
-    function = _under_forward_modes(function)
+    function = fire_at_recomputation(_under_forward_modes(function))
     if decision.policy is not None:
         return checkpoint(
             function,
@@ -206,7 +219,11 @@ def _checkpoint_sequential(module: torch.nn.Module, decision: ModuleDecision, va
         end = start + segment_size - 1
         segment = _run_segment(functions, start, end)
         value = checkpoint(
-            _under_forward_modes(observed(Region(decision.module_name, start, end + 1), segment)),
+            fire_at_recomputation(
+                _under_forward_modes(
+                    observed(Region(decision.module_name, start, end + 1), segment)
+                )
+            ),
             value,
             use_reentrant=False,
             preserve_rng_state=decision.preserve_rng_state,
@@ -250,19 +267,27 @@ class _BoundCheckpointedForward:
         return _checkpointed_forward(self.module, *args, **kwargs)
 
 
-def _wrap(module: torch.nn.Module, decision: ModuleDecision, root: torch.nn.Module) -> None:
+def _wrap(
+    module: torch.nn.Module,
+    decision: ModuleDecision,
+    root: torch.nn.Module,
+    prefetch_at: torch.nn.Module | None,
+) -> None:
     existing = module.__dict__.get("forward")
     if existing is not None and not isinstance(existing, _BoundCheckpointedForward):
         module.__dict__[_ORIGINAL_ATTRIBUTE] = existing
     module.__dict__[_STATE_ATTRIBUTE] = decision
     if decision.method is CheckpointMethod.OFFLOAD:
         module.__dict__[_ROOT_ATTRIBUTE] = root
+        if prefetch_at is not None:
+            module.__dict__[_PREFETCH_ATTRIBUTE] = prefetch_at
     module.__dict__["forward"] = _BoundCheckpointedForward(module)
 
 
 def _unwrap(module: torch.nn.Module) -> None:
     module.__dict__.pop(_STATE_ATTRIBUTE, None)
     module.__dict__.pop(_ROOT_ATTRIBUTE, None)
+    module.__dict__.pop(_PREFETCH_ATTRIBUTE, None)
     original = module.__dict__.pop(_ORIGINAL_ATTRIBUTE, None)
     if original is not None:
         module.__dict__["forward"] = original
@@ -288,6 +313,7 @@ def remove_plan(model: torch.nn.Module) -> None:
     for module in model.modules():
         if is_wrapped(module):
             _unwrap(module)
+        PrefetchWatch.remove(module)
     FirstForwardGuard.remove(model)
 
 
@@ -369,6 +395,13 @@ def apply_plan(
                     f"the plan's offload of {decision.module_name} has a negative "
                     "offload_min_bytes; re-create the plan"
                 )
+            if decision.prefetch_module is not None and (
+                not decision.prefetch_module or decision.prefetch_module not in modules
+            ):
+                raise PlanMismatchError(
+                    f"the plan prefetches {decision.module_name} at the backward of "
+                    f"{decision.prefetch_module!r}, which is not a submodule of this model"
+                )
         if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
             if not isinstance(module, torch.nn.Sequential):
                 raise PlanMismatchError(
@@ -397,11 +430,17 @@ def apply_plan(
     for name, module in modules.items():
         if is_wrapped(module) and name not in targets:
             _unwrap(module)
+        PrefetchWatch.remove(module)
     for module, decision in targets.values():
         if module.__dict__.get(_STATE_ATTRIBUTE) != decision:
             if is_wrapped(module):
                 _unwrap(module)
-            _wrap(module, decision, planned)
+            prefetch_at = (
+                None if decision.prefetch_module is None else modules[decision.prefetch_module]
+            )
+            _wrap(module, decision, planned, prefetch_at)
+    for name in {d.prefetch_module for d in plan.modules if d.prefetch_module is not None}:
+        PrefetchWatch().register(modules[name])
     switched = switch_off_caches(planned)
     if switched:
         # Every plan is made with the cache off (planner.measure.workload); so must it train.

@@ -51,6 +51,17 @@ Wrapping a module call ``c`` (forward spanning events ``[f0, f1]``) in non-reent
    an attribute, a closure's tensor) may be held elsewhere: it is left as it was and the
    copy made at the unpack is added (``revived``), an upper bound. Host memory is counted
    apart (``host``: each storage from ``f1`` to the unpack, or to its free).
+8. **Offloaded tensors are prefetched one module early.** With a lookahead of ``k``
+   (``offload_lookahead``, 1 by default; 0: none), the copy back of a call's tensors starts
+   at the backward of the ``k``-th sibling call after it that saved something (in a chain
+   of blocks: the next block, whose backward runs just before this one's), so that the
+   copy overlaps that backward's compute. The runtime fires it at the first unpack of any
+   tensor saved inside that call (``prefetch_event``); the bytes are back on the device
+   just before it (``recompute_event`` is then the event before ``prefetch_event``: a
+   checkpointed trigger's recompute spike sits on top of them) and leave the host there.
+   A module called more than once is prefetched only where every call has the same
+   trigger module, and only where the trigger's first call after the offloaded one is that
+   sibling (the runtime waits for the trigger module's next call).
 
 Everything else (parameters, gradients, optimizer state, the loss, the optimizer step's
 temporaries) is replayed exactly as measured. The peak of a plan is the maximum over the
@@ -79,7 +90,9 @@ from planner.core.records import (
 from planner.plan.policies import (
     NESTED,
     OFFLOAD,
+    OFFLOAD_AT_USE,
     OFFLOAD_MIN_BYTES,
+    OFFLOAD_OPTIONS,
     PolicyRule,
     kept_storages,
     policy_rules,
@@ -88,6 +101,8 @@ from planner.plan.policies import (
 __all__ = [
     "NESTED",
     "OFFLOAD",
+    "OFFLOAD_AT_USE",
+    "OFFLOAD_OPTIONS",
     "CheckpointEffect",
     "MemoryModel",
     "checkpoint_effects",
@@ -128,6 +143,11 @@ class CheckpointEffect:
     # copies, and no recompute spike (point 7 of the module notes).
     host: tuple[tuple[int, int, int, int], ...] = ()
     offload: bool = False
+    # Under offload with a prefetch (point 8): the event at which the copy back starts (the
+    # first unpack inside the trigger call), and the trigger module; -1 and "" without.
+    # ``release_event`` stays the first unpack of the call's own backward (the use).
+    prefetch_event: int = -1
+    prefetch_module: str = ""
 
     @property
     def host_bytes(self) -> int:
@@ -276,19 +296,55 @@ class _EffectBuilder:
         )
         return [outer_effect, *inner_effects]
 
-    def offload(self, call_index: int, name: str, min_bytes: int) -> CheckpointEffect:
-        """The effect of offloading one call's saved tensors (the module notes, point 7)."""
+    def first_unpack(self, call_index: int) -> int:
+        """The first unpack of a tensor saved inside a call's subtree (-1: none)."""
+        calls = self.timeline.calls
+        unpacks = [
+            calls[sub].first_unpack_event
+            for sub in range(call_index, _subtree_end(self.timeline, call_index))
+            if calls[sub].first_unpack_event >= 0
+        ]
+        return min(unpacks) if unpacks else -1
+
+    def prefetch_trigger(self, call_index: int, lookahead: int) -> int:
+        """The call at whose backward an offloaded call's tensors start back (the module
+        notes, point 8): its ``lookahead``-th later sibling that saved something, if the
+        next call of that module after this one is that sibling; -1 for none."""
+        calls = self.timeline.calls
+        parent = calls[call_index].parent_call
+        sibling, found = _subtree_end(self.timeline, call_index), 0
+        while lookahead > 0 and sibling < len(calls) and calls[sibling].parent_call == parent:
+            if parent < 0 and calls[sibling].forward_start_event >= self.forward_end:
+                break  # a call after the loss: not part of this forward
+            if self.first_unpack(sibling) >= 0:
+                found += 1
+                if found == lookahead:
+                    name = calls[sibling].module_name
+                    between = range(_subtree_end(self.timeline, call_index), sibling)
+                    if any(calls[index].module_name == name for index in between):
+                        return -1
+                    return sibling
+            sibling = _subtree_end(self.timeline, sibling)
+        return -1
+
+    def offload(
+        self, call_index: int, name: str, min_bytes: int, trigger: int = -1
+    ) -> CheckpointEffect:
+        """The effect of offloading one call's saved tensors (the module notes, point 7),
+        prefetched at the backward of call ``trigger`` (point 8; -1: at its own)."""
         timeline, storages, calls = self.timeline, self.timeline.storages, self.timeline.calls
         call = calls[call_index]
         end = call.forward_end_event
         inside = range(call_index, _subtree_end(timeline, call_index))
         saved: set[int] = set()
-        unpacks = []
         for sub in inside:
             saved.update(calls[sub].saved_storages)
-            if calls[sub].first_unpack_event >= 0:
-                unpacks.append(calls[sub].first_unpack_event)
-        back = min(unpacks) if unpacks else -1
+        use = self.first_unpack(call_index)
+        prefetch = self.first_unpack(trigger) if trigger >= 0 else -1
+        if not end < prefetch < use:
+            prefetch = -1
+        # The bytes are back after this event: just before the prefetch, or at the use.
+        back = prefetch - 1 if prefetch >= 0 else use
         stays = set(call.input_storages) | self.output_sets[call_index]
         made = set(self.made_inside(call_index))
         dropped, copies, host = [], [], []
@@ -318,13 +374,15 @@ class _EffectBuilder:
             retained=tuple(dropped),
             released_outputs=(),
             recompute_event=back,
-            release_event=back,
+            release_event=use,
             input_storages=(),
             recompute_peak_bytes=0,
             saved_bytes=sum(storages[index].size_bytes for index in saved),
             revived=tuple(copies),
             host=tuple(host),
             offload=True,
+            prefetch_event=prefetch,
+            prefetch_module=calls[trigger].module_name if prefetch >= 0 else "",
         )
 
     def span(
@@ -499,10 +557,15 @@ class MemoryModel:
         nested: Mapping[str, tuple[str, ...]] | None = None,
         *,
         offload_min_bytes: int = OFFLOAD_MIN_BYTES,
+        offload_lookahead: int = 1,
     ) -> None:
+        if offload_lookahead < 0:
+            raise ValueError(f"offload_lookahead must be 0 or more, not {offload_lookahead}")
         self.timeline = timeline
         # The smallest saved storage an offloaded module sends to the host.
         self.offload_min_bytes = offload_min_bytes
+        # How many sibling modules early an offloaded module's tensors start back (point 8).
+        self.offload_lookahead = offload_lookahead
         # module -> the child modules its "name@nested" unit checkpoints inside it.
         self.nested_inner: dict[str, tuple[str, ...]] = dict(nested or {})
         self._builder = _EffectBuilder(timeline)
@@ -630,10 +693,18 @@ class MemoryModel:
         if cached is not None:
             return cached
         name, segments, option = unit.module, unit.segments, unit.option
-        if option == OFFLOAD:
+        if option in OFFLOAD_OPTIONS:
+            calls = self.calls_of(name)
+            lookahead = self.offload_lookahead if option == OFFLOAD else 0
+            triggers = [self._builder.prefetch_trigger(index, lookahead) for index in calls]
+            modules = {
+                self.timeline.calls[trigger].module_name for trigger in triggers if trigger >= 0
+            }
+            if len(modules) != 1 or min(triggers) < 0:
+                triggers = [-1] * len(calls)  # no one trigger module for every call
             effects = tuple(
-                self._builder.offload(index, name, self.offload_min_bytes)
-                for index in self.calls_of(name)
+                self._builder.offload(index, name, self.offload_min_bytes, trigger)
+                for index, trigger in zip(calls, triggers, strict=True)
             )
         elif option == NESTED:
             inner_names = set(self.nested_inner.get(name, ()))
@@ -736,16 +807,24 @@ class MemoryModel:
 
     def host_bytes(self, unit: Unit) -> int:
         """What an offloaded unit holds in host memory, all calls (0 for other units)."""
-        if unit.option != OFFLOAD:
+        if unit.option not in OFFLOAD_OPTIONS:
             return 0
         return sum(effect.host_bytes for effect in self.unit_effects(unit))
+
+    def prefetch_module(self, unit: Unit) -> str | None:
+        """The module at whose backward an offloaded unit's tensors start back (point 8 of
+        the module notes), or None: at the unit's own backward."""
+        if unit.option not in OFFLOAD_OPTIONS:
+            return None
+        modules = {e.prefetch_module for e in self.unit_effects(unit) if e.prefetch_module}
+        return modules.pop() if len(modules) == 1 else None
 
     def host_curve(self, wrapped: Iterable[Unit] = ()) -> np.ndarray:
         """Host bytes offloaded saved tensors hold after each event (indexed as
         :meth:`memory_curve`)."""
         delta = np.zeros(self.timeline.event_count + 2, dtype=np.int64)
         for unit in wrapped:
-            if unit.option != OFFLOAD:
+            if unit.option not in OFFLOAD_OPTIONS:
                 continue
             for effect in self.unit_effects(unit):
                 for _index, size, start, until in effect.host:

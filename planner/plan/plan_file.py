@@ -20,7 +20,7 @@ from planner.core.loop import PLAIN_LOOP, LoopShape, loop_from_dict, loop_to_dic
 from planner.core.parallel import ParallelLayout, parallel_from_dict, parallel_to_dict
 from planner.core.records import Note, Unit, note_from_line
 from planner.core.switches import NO_SWITCHES, StepSwitches, switches_from_dict, switches_to_dict
-from planner.plan.policies import NESTED, OFFLOAD
+from planner.plan.policies import NESTED, OFFLOAD, OFFLOAD_AT_USE
 
 __all__ = [
     "OFFLOAD_SCHEMA_VERSION",
@@ -75,7 +75,9 @@ class ModuleDecision:
     With the ``offload`` method, ``offload_min_bytes`` is the smallest saved storage it
     sends to host memory (as the allocator counts it: whole 512-byte blocks on CUDA),
     ``host_bytes`` what it holds there (all calls), and
-    ``recompute_ms`` the transfer time the compute does not hide (nothing is recomputed).
+    ``recompute_ms`` the transfer time the compute does not hide (nothing is recomputed),
+    and ``prefetch_module`` the module at whose backward its tensors start back (the next
+    block; None, or absent from the file: at its own backward).
     """
 
     module_name: str
@@ -91,6 +93,7 @@ class ModuleDecision:
     nested_in: str | None = None
     offload_min_bytes: int = 0
     host_bytes: int = 0
+    prefetch_module: str | None = None
 
     @property
     def how(self) -> str:
@@ -176,7 +179,7 @@ class Plan:
         return tuple(
             Unit(d.module_name, segments=d.segments)
             if d.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL
-            else Unit(d.module_name, option=OFFLOAD)
+            else Unit(d.module_name, option=OFFLOAD if d.prefetch_module else OFFLOAD_AT_USE)
             if d.method is CheckpointMethod.OFFLOAD
             else Unit(d.module_name, option=NESTED if d.module_name in outers else d.policy)
             for d in self.modules
@@ -193,7 +196,12 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     data = asdict(plan)
     data["modules"] = [
         {
-            **asdict(decision),
+            **{
+                key: value
+                for key, value in asdict(decision).items()
+                # Only where a module is prefetched (plans without it read as before).
+                if key != "prefetch_module" or value is not None
+            },
             "method": decision.method.value,
             "restore_buffers": list(decision.restore_buffers),
             "saved_ops": list(decision.saved_ops),
@@ -254,6 +262,9 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
                 nested_in=None if item.get("nested_in") is None else str(item["nested_in"]),
                 offload_min_bytes=int(item.get("offload_min_bytes", 0)),
                 host_bytes=int(item.get("host_bytes", 0)),
+                prefetch_module=None
+                if item.get("prefetch_module") is None
+                else str(item["prefetch_module"]),
             )
             for item in data["modules"]
         )

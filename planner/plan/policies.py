@@ -39,7 +39,9 @@ __all__ = [
     "MATMUL_OPS",
     "NESTED",
     "OFFLOAD",
+    "OFFLOAD_AT_USE",
     "OFFLOAD_MIN_BYTES",
+    "OFFLOAD_OPTIONS",
     "PolicyRule",
     "SelectivePolicy",
     "is_attention_op",
@@ -61,7 +63,18 @@ OFFLOAD = "offload"
 ``blocks.0`` saves for backward (those of at least :data:`OFFLOAD_MIN_BYTES`, not its inputs
 or outputs, not parameters) to host memory when its forward ends, and back when its
 backward begins (:mod:`planner.plan.memory_model`, point 7; :mod:`planner.apply.offload`).
-Nothing is recomputed; the cost is the transfer time the compute does not hide."""
+Nothing is recomputed; the cost is the transfer time the compute does not hide. The copy
+back starts one module early, at the backward of the next block (point 8), so that the
+compute of that backward hides it."""
+
+OFFLOAD_AT_USE = "offload-at-use"
+"""Offload with the copy back at the module's own backward (not prefetched): the device
+holds its tensors for less time than under :data:`OFFLOAD` (not during the backward of the
+module before it), and the copy back is paid in full. A plan's offload decision without a
+``prefetch_module`` is this option."""
+
+OFFLOAD_OPTIONS = frozenset({OFFLOAD, OFFLOAD_AT_USE})
+"""The options that offload."""
 
 OFFLOAD_MIN_BYTES = 2**20
 """The smallest saved storage an offloaded module sends to host memory (1 MiB): a smaller

@@ -61,9 +61,13 @@ Design notes
   ends after it: the next block, or a layer inside it): windows so cut never overlap for
   the modules of one plan, so copies never share the link inside them, and what does not
   fit a window is paid (it delays at most the later copies, whose waits it bounds). A
-  call that no candidate follows has the rest of the step up to its own backward. The copy
-  back starts at the first unpack of its backward, which waits for it: all of it is paid.
-  Under :mod:`planner.apply.offload`'s copies (one side stream, in order) that is an
+  call that no candidate follows has the rest of the step up to the copy back. The copy
+  back starts at the backward of the module before it in backward order (the memory
+  model's point 8: the next block's backward) and is hidden by the compute from there to
+  the first unpack of its own backward, which waits for what is left of it; under the
+  ``offload-at-use`` option (or where no module runs between) it starts at that unpack and
+  is paid in full. Copies back have windows of their own too: each ends where the next
+  one starts. Under :mod:`planner.apply.offload`'s copies (one side stream, in order) that is an
   upper bound, at roofline op times, of the time the copies add to a step.
 """
 
@@ -89,7 +93,7 @@ from planner.core.records import (
     Unit,
     forward_totals_by_call,
 )
-from planner.plan.memory_model import NESTED, OFFLOAD, MemoryModel
+from planner.plan.memory_model import NESTED, OFFLOAD, OFFLOAD_AT_USE, OFFLOAD_OPTIONS, MemoryModel
 from planner.plan.policies import nested_recompute_ms
 
 __all__ = [
@@ -97,12 +101,15 @@ __all__ = [
     "DeviceSpec",
     "StepTimeModel",
     "TargetSpecError",
+    "check_spec_file",
     "default_host_budget",
     "load_spec",
     "offload_cost_ms",
     "op_time_ms",
     "provisional_costs",
     "roofline_costs",
+    "with_offload_options",
+    "write_host_link",
 ]
 
 TERA = 10**12
@@ -294,6 +301,29 @@ def load_spec(name_or_path: str) -> DeviceSpec:
     return spec
 
 
+def check_spec_file(path: str | Path) -> Path:
+    """``path`` if it is a valid device spec .json file (not a built-in name), else
+    :class:`TargetSpecError`."""
+    source = Path(path)
+    if source.suffix != ".json" or not source.is_file():
+        raise TargetSpecError(f"--spec {source}: give an existing device spec .json file")
+    load_spec(str(source))
+    return source
+
+
+def write_host_link(path: str | Path, host_link_bytes_per_s: float) -> DeviceSpec:
+    """Set ``host_link_bytes_per_s`` in the device spec file at ``path`` (a measured link,
+    `ckpt-plan calibrate --spec`), keeping its other fields as written; atomically. Raises
+    :class:`TargetSpecError` where ``path`` is not a valid spec file. Returns the spec."""
+    from planner.core.fileio import atomic_write_text
+
+    source = check_spec_file(path)
+    data = json.loads(source.read_text(encoding="utf-8"))
+    data["host_link_bytes_per_s"] = float(host_link_bytes_per_s)
+    atomic_write_text(source, json.dumps(data, indent=2) + "\n")
+    return load_spec(str(source))
+
+
 def default_host_budget(spec: DeviceSpec | None) -> tuple[int, str]:
     """The host memory offloaded tensors may fill when not told: the spec's host memory
     where it gives one, else what this machine has free now; and where it came from."""
@@ -372,28 +402,125 @@ def offload_cost_ms(
     spec: DeviceSpec,
     op_ms: Callable[[OpCost], float],
     boundaries: Sequence[int],
+    option: str = OFFLOAD,
 ) -> float:
-    """What offloading a module costs on ``spec`` (all its calls): the transfer time the
-    compute does not hide, with ``op_ms`` the time of one recorded op and ``boundaries`` the
-    sorted forward-end events of every candidate's calls (see the module notes, "What
-    offloading costs")."""
+    """What offloading a module costs on ``spec`` (all its calls) under ``option``
+    (``offload``, prefetched, or ``offload-at-use``): the transfer time the compute does
+    not hide, with ``op_ms`` the time of one recorded op and ``boundaries`` the sorted
+    forward-end events of every candidate's calls (see the module notes, "What offloading
+    costs")."""
     if spec.host_link_bytes_per_s <= 0:
         raise ValueError(f"{spec.name} has no host link bandwidth: nothing can be offloaded")
     timeline = memory.timeline
     events = [op.event for op in timeline.op_costs]
+
+    def compute_ms(after: int, until: int) -> float:
+        """The time of the ops that run after event ``after``, up to event ``until``."""
+        low = bisect.bisect_right(events, after)
+        high = bisect.bisect_right(events, until)
+        return sum(op_ms(op) for op in timeline.op_costs[low:high])
+
     total = 0.0
-    for effect in memory.unit_effects(Unit(module_name, option=OFFLOAD)):
+    for effect in memory.unit_effects(Unit(module_name, option=option)):
         if not effect.host:
             continue
         transfer_ms = effect.host_bytes / spec.host_link_bytes_per_s * 1000.0
         end = timeline.calls[effect.call_index].forward_end_event
         later = bisect.bisect_right(boundaries, end)
         until = boundaries[later] if later < len(boundaries) else effect.recompute_event
-        low = bisect.bisect_right(events, end)
-        high = bisect.bisect_right(events, until)
-        window_ms = sum(op_ms(op) for op in timeline.op_costs[low:high])
-        total += max(0.0, transfer_ms - window_ms) + transfer_ms
+        copy_out_ms = max(0.0, transfer_ms - compute_ms(end, until))
+        copy_back_ms = transfer_ms
+        if effect.prefetch_event >= 0:
+            # Hidden by the backward from the prefetch to the first unpack of this call's.
+            window_ms = compute_ms(effect.prefetch_event - 1, effect.release_event - 1)
+            copy_back_ms = max(0.0, transfer_ms - window_ms)
+        total += copy_out_ms + copy_back_ms
     return total
+
+
+def _offload_options(
+    memory: MemoryModel,
+    module_name: str,
+    spec: DeviceSpec,
+    op_ms: Callable[[OpCost], float],
+    boundaries: Sequence[int],
+) -> tuple[OptionCost, ...]:
+    """A candidate's offload options on ``spec``: none where it moves nothing; prefetched,
+    and where that differs, at its own backward (less device memory during the backward
+    before it, more time)."""
+    unit = Unit(module_name, option=OFFLOAD)
+    if memory.host_bytes(unit) <= 0:
+        return ()
+    offloads = [OFFLOAD]
+    if memory.prefetch_module(unit) is not None:
+        offloads.append(OFFLOAD_AT_USE)
+    return tuple(
+        OptionCost(
+            option,
+            offload_cost_ms(memory, module_name, spec, op_ms, boundaries, option),
+            0,
+            freed_bytes=memory.freed_bytes(Unit(module_name, option=option)),
+        )
+        for option in offloads
+    )
+
+
+def _candidate_boundaries(profile: Profile) -> list[int]:
+    """The sorted forward-end events of every candidate's calls (where copy windows end)."""
+    candidates = {record.module_name for record in profile.candidates}
+    return sorted(
+        call.forward_end_event for call in profile.timeline.calls if call.module_name in candidates
+    )
+
+
+def with_offload_options(profile: Profile, host_link_bytes_per_s: float) -> Profile:
+    """A profile whose times were measured on a CUDA device here, with each candidate's
+    offload options costed for a host link of ``host_link_bytes_per_s`` (measured here:
+    :func:`planner.measure.host_link.measure_host_link`). The compute that hides a copy is
+    the measured step's time shared among its recorded ops by their roofline times on a
+    GPU's balance of FLOP/s to bandwidth (ops are not timed one by one)."""
+    from dataclasses import replace
+
+    if host_link_bytes_per_s <= 0:
+        raise ValueError(f"host_link_bytes_per_s must be positive, not {host_link_bytes_per_s}")
+    if profile.cost_source is not CostSource.MEASURED or device_type(profile.device) != "cuda":
+        raise PlannerError(
+            "a measured host link costs offloading only for times measured on a CUDA device "
+            f"(this profile: {profile.cost_source.value} times on {profile.device})"
+        )
+    ops = profile.timeline.op_costs
+    if not ops:
+        raise PlannerError("this profile has no recorded ops; re-profile to offload")
+    spec = replace(_PROVISIONAL_SPECS["cuda"], host_link_bytes_per_s=host_link_bytes_per_s)
+    total_ms = sum(op_time_ms(op.flops, op.bytes_moved, op.dtype, spec) for op in ops)
+    scale = profile.step_ms / total_ms if total_ms > 0 else 0.0
+
+    def ms(op: OpCost) -> float:
+        return op_time_ms(op.flops, op.bytes_moved, op.dtype, spec) * scale
+
+    memory = MemoryModel(profile.timeline)
+    boundaries = _candidate_boundaries(profile)
+    modules = tuple(
+        replace(
+            record,
+            options=(
+                *(cost for cost in record.options if cost.option not in OFFLOAD_OPTIONS),
+                *(
+                    _offload_options(memory, record.module_name, spec, ms, boundaries)
+                    if record.is_candidate
+                    else ()
+                ),
+            ),
+        )
+        for record in profile.modules
+    )
+    note = Note(
+        NoteTopic.TIMES,
+        f"offload copies at the host link measured here, {host_link_bytes_per_s / GIGA:.1f} "
+        "GB/s each way; the compute that hides them is the measured step shared among its "
+        "ops by their roofline times",
+    )
+    return replace(profile, modules=modules, assumptions=(*profile.assumptions, note))
 
 
 def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = False) -> Profile:
@@ -420,10 +547,7 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         by_module[call.module_name] += call_ms
     call_counts = {record.module_name: record.call_count for record in profile.modules}
     offloading = spec.host_link_bytes_per_s > 0
-    candidates = {record.module_name for record in profile.candidates}
-    boundaries = sorted(
-        call.forward_end_event for call in profile.timeline.calls if call.module_name in candidates
-    )
+    boundaries = _candidate_boundaries(profile)
     memory = (
         MemoryModel(profile.timeline)
         if offloading or any(r.options for r in profile.modules)
@@ -431,9 +555,9 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
     )
 
     def option_ms(record: ModuleProfile, cost: OptionCost) -> float:
-        if cost.option == OFFLOAD:
+        if cost.option in OFFLOAD_OPTIONS:
             assert memory is not None
-            return offload_cost_ms(memory, record.module_name, spec, ms, boundaries)
+            return offload_cost_ms(memory, record.module_name, spec, ms, boundaries, cost.option)
         if cost.option == NESTED:
             return nested_recompute_ms(
                 record.module_name, cost.inner_modules, lambda name: by_module.get(name, 0.0)
@@ -448,24 +572,19 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         known = tuple(
             replace(cost, recompute_ms=option_ms(record, cost))
             for cost in record.options
-            if cost.option != OFFLOAD
+            if cost.option not in OFFLOAD_OPTIONS
         )
         if not (offloading and record.is_candidate):
             return known
         assert memory is not None
-        unit = Unit(record.module_name, option=OFFLOAD)
-        if memory.host_bytes(unit) <= 0:
-            return known
         # Offloading's own host cost (its hooks on every saved tensor, each call) is not
         # measured: taken as checkpointing's, so a host-bound step does not get it for free.
         own_ms = call_ms * call_counts.get(record.module_name, 0)
-        offload = OptionCost(
-            OFFLOAD,
-            offload_cost_ms(memory, record.module_name, spec, ms, boundaries) + own_ms,
-            0,
-            freed_bytes=memory.freed_bytes(unit),
+        offloads = _offload_options(memory, record.module_name, spec, ms, boundaries)
+        return (
+            *known,
+            *(replace(cost, recompute_ms=cost.recompute_ms + own_ms) for cost in offloads),
         )
-        return (*known, offload)
 
     modules = tuple(
         replace(

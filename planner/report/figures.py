@@ -110,6 +110,11 @@ def tradeoff_figure(
             label=(
                 f"chosen plan: {row.predicted_peak_bytes / unit_bytes:.1f} {unit}, "
                 f"{row.overhead_percent:.1f}% (predicted): {row.options}"
+                + (
+                    f"; host {row.host_peak_bytes / unit_bytes:.1f} {unit}"
+                    if row.host_peak_bytes
+                    else ""
+                )
             ),
         )
 
@@ -136,6 +141,23 @@ def tradeoff_figure(
                 zorder=2,
             )
 
+    offloading = data[(data["kind"] != "baseline") & (data["host_peak_bytes"] > 0)]
+    if len(offloading):
+        # Plans that offload hold host memory too: their host peak on a second axis.
+        offloading = offloading.sort_values("predicted_peak_bytes")
+        host_axes = axes.twinx()
+        host_axes.scatter(
+            offloading["predicted_peak_bytes"] / unit_bytes,
+            offloading["host_peak_bytes"] / unit_bytes,
+            marker="^",
+            s=22,
+            color="tab:orange",
+            zorder=3,
+            label=f"host memory of a plan that offloads ({unit}, right axis)",
+        )
+        host_axes.set_ylabel(f"host memory of offloaded tensors ({unit})", color="tab:orange")
+        host_axes.tick_params(axis="y", colors="tab:orange")
+        host_axes.set_ylim(bottom=0.0)
     if chosen is not None:
         axes.axvline(
             chosen.budget_bytes / unit_bytes,

@@ -26,19 +26,23 @@ def write_report(
     formats: Sequence[str] = ("png",),
     frontier_points: int = 50,
     measured: Mapping[str, int] | None = None,
+    offload: bool = True,
+    host_budget_bytes: int | None = None,
 ) -> list[Path]:
     """Write a report on ``plan`` into ``folder``: ``tradeoff``, ``modules`` and
     ``memory_timeline`` charts in each of ``formats`` (``"png"``, ``"svg"``), and
     ``summary.md`` linking them (the PNGs when written, else the first format). Solves
     ``frontier_points`` budgets for the trade-off curve. ``measured`` as in
-    :func:`tradeoff_frame`. Every file is written atomically. Returns the paths written,
+    :func:`tradeoff_frame`. ``offload`` and ``host_budget_bytes`` are the frontier's, as for
+    :class:`~planner.solve.Solver` (whether plans may offload, and the host memory they may
+    fill; None: no bound). Every file is written atomically. Returns the paths written,
     ``summary.md`` last.
     """
     unknown = [fmt for fmt in formats if fmt not in REPORT_FORMATS]
     if unknown or not formats:
         raise ValueError(f"formats must be some of {REPORT_FORMATS}, got {tuple(formats)}")
     target = Path(folder)
-    solver = Solver(profile)
+    solver = Solver(profile, offload=offload, host_budget_bytes=host_budget_bytes)
     sweep = frontier(profile, frontier_points, solver=solver)
     baselines = baseline_plans(profile, plan.budget_bytes)
     figures = {

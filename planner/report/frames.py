@@ -44,10 +44,11 @@ def tradeoff_frame(
     ``strategy``, ``budget_bytes``, ``predicted_peak_bytes``, ``measured_peak_bytes``
     (nullable), ``overhead_percent`` (predicted recompute time, % of one step),
     ``recompute_ms``, ``module_count``, ``units`` (what is checkpointed, comma-
-    separated), ``options`` (how, counted: ``"4 save-matmuls, 2 whole"``) and
-    ``on_frontier``: True for the sweep and chosen plans that no other of them beats on
-    both peak and overhead (baselines are never marked; they are compared, not
-    searched).
+    separated), ``options`` (how, counted: ``"4 save-matmuls, 2 whole"``),
+    ``host_peak_bytes`` (the host memory its offloaded tensors hold at once; 0 for a plan
+    that offloads nothing) and ``on_frontier``: True for the sweep and chosen plans that no
+    other of them beats on both peak and overhead (baselines are never marked; they are
+    compared, not searched).
     """
     measured = dict(measured or {})
     rows: list[dict[str, Any]] = []
@@ -111,6 +112,7 @@ _TRADEOFF_COLUMNS = [
     "module_count",
     "units",
     "options",
+    "host_peak_bytes",
     "on_frontier",
 ]
 
@@ -127,6 +129,7 @@ def _tradeoff_row(kind: str, label: str, plan: Plan) -> dict[str, Any]:
         "module_count": len(plan.modules),
         "units": ", ".join(str(unit) for unit in sorted(plan.units)),
         "options": option_summary(plan.units),
+        "host_peak_bytes": plan.predicted_host_peak_bytes,
     }
 
 

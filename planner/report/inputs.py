@@ -10,6 +10,7 @@ from planner.core.records import Profile
 from planner.core.units import format_bytes
 from planner.plan.plan_file import Plan, plan_from_dict
 from planner.plan.profile_file import load_profile
+from planner.solve import Solver
 from planner.solve.planning import (
     build_plan,
     plan_for_budget,
@@ -23,12 +24,15 @@ def load_report_inputs(
     *,
     profile_path: str | Path | None = None,
     budget_bytes: int | None = None,
+    offload: bool = True,
+    host_budget_bytes: int | None = None,
 ) -> tuple[Profile, Plan]:
     """The profile and plan to report on, from a plan file or a profile file at ``path``.
 
     A plan: its profile is ``profile_path`` or ``profile.json`` beside it, and must be of
     the same model (same fingerprint). A profile: with ``budget_bytes``, the cheapest plan
-    for that budget (solved now, not run); without, an empty plan whose budget is the
+    for that budget (solved now, not run; offloading where ``offload`` and the profile offer
+    it, within ``host_budget_bytes``, None: no bound); without, an empty plan whose budget is the
     unplanned peak. Raises :class:`PlanFileError` (or ``ProfileFileError``) for a missing or
     corrupt file, :class:`PlanMismatchError` for a profile of another model,
     ``InfeasibleBudgetError`` for a budget no plan fits, and :class:`BudgetError` for a
@@ -51,7 +55,8 @@ def load_report_inputs(
         if budget_bytes is None:
             budget = profile.measured_peak_bytes
             return profile, build_plan(profile, [], budget, strategy="none")
-        plan, _ = plan_for_budget(profile, budget_bytes)
+        solver = Solver(profile, offload=offload, host_budget_bytes=host_budget_bytes)
+        plan, _ = plan_for_budget(profile, budget_bytes, solver=solver)
         return profile, plan
 
     plan = plan_from_dict(data, source=f"plan file {source}")

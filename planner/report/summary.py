@@ -50,6 +50,14 @@ def cost_source_text(profile: Profile) -> str:
     return "not measured"
 
 
+def _host_text(plan: Plan) -> str:
+    """The host peak of a plan that offloads, and the host budget it was solved under."""
+    text = format_bytes(plan.predicted_host_peak_bytes)
+    if plan.host_budget_bytes is not None:
+        text += f" of a {format_bytes(plan.host_budget_bytes)} host budget"
+    return text
+
+
 def summary_markdown(
     profile: Profile,
     plan: Plan,
@@ -78,6 +86,11 @@ def summary_markdown(
         f"| unplanned peak ({unplanned_source(profile)}) | "
         f"{format_bytes(profile.measured_peak_bytes)} |",
         f"| predicted peak with the plan | {format_bytes(plan.predicted_peak_bytes)} |",
+        *(
+            [f"| host memory the plan's offloaded tensors hold (predicted) | {_host_text(plan)} |"]
+            if plan.offloads
+            else []
+        ),
         "| measured peak with the plan | "
         + (
             f"{format_bytes(measured_peak)} (the plan was run)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.core.records import Note, NoteTopic, Profile, Unit
 from planner.plan.memory_model import MemoryModel, sequential_segments
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan
-from planner.plan.policies import NESTED, OFFLOAD, SelectivePolicy
+from planner.plan.policies import NESTED, OFFLOAD_OPTIONS, SelectivePolicy
 from planner.solve import Solution, Solver
 from planner.solve.tree import segments_cost_ms
 
@@ -90,7 +90,7 @@ def _decisions(profile: Profile, unit: Unit, memory: MemoryModel) -> list[Module
 def _decision(profile: Profile, unit: Unit, memory: MemoryModel) -> ModuleDecision:
     name, segments, option = unit.module, unit.segments, unit.option
     record = profile.module(name)
-    if option == OFFLOAD:
+    if option in OFFLOAD_OPTIONS:
         return ModuleDecision(
             module_name=name,
             method=CheckpointMethod.OFFLOAD,
@@ -99,7 +99,8 @@ def _decision(profile: Profile, unit: Unit, memory: MemoryModel) -> ModuleDecisi
             offload_min_bytes=memory.offload_min_bytes,
             saving_bytes=memory.freed_bytes(unit),
             host_bytes=memory.host_bytes(unit),
-            recompute_ms=record.option_cost(OFFLOAD).recompute_ms,
+            prefetch_module=memory.prefetch_module(unit),
+            recompute_ms=record.option_cost(option).recompute_ms,
         )
     if option is not None:
         rule = memory.policy_rules(name)[option]
@@ -176,7 +177,9 @@ def build_plan(
         loop=profile.loop,
         parallel=profile.parallel,
         switches=profile.switches,
-        host_budget_bytes=host_budget_bytes if any(u.option == OFFLOAD for u in units) else None,
+        host_budget_bytes=host_budget_bytes
+        if any(u.option in OFFLOAD_OPTIONS for u in units)
+        else None,
         predicted_host_peak_bytes=memory.host_peak_bytes(units),
     )
 

@@ -12,7 +12,7 @@ from planner.core.errors import InfeasibleBudgetError
 from planner.core.records import Phase, Profile, Unit
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.plan.memory_model import MemoryModel
-from planner.plan.policies import NESTED, OFFLOAD
+from planner.plan.policies import NESTED, OFFLOAD_OPTIONS
 from planner.solve.exhaustive import branch_and_bound
 from planner.solve.integer_program import IntegerProgram
 from planner.solve.rows import MemoryRows, PlanPeaks
@@ -85,7 +85,7 @@ class Solver:
             nesting=nesting,
             offload=offload,
         )
-        self.offload = offload and any(unit.option == OFFLOAD for unit in self.tree.names)
+        self.offload = offload and any(unit.option in OFFLOAD_OPTIONS for unit in self.tree.names)
         self.host_budget_bytes = host_budget_bytes if self.offload else None
         # Nesting is the last resort (see solve): the same search without it, first.
         self._without_nesting: Solver | None = None

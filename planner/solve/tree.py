@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from planner.core.records import Profile, Unit
 from planner.plan.memory_model import MemoryModel, sequential_segments
-from planner.plan.policies import NESTED, OFFLOAD
+from planner.plan.policies import NESTED, OFFLOAD_OPTIONS
 
 __all__ = ["UnitTree", "is_ancestor", "tree_key"]
 
@@ -63,7 +63,7 @@ class UnitTree:
                 for option in record.options:
                     if option.option == NESTED and not nesting:
                         continue
-                    if option.option == OFFLOAD and not offload:
+                    if option.option in OFFLOAD_OPTIONS and not offload:
                         continue
                     unit = Unit(record.module_name, option=option.option)
                     self.cost_ms[unit] = option.recompute_ms
