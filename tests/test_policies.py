@@ -200,3 +200,90 @@ def test_the_solver_takes_an_option_only_where_it_is_cheaper(sdpa_profile) -> No
     unit = Unit("blocks.0", option="save-attention")
     solution = solver.solve(solver.peak([unit]))
     assert solution.recompute_ms <= solver.cost([unit])
+
+
+def _never_worse_than_module_only(profile, fractions) -> int:  # type: ignore[no-untyped-def]
+    """Over budgets from the lowest peak to the unplanned one: the plan with options costs
+    no more time and no more FLOPs than the module-only plan; how many budgets took options."""
+    from planner.core.errors import InfeasibleBudgetError
+    from planner.solve import Solver
+
+    with_options, module_only = Solver(profile), Solver(profile, options=False)
+    _, lowest = with_options.lowest_peak()
+    took_options = 0
+    for fraction in fractions:
+        budget = int(lowest + (profile.measured_peak_bytes - lowest) * fraction)
+        chosen = with_options.solve(budget)
+        assert chosen.predicted_peak_bytes <= budget
+        took_options += any(unit.option is not None for unit in chosen.units)
+        try:
+            plain = module_only.solve(budget)
+        except InfeasibleBudgetError:  # below the module-only floor: only options fit
+            continue
+        assert chosen.recompute_ms <= plain.recompute_ms * (1 + 1e-9), budget
+        flops = with_options.recompute_flops(chosen.units)
+        assert flops <= with_options.recompute_flops(plain.units), budget
+    return took_options
+
+
+def test_a_plan_with_options_never_costs_more_time_or_flops_than_module_only(
+    sdpa_profile,  # type: ignore[no-untyped-def]
+) -> None:
+    from planner.plan.targets import load_spec, roofline_costs
+
+    h100 = load_spec("h100-80gb")
+    fractions = [step / 10 for step in range(11)]
+    gpt = memory_profile(DATA.parent.parent / "examples" / "gpt.py")
+    took = [
+        _never_worse_than_module_only(profile, fractions)
+        for profile in (
+            roofline_costs(sdpa_profile, load_spec("a100-80gb")),  # a pure roofline
+            roofline_costs(sdpa_profile, h100),
+            roofline_costs(gpt, h100),
+        )
+    ]
+    assert sum(took) > 0  # options were taken somewhere: the comparison was not vacuous
+
+
+def test_an_option_cheaper_in_time_but_dearer_in_flops_gives_way_to_module_only(
+    sdpa_profile,  # type: ignore[no-untyped-def]
+) -> None:
+    from planner.plan.targets import load_spec, roofline_costs
+    from planner.solve import Solver
+
+    # save-attention nearly free in time but recomputing a thousand times the block's FLOPs:
+    # the time-optimal plan takes it, and the module-only plan is the answer instead.
+    costed = roofline_costs(sdpa_profile, load_spec("a100-80gb"))
+    skewed = dataclasses.replace(
+        costed,
+        modules=tuple(
+            dataclasses.replace(
+                record,
+                options=tuple(
+                    dataclasses.replace(
+                        o,
+                        recompute_ms=o.recompute_ms / 100,
+                        recompute_flops=1000 * record.forward_flops + 1,
+                    )
+                    if o.option == "save-attention"
+                    else o
+                    for o in record.options
+                ),
+            )
+            for record in costed.modules
+        ),
+    )
+    solver, module_only = Solver(skewed), Solver(skewed, options=False)
+    alone = Solver(skewed, against_module_only=False)  # the search, without the comparison
+    _, lowest = module_only.lowest_peak()
+    skewed_taken = 0
+    for fraction in (0.1, 0.3, 0.5, 0.7, 0.9):
+        budget = int(lowest + (skewed.measured_peak_bytes - lowest) * fraction)
+        searched = alone.solve(budget)
+        if not any(unit.option == "save-attention" for unit in searched.units):
+            continue
+        skewed_taken += 1
+        chosen, plain = solver.solve(budget), module_only.solve(budget)
+        assert chosen.units == plain.units and not chosen.proven_optimal
+        assert searched.recompute_ms < chosen.recompute_ms
+    assert skewed_taken > 0

@@ -12,6 +12,7 @@ from planner.core.records import CostSource, MemoryTimeline, ModuleCall, NoteTop
 from planner.plan.targets import (
     BUILT_IN_SPECS,
     DeviceSpec,
+    StepTimeModel,
     check_budget_fits,
     load_spec,
     op_time_ms,
@@ -123,3 +124,101 @@ def test_roofline_costs_sum_each_modules_forward_ops_and_the_whole_step() -> Non
         note.topic is NoteTopic.TIMES and note.text.startswith("roofline on x")
         for note in estimated.assumptions
     )
+
+
+def _two_module_profile(mm_flops: int, views: int):  # type: ignore[no-untyped-def]
+    """Calls: root (0) > block (1); a matmul and ``views`` views in the block's forward, one
+    memory-bound op in backward."""
+    calls = (
+        ModuleCall("", -1, 0, 9, -1, -1, (), (), (), False, (), ()),
+        ModuleCall("block", 0, 1, 8, -1, -1, (), (), (), False, (), ()),
+    )
+    ops = (
+        OpCost("aten.mm.default", 1, 2, mm_flops, 0, "float32"),
+        *(OpCost("aten.view.default", 1, 3, 0, 0, "float32") for _ in range(views)),
+        OpCost("prim.device.default", 1, 3, 0, 0, "float32"),  # a fake-tensor query: free
+        OpCost("aten.add.Tensor", -1, 12, 0, 10**8, "float32"),
+    )
+    timeline = MemoryTimeline(
+        event_count=20, storages=(), calls=calls, phase_end_events={"forward": 10}, op_costs=ops
+    )
+    return _profile(timeline, {"block": 0.0})
+
+
+def test_efficiency_scales_each_kind_of_kernel_and_views_take_no_device_time() -> None:
+    spec = DeviceSpec(
+        "x", "cuda", 2**40, {"float32": 1e12}, 1e11, matmul_efficiency=0.5, memory_efficiency=0.8
+    )
+    assert op_time_ms(10**9, 10**6, "float32", spec) == pytest.approx(2.0)  # 1 ms / 0.5
+    assert op_time_ms(0, 10**8, "float32", spec) == pytest.approx(1.25)  # 1 ms / 0.8
+    assert op_time_ms(0, 0, "float32", spec) == 0.0
+
+
+def test_a_device_bound_step_hides_the_hosts_work_and_checkpointings_own_cost() -> None:
+    # 1 ms matmul + 1 ms add on the device against 3 dispatched ops x 0.1 ms on the host
+    spec = DeviceSpec(
+        "x", "cuda", 2**40, {"float32": 1e12}, 1e11, kernel_launch_s=1e-4, checkpoint_call_s=1e-3
+    )
+    profile = _two_module_profile(10**9, views=1)
+    times = StepTimeModel.of(profile.timeline.op_costs, spec)
+    assert not times.host_bound
+    assert (times.device_ms, times.host_ms) == pytest.approx((2.0, 0.3))
+    estimated = roofline_costs(profile, spec)
+    assert estimated.step_ms == pytest.approx(2.0)
+    assert estimated.module("block").forward_ms == pytest.approx(1.0)
+    assert estimated.checkpoint_call_ms == 0.0
+    assert any("device-bound" in note.text for note in estimated.assumptions)
+
+
+def test_a_host_bound_step_pays_each_ops_launch_and_checkpointings_own_cost() -> None:
+    # a tiny matmul (0.001 ms) and 40 views: 42 dispatched ops x 0.1 ms on the host
+    spec = DeviceSpec(
+        "x", "cuda", 2**40, {"float32": 1e12}, 1e11, kernel_launch_s=1e-4, checkpoint_call_s=1e-3
+    )
+    profile = _two_module_profile(10**6, views=40)
+    times = StepTimeModel.of(profile.timeline.op_costs, spec)
+    assert times.host_bound and times.host_ms == pytest.approx(4.2)
+    estimated = roofline_costs(profile, spec)
+    # each op the longer of its device (add: 1 ms) and host (0.1 ms) time
+    assert estimated.step_ms == pytest.approx(41 * 0.1 + 1.0)
+    # its recomputation: 41 ops launched, and checkpointing's own 1 ms for its one call
+    assert estimated.module("block").forward_ms == pytest.approx(41 * 0.1 + 1.0)
+    assert estimated.checkpoint_call_ms == pytest.approx(1.0)
+    assert any("host-bound" in note.text for note in estimated.assumptions)
+    # without a time model the same profile is the pure roofline
+    plain = roofline_costs(profile, DeviceSpec("x", "cuda", 2**40, {"float32": 1e12}, 1e11))
+    assert plain.step_ms == pytest.approx(1.001)
+
+
+def test_the_h100_time_model_is_read_from_a_spec_file_and_checked(tmp_path: Path) -> None:
+    h100 = load_spec("h100-80gb")
+    assert h100.kernel_launch_s > 0 and h100.checkpoint_call_s > 0
+    assert 0 < h100.matmul_efficiency < 1 and 0 < h100.memory_efficiency < 1
+    # only the H100's was fitted to measurements; the others stay pure rooflines
+    assert all(
+        spec.kernel_launch_s == 0 and spec.matmul_efficiency == 1
+        for name, spec in BUILT_IN_SPECS.items()
+        if name != "h100-80gb"
+    )
+    fields = {
+        "name": "mine",
+        "memory_bytes": 2**34,
+        "peak_flops_per_s": {"float32": 1e13},
+        "memory_bandwidth_bytes_per_s": 1e12,
+        "kernel_launch_s": 8e-6,
+        "matmul_efficiency": 0.6,
+    }
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(fields))
+    spec = load_spec(str(path))
+    assert (spec.kernel_launch_s, spec.matmul_efficiency, spec.memory_efficiency) == (
+        8e-6,
+        0.6,
+        1.0,
+    )
+    path.write_text(json.dumps({**fields, "matmul_efficiency": 1.5}))
+    with pytest.raises(TargetSpecError, match="fractions of the roofline"):
+        load_spec(str(path))
+    path.write_text(json.dumps({**fields, "kernel_launch_s": -1}))
+    with pytest.raises(TargetSpecError, match="cannot be negative"):
+        load_spec(str(path))

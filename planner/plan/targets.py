@@ -1,13 +1,41 @@
 """Device specs and roofline cost estimates, for planning a device that is not here.
 
 Pure Python (no torch). A :class:`DeviceSpec` holds what a roofline needs: peak dense
-FLOP/s per dtype, memory bandwidth, and the device's memory. :func:`roofline_costs` turns
-a profile's recorded ops (FLOPs and bytes of each, :class:`~planner.core.records.OpCost`) into
-module forward times and a step time for that device: each op takes
-``max(flops / peak_flops[dtype], bytes_moved / bandwidth)``, and a module's recomputation
-is the sum over the ops of its forward. That is a lower bound on real time (kernels
-reach a fraction of peak), applied alike to the recomputation and to the step, so the
-predicted overhead (their ratio) is what to read, not the milliseconds.
+FLOP/s per dtype, memory bandwidth, and the device's memory, and what a step on it costs
+beyond the roofline: the fraction of peak its kernels reach, the host's time per op, and
+checkpointing's own cost. :func:`roofline_costs` turns a profile's recorded ops (FLOPs and
+bytes of each, :class:`~planner.core.records.OpCost`) into module forward times and a step
+time for that device (see "The time model" below), and a module's recomputation is the sum
+over the ops of its forward.
+
+The time model
+--------------
+Eager PyTorch runs a step on two resources at once: the host dispatches each op (Python,
+the dispatcher, autograd, the launch) and queues its kernel, and the device runs the queue.
+Each op therefore has two times:
+
+* its **device time**, ``max(flops / peak_flops[dtype], bytes_moved / bandwidth) /
+  efficiency``: the roofline, over the fraction of it that kind of kernel reaches
+  (``matmul_efficiency`` for ops with FLOPs: matmuls, convolutions, attention;
+  ``memory_efficiency`` for the rest, priced by bytes); views and metadata take none;
+* its **host time**, ``kernel_launch_s``: what the host spends per op it dispatches (views
+  included; the fake-tensor ``prim``/``profiler`` queries excluded).
+
+The queue lets one hide the other, so a step takes about the longer of its two sums. Where
+the device's sum is the longer (**device-bound**: large shapes) an op costs its device time
+and the host's work, checkpointing's own included, hides behind the queue. Where the host's
+is (**host-bound**: small kernels, which finish before the next is launched) an op costs the
+longer of its two times, and every checkpointed call adds ``checkpoint_call_s`` (entering
+``torch.utils.checkpoint``, the RNG state, the early stop, the pack and unpack hooks). The
+regime is the step's, decided once, so that every cost stays a sum over ops (the solver
+adds module costs) and a step of ops costs what its modules' forwards do. Adding the launch
+to each op instead (``roofline / efficiency + launch``) cannot match a device-bound step:
+on the recorded H100 rows the host's 15.5 us per op alone is 32 ms of llama_medium's 40 ms
+step, which leaves its 23.7 ms of roofline 8 ms, a kernel efficiency above 1.
+:data:`BUILT_IN_SPECS`' ``h100-80gb`` carries values fitted to measured H100 steps (where
+each comes from is written beside it); the other built-in specs carry none (pure roofline,
+efficiency 1, no host time), so their times are a lower bound and their predicted overhead
+(a ratio) is what to read, not the milliseconds.
 
 Design notes
 ------------
@@ -48,7 +76,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +99,7 @@ from planner.plan.policies import nested_recompute_ms
 __all__ = [
     "BUILT_IN_SPECS",
     "DeviceSpec",
+    "StepTimeModel",
     "TargetSpecError",
     "check_spec_file",
     "default_host_budget",
@@ -102,10 +131,26 @@ class DeviceSpec:
     notes: tuple[str, ...] = field(default_factory=tuple)
     host_link_bytes_per_s: float = 0.0
     host_memory_bytes: int = 0
+    # The time model beyond the roofline (module notes): host time per dispatched op, the
+    # fraction of the roofline that matmul-like and memory-bound kernels reach, and
+    # checkpointing's own host time per checkpointed call (paid where the step is
+    # host-bound). The defaults make a pure roofline.
+    kernel_launch_s: float = 0.0
+    matmul_efficiency: float = 1.0
+    memory_efficiency: float = 1.0
+    checkpoint_call_s: float = 0.0
 
     def peak_for(self, dtype: str) -> float:
         """Peak FLOP/s for ops computing in ``dtype`` (fp32's for dtypes not listed)."""
         return self.peak_flops_per_s.get(dtype, self.peak_flops_per_s["float32"])
+
+
+_TIME_MODEL_DEFAULTS = {
+    "kernel_launch_s": 0.0,
+    "matmul_efficiency": 1.0,
+    "memory_efficiency": 1.0,
+    "checkpoint_call_s": 0.0,
+}
 
 
 _NVIDIA = "NVIDIA data sheets (dense, no sparsity)"
@@ -131,8 +176,9 @@ def _spec(
     workspace: int,
     host_link_gb_s: float,
     source: str = _NVIDIA,
+    time_model: dict[str, Any] | None = None,
 ) -> DeviceSpec:
-    return DeviceSpec(
+    spec = DeviceSpec(
         name=name,
         device_type="cuda",
         memory_bytes=memory_mib * MIB,
@@ -146,6 +192,30 @@ def _spec(
         source=source,
         host_link_bytes_per_s=host_link_gb_s * GIGA,
     )
+    # The time model's values, where the spec has them (the defaults: a pure roofline).
+    return replace(spec, **(time_model or {}))
+
+
+# The H100's time model beyond the roofline (module notes, "The time model"), fitted to the
+# steps measured on this project's lent H100 80GB HBM3 (torch 2.11, its host CPU) in
+# reports/benchmarks/cuda_plans.md, re-derived by ``benchmarks/gpu_time_model.py`` from those
+# rows and the ops of each model's emulated profile:
+# * host time per op: the three host-bound unplanned steps (gpt 17.98 ms for 1197 dispatched
+#   ops, hf_gpt2 14.69 ms for 883, hf_llama 20.51 ms for 1341; their roofline is 0.2-0.3 ms),
+#   53.18 ms over 3421 ops = 15.5 us (each model alone: 15.0, 16.6, 15.3 us).
+# * checkpointing's own cost per call: the same three models' emulated plans (6, 3 and 3
+#   checkpointed calls; measured +48.9%, +38.4%, +30.0%) less their recomputed ops' host time,
+#   16.4 ms over 12 calls = 1.36 ms (each: 1.19, 1.65, 1.42 ms).
+# * kernel efficiencies: llama_medium (bf16, 2 x 2048 tokens), device-bound: its unplanned
+#   step (40.13 ms; roofline 12.53 ms of matmuls, 11.13 ms of memory-bound ops) and its
+#   emulated plan's recomputation (+13.1% = 5.26 ms; roofline 2.29 ms of matmuls, 0.55 ms of
+#   memory-bound ops), two equations in the two efficiencies: 0.51 and 0.71.
+_H100_TIME_MODEL = {
+    "kernel_launch_s": 15.5e-6,
+    "checkpoint_call_s": 1.36e-3,
+    "matmul_efficiency": 0.51,
+    "memory_efficiency": 0.71,
+}
 
 
 BUILT_IN_SPECS: dict[str, DeviceSpec] = {
@@ -155,7 +225,17 @@ BUILT_IN_SPECS: dict[str, DeviceSpec] = {
         # workspaces, host link (GB/s each way: PCIe Gen4 x16 ~25, Gen5 x16 ~50)
         _spec("a100-40gb", 40_960, 312, 19.5, 1_555, _AMPERE_WORKSPACE, _PCIE_GEN4),
         _spec("a100-80gb", 81_920, 312, 19.5, 2_039, _AMPERE_WORKSPACE, _PCIE_GEN4),
-        _spec("h100-80gb", 81_559, 989.4, 66.9, 3_350, _HOPPER_WORKSPACE, _PCIE_GEN5),
+        _spec(
+            "h100-80gb",
+            81_559,
+            989.4,
+            66.9,
+            3_350,
+            _HOPPER_WORKSPACE,
+            _PCIE_GEN5,
+            source=f"{_NVIDIA}; launch, efficiencies and checkpoint cost fitted to measured steps",
+            time_model=_H100_TIME_MODEL,
+        ),
         _spec("h200", 143_771, 989.4, 66.9, 4_800, _HOPPER_WORKSPACE, _PCIE_GEN5),
         _spec("l4", 23_034, 121, 30.3, 300, _AMPERE_WORKSPACE, _PCIE_GEN4),
         _spec("rtx-4090", 24_564, 165.2, 82.6, 1_008, _AMPERE_WORKSPACE, _PCIE_GEN4),
@@ -191,6 +271,8 @@ def load_spec(name_or_path: str) -> DeviceSpec:
         values["workspace_bytes"] = int(values.get("workspace_bytes", 0))
         values["host_link_bytes_per_s"] = float(values.get("host_link_bytes_per_s", 0.0))
         values["host_memory_bytes"] = int(values.get("host_memory_bytes", 0))
+        for name, default in _TIME_MODEL_DEFAULTS.items():
+            values[name] = float(values.get(name, default))
         values["memory_bandwidth_bytes_per_s"] = float(values["memory_bandwidth_bytes_per_s"])
         values["peak_flops_per_s"] = {
             str(k): float(v) for k, v in dict(values["peak_flops_per_s"]).items()
@@ -206,6 +288,15 @@ def load_spec(name_or_path: str) -> DeviceSpec:
     if spec.host_link_bytes_per_s < 0 or spec.host_memory_bytes < 0:
         raise TargetSpecError(
             f"device spec {path}: host_link_bytes_per_s and host_memory_bytes cannot be negative"
+        )
+    if spec.kernel_launch_s < 0 or spec.checkpoint_call_s < 0:
+        raise TargetSpecError(
+            f"device spec {path}: kernel_launch_s and checkpoint_call_s cannot be negative"
+        )
+    if not (0 < spec.matmul_efficiency <= 1 and 0 < spec.memory_efficiency <= 1):
+        raise TargetSpecError(
+            f"device spec {path}: matmul_efficiency and memory_efficiency are fractions of the "
+            "roofline, above 0 and at most 1"
         )
     return spec
 
@@ -255,10 +346,54 @@ def check_budget_fits(spec: DeviceSpec, budget_bytes: int) -> None:
 
 
 def op_time_ms(flops: int, bytes_moved: int, dtype: str, spec: DeviceSpec) -> float:
-    """One op's roofline time on ``spec``, in milliseconds."""
+    """One op's device time on ``spec``, in milliseconds: its roofline over the efficiency
+    of its kind of kernel (``matmul_efficiency`` where it has FLOPs, else
+    ``memory_efficiency``)."""
     compute_s = flops / spec.peak_for(dtype) if flops else 0.0
     memory_s = bytes_moved / spec.memory_bandwidth_bytes_per_s
-    return max(compute_s, memory_s) * 1000.0
+    efficiency = spec.matmul_efficiency if flops else spec.memory_efficiency
+    return max(compute_s, memory_s) / efficiency * 1000.0
+
+
+def dispatches(op: OpCost) -> bool:
+    """Whether the host dispatches ``op`` in a real step (every aten op, views included;
+    not the ``prim``/``profiler`` queries that only fake tensors record)."""
+    return not op.op.startswith(("prim.", "profiler."))
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """A step's ops priced on a spec (module notes, "The time model"): the sums of their
+    device and host times, and from them the regime and each op's cost."""
+
+    spec: DeviceSpec
+    device_ms: float
+    host_ms: float
+
+    @classmethod
+    def of(cls, ops: Sequence[OpCost], spec: DeviceSpec) -> StepTimeModel:
+        device_ms = sum(op_time_ms(op.flops, op.bytes_moved, op.dtype, spec) for op in ops)
+        host_ms = spec.kernel_launch_s * 1000.0 * sum(1 for op in ops if dispatches(op))
+        return cls(spec, device_ms, host_ms)
+
+    @property
+    def host_bound(self) -> bool:
+        """Whether the host's work is the longer: then it is paid, not hidden."""
+        return self.host_ms > self.device_ms
+
+    @property
+    def checkpoint_call_ms(self) -> float:
+        """Checkpointing's own cost per checkpointed call: the spec's where the step is
+        host-bound, hidden behind the device's queue where it is not."""
+        return self.spec.checkpoint_call_s * 1000.0 if self.host_bound else 0.0
+
+    def op_ms(self, op: OpCost) -> float:
+        """One op's cost in this step: its device time, or where the step is host-bound
+        the longer of its device and host times."""
+        device = op_time_ms(op.flops, op.bytes_moved, op.dtype, self.spec)
+        if not self.host_bound or not dispatches(op):
+            return device
+        return max(device, self.spec.kernel_launch_s * 1000.0)
 
 
 def offload_cost_ms(
@@ -393,22 +528,24 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
     ``spec`` from the recorded ops. ``cost_source`` becomes ``roofline`` and ``target`` the
     spec's name, unless ``estimate_only`` (a provisional estimate, replaced by measured
     times before anything is shown)."""
-    from dataclasses import replace
-
     if not profile.timeline.op_costs:
         raise PlannerError(
             "this profile has no recorded ops (it was saved by an older ckpt-plan); "
             "re-profile to estimate times for a target"
         )
 
-    def ms(op: OpCost) -> float:
-        return op_time_ms(op.flops, op.bytes_moved, op.dtype, spec)
+    times = StepTimeModel.of(profile.timeline.op_costs, spec)
+    ms = times.op_ms
+    call_ms = times.checkpoint_call_ms
 
     by_call = forward_totals_by_call(profile.timeline, ms)
     step_ms = sum(ms(op) for op in profile.timeline.op_costs)
+    # A module's recomputation: its calls' forward ops, and checkpointing's own cost per call.
     by_module: dict[str, float] = {}
     for index, call in enumerate(profile.timeline.calls):
         by_module[call.module_name] = by_module.get(call.module_name, 0.0) + by_call[index]
+        by_module[call.module_name] += call_ms
+    call_counts = {record.module_name: record.call_count for record in profile.modules}
     offloading = spec.host_link_bytes_per_s > 0
     boundaries = _candidate_boundaries(profile)
     memory = (
@@ -428,7 +565,8 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         # A selective option recomputes every op of the forward but the ones it saves.
         assert memory is not None
         unit = Unit(record.module_name, option=cost.option)
-        return sum(ms(op) for op in memory.recomputed_ops(unit))
+        own_ms = call_ms * call_counts.get(record.module_name, 0)
+        return sum(ms(op) for op in memory.recomputed_ops(unit)) + own_ms
 
     def options(record: ModuleProfile) -> tuple[OptionCost, ...]:
         known = tuple(
@@ -439,7 +577,14 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         if not (offloading and record.is_candidate):
             return known
         assert memory is not None
-        return (*known, *_offload_options(memory, record.module_name, spec, ms, boundaries))
+        # Offloading's own host cost (its hooks on every saved tensor, each call) is not
+        # measured: taken as checkpointing's, so a host-bound step does not get it for free.
+        own_ms = call_ms * call_counts.get(record.module_name, 0)
+        offloads = _offload_options(memory, record.module_name, spec, ms, boundaries)
+        return (
+            *known,
+            *(replace(cost, recompute_ms=cost.recompute_ms + own_ms) for cost in offloads),
+        )
 
     modules = tuple(
         replace(
@@ -450,23 +595,45 @@ def roofline_costs(profile: Profile, spec: DeviceSpec, *, estimate_only: bool = 
         for record in profile.modules
     )
     if estimate_only:
-        return replace(profile, modules=modules, step_ms=step_ms, checkpoint_call_ms=0.0)
+        return replace(profile, modules=modules, step_ms=step_ms, checkpoint_call_ms=call_ms)
     return replace(
         profile,
         modules=modules,
         step_ms=step_ms,
-        checkpoint_call_ms=0.0,
+        checkpoint_call_ms=call_ms,
         cost_source=CostSource.ROOFLINE,
         target=spec.name,
         assumptions=(
             *profile.assumptions,
-            Note(
-                NoteTopic.TIMES,
-                f"roofline on {spec.name} ({spec.source or 'user spec'}): each op "
-                "max(FLOPs / peak, bytes / bandwidth)",
-            ),
+            Note(NoteTopic.TIMES, _time_model_note(spec, times)),
         ),
     )
+
+
+def _time_model_note(spec: DeviceSpec, times: StepTimeModel) -> str:
+    """The assumption a plan records about its times."""
+    text = (
+        f"roofline on {spec.name} ({spec.source or 'user spec'}): each op "
+        "max(FLOPs / peak, bytes / bandwidth)"
+    )
+    if (spec.matmul_efficiency, spec.memory_efficiency) != (1.0, 1.0):
+        text += (
+            f" over the efficiency its kernels reach ({spec.matmul_efficiency:g} for matmuls, "
+            f"{spec.memory_efficiency:g} for memory-bound ops)"
+        )
+    if spec.kernel_launch_s > 0:
+        regime = (
+            f"host-bound ({times.host_ms:.1f} ms of host time at "
+            f"{spec.kernel_launch_s * 1e6:.1f} us per op against {times.device_ms:.1f} ms on "
+            f"the device): each op the longer of the two, and "
+            f"{spec.checkpoint_call_s * 1000:.2f} ms per checkpointed call"
+            if times.host_bound
+            else f"device-bound ({times.device_ms:.1f} ms on the device against "
+            f"{times.host_ms:.1f} ms of host time): the host's work, checkpointing's own "
+            "included, hides behind the device's queue"
+        )
+        text += f"; the step is {regime}"
+    return text
 
 
 # Provisional costs, only to choose a plan before times are measured (never shown): a

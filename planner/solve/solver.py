@@ -72,6 +72,7 @@ class Solver:
         offload: bool = True,
         host_budget_bytes: int | None = None,
         exhaustive_evaluations: int = 2_000,
+        against_module_only: bool = True,
     ) -> None:
         self.profile = profile
         self.memory = memory or MemoryModel.for_profile(profile)
@@ -98,7 +99,14 @@ class Solver:
                 offload=offload,
                 host_budget_bytes=host_budget_bytes,
                 exhaustive_evaluations=exhaustive_evaluations,
+                against_module_only=False,  # this solver compares its answers
             )
+        # The module-only solver every answer is checked against (see the class notes).
+        self._module_only: Solver | None = None
+        self._against_module_only = against_module_only and any(
+            unit.option is not None for unit in self.tree.names
+        )
+        self._sequential = sequential
         self.names = self.tree.names
         self.plan_count = self.tree.plan_count
         self.peak = PlanPeaks(self.memory)
@@ -218,12 +226,64 @@ class Solver:
         return best, self.peak(best)
 
     def solve(self, budget_bytes: int, max_evaluations: int | None = None) -> Solution:
-        """The cheapest plan whose predicted peak is within ``budget_bytes``.
+        """The cheapest plan whose predicted peak is within ``budget_bytes``; with options,
+        never one that costs more time or FLOPs than the module-only plan (class notes).
 
         Nesting is the last resort: it only lowers the smallest feasible budget (its inner
         modules run a third time, and its memory is not of the tree program's prefix
         form), so the plan is the cheapest without nesting wherever one fits, and the
         cheapest of all plans (by the integer program) only below that."""
+        solution = self._solve(budget_bytes, max_evaluations)
+        if not self._against_module_only:
+            return solution
+        if self._module_only is None:
+            self._module_only = Solver(
+                self.profile,
+                self.memory,
+                sequential=self._sequential,
+                options=False,
+                exhaustive_evaluations=self.exhaustive_evaluations,
+            )
+        try:
+            module_only = self._module_only.solve(budget_bytes, max_evaluations)
+        except InfeasibleBudgetError:  # only a plan with options fits
+            return solution
+        slower = solution.recompute_ms > module_only.recompute_ms * (1 + 1e-9)
+        more_flops = self.recompute_flops(solution.units) > self.recompute_flops(module_only.units)
+        if not (slower or more_flops):
+            return solution
+        logger.debug(
+            "the plan with options costs more %s than the module-only plan; taking that",
+            "time" if slower else "FLOPs",
+        )
+        self._remember(module_only.units)
+        return Solution(
+            units=module_only.units,
+            predicted_peak_bytes=module_only.predicted_peak_bytes,
+            recompute_ms=module_only.recompute_ms,
+            # Cheapest among module-only plans; a plan with options may still be cheaper.
+            proven_optimal=module_only.proven_optimal and slower,
+            evaluations=solution.evaluations + module_only.evaluations,
+            lower_bound_ms=min(solution.lower_bound_ms, module_only.recompute_ms),
+        )
+
+    def recompute_flops(self, units: Iterable[Unit]) -> int:
+        """The FLOPs a plan's recomputation runs (as recorded: matmuls, convolutions,
+        attention): each unit's module forward, option, or checkpointed segments."""
+        from planner.solve.planning import recomputed_modules
+
+        total = 0
+        for unit in units:
+            if unit.option is not None:
+                total += self.profile.module(unit.module).option_cost(unit.option).recompute_flops
+            else:
+                total += sum(
+                    self.profile.module(name).forward_flops
+                    for name in recomputed_modules(self.profile, unit)
+                )
+        return total
+
+    def _solve(self, budget_bytes: int, max_evaluations: int | None) -> Solution:
         if self._without_nesting is not None:
             try:
                 return self._without_nesting.solve(budget_bytes, max_evaluations)
