@@ -5,7 +5,8 @@ of 64 ranks planned on paper.
     python benchmarks/pipeline.py --skip-70b      # the real-rank part only
 
 1. **Simulated vs real ranks.** tests/data/tp_gpt.py (a small Llama) as 2 stages of 4
-   micro-batches, 1F1B and GPipe, and as PP 2 x FSDP 2 on 4 ranks; examples/configs/
+   micro-batches, 1F1B and GPipe, and as PP 2 x FSDP 2 on 4 ranks; tests/data/tp_gpt4.py
+   (the same with 4 blocks) as 2 ranks x 2 virtual stages, interleaved 1F1B; examples/configs/
    tiny-llama.json (``--hf``, batch 4 x 64 tokens) as 2 stages, 1F1B. Each stage is planned on
    its simulated rank (``profile_and_plan`` without its check), then the plan is run on real
    gloo ranks (:func:`planner.check.ranks.check_plan_on_ranks`): each rank's measured peak,
@@ -45,6 +46,7 @@ from planner.pipeline import profile_and_plan  # noqa: E402
 
 GIB = 2**30
 TP_GPT = ROOT / "tests" / "data" / "tp_gpt.py"
+TP_GPT4 = ROOT / "tests" / "data" / "tp_gpt4.py"
 TINY_LLAMA = hf_workload(ROOT / "examples" / "configs" / "tiny-llama.json", 4, 64)
 CASES = (
     (
@@ -64,6 +66,12 @@ CASES = (
         TP_GPT,
         ParallelLayout(4, ParallelStrategy.FSDP2, pipeline=PipelineLayout(2, 4)),
         300_000,
+    ),
+    (
+        "tp_gpt4",
+        TP_GPT4,
+        ParallelLayout(2, ParallelStrategy.PP, pipeline=PipelineLayout(2, 4, "interleaved-1f1b")),
+        560_000,
     ),
     (
         "tiny-llama (--hf)",

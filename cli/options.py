@@ -166,8 +166,10 @@ ScheduleOption = Annotated[
     typer.Option(
         "--schedule",
         help="With --pp: the pipeline schedule, 1f1b (Schedule1F1B: min(M, S - s) "
-        "micro-batches in flight on stage s) or gpipe (ScheduleGPipe: all M).",
-        metavar="1f1b|gpipe",
+        "micro-batches in flight on stage s), gpipe (ScheduleGPipe: all M) or "
+        "interleaved-1f1b (ScheduleInterleaved1F1B: 2 virtual stages a rank, rank s holding "
+        "chunks s and s + S of 2S; M a multiple of S).",
+        metavar="1f1b|gpipe|interleaved-1f1b",
     ),
 ]
 ExpertLoadOption = Annotated[

@@ -1,6 +1,7 @@
 """Plans for pipeline stages (issue #30): the layout record, a stage made from the model,
 one plan file holding every stage's, each stage simulated in its schedule on a fake process
-group, bad options, and (slow) the check on 2 real gloo ranks, 1F1B and GPipe."""
+group, bad options, and (slow) the check on 2 real gloo ranks, 1F1B, GPipe and interleaved
+1F1B (2 chunks a rank)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from planner.core.parallel import (
     parallel_to_dict,
 )
 from planner.measure.distributed import record_rank_memory
-from planner.measure.stage_split import make_stage, stage_blocks
+from planner.measure.stage_split import chunk_modules, make_stage, stage_blocks
 from planner.measure.workload import load_model_file
 from planner.pipeline_stages import combined_plan
 from planner.plan.plan_file import (
@@ -38,6 +39,7 @@ from planner.solve.planning import plan_for_budget
 
 DATA = Path(__file__).parent / "data"
 TP_GPT = DATA / "tp_gpt.py"  # a small Llama: 2 blocks, batch 4
+TP_GPT4 = DATA / "tp_gpt4.py"  # the same with 4 blocks: 2 ranks x 2 chunks
 
 
 def _layout(schedule: str = "1f1b", stage: int | None = None) -> ParallelLayout:
@@ -74,10 +76,38 @@ def test_a_pipeline_layout_counts_in_flight_micro_batches_and_round_trips() -> N
     assert "pipeline" not in (parallel_to_dict(ParallelLayout(2, ParallelStrategy.FSDP2)) or {})
 
 
+def test_an_interleaved_layout_puts_two_chunks_on_each_rank() -> None:
+    """Rank s holds chunks s and s + S of 2S; in flight (chunk micro-batches): torch's
+    interleaved warm-up, (V - 1) * M / rounds + 2 * (S - 1 - s), and one."""
+    pipeline = PipelineLayout(2, 4, "interleaved-1f1b")
+    assert pipeline.virtual_stages == 2 and pipeline.chunks == 4
+    assert [pipeline.chunks_of(stage) for stage in (0, 1)] == [(0, 2), (1, 3)]
+    assert [pipeline.in_flight(stage) for stage in (0, 1)] == [5, 3]
+    assert [PipelineLayout(4, 8, "interleaved-1f1b").in_flight(s) for s in range(4)] == [
+        11,
+        9,
+        7,
+        5,
+    ]
+    assert PipelineLayout(4, 2, "interleaved-1f1b").in_flight(0) == 4  # all 2 x 2
+    assert PipelineLayout(2, 4).chunks_of(1) == (1,)
+    layout = _layout("interleaved-1f1b", 1)
+    assert "--schedule interleaved-1f1b" in layout.command_options()
+    data = parallel_to_dict(layout)
+    assert parallel_from_dict(json.loads(json.dumps(data))) == layout
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: PipelineLayout(2, 4, "interleaved-1f1b"), "one of 1f1b, gpipe"),
+        (lambda: PipelineLayout(2, 4, "zero-bubble"), "one of 1f1b, gpipe, interleaved-1f1b"),
+        (lambda: PipelineLayout(2, 5, "interleaved-1f1b"), "not a multiple of its 2 rounds"),
+        (
+            lambda: ParallelLayout(
+                4, ParallelStrategy.FSDP2, pipeline=PipelineLayout(2, 4, "interleaved-1f1b")
+            ),
+            "not yet with --parallel fsdp2",
+        ),
         (lambda: PipelineLayout(1, 4), "at least 2 stages"),
         (lambda: PipelineLayout(2, 0), "microbatches must be a whole number"),
         (lambda: PipelineLayout(4, 2), "--microbatches 2 is fewer than --pp 4"),
@@ -103,7 +133,19 @@ def test_bad_pipeline_layouts_are_one_line_errors(make, message: str) -> None:  
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["--pp", "2", "--schedule", "interleaved-1f1b"], "interleaved-1f1b is not planned"),
+        (["--pp", "2", "--schedule", "interleaved"], "one of 1f1b, gpipe, interleaved-1f1b"),
+        (
+            ["--pp", "2", "--microbatches", "5", "--schedule", "interleaved-1f1b"],
+            "not a multiple of its 2 rounds",
+        ),
+        (
+            [
+                *("--pp", "2", "--schedule", "interleaved-1f1b"),
+                *("--world-size", "4", "--parallel", "fsdp2"),
+            ],
+            "not yet with --parallel fsdp2",
+        ),
+        (["--pp", "2", "--schedule", "interleaved-1f1b"], "need at least 4 blocks"),
         (["--microbatches", "2"], "--microbatches needs --pp"),
         (["--pp", "2", "--parallel", "ddp", "--world-size", "4"], "planned alone"),
         (["--pp", "2", "--world-size", "4"], "needs --world-size N --parallel fsdp2"),
@@ -159,6 +201,41 @@ def test_the_stages_chained_compute_the_whole_models_loss() -> None:
     assert torch.equal(loss, expected)
     loss.backward()
     assert last.get_submodule("layers.1.attention.wq").weight.grad is not None
+
+
+def test_interleaved_chunks_chained_compute_the_whole_models_loss() -> None:
+    """Under interleaved 1F1B rank 0 holds the embeddings and blocks 0 and 2, rank 1 blocks 1
+    and 3, the norm and the head, names the model's; each rank's chunks hold their own
+    parameters alone, and the four chunks chained (0, 1, 2, 3) give the unsplit model's
+    loss, bit for bit."""
+    model_file = load_model_file(TP_GPT4)
+    pipeline = PipelineLayout(2, 4, "interleaved-1f1b")
+
+    def built():  # type: ignore[no-untyped-def]
+        torch.manual_seed(0)
+        return model_file.build_model()
+
+    torch.manual_seed(1)
+    batch = model_file.sample_batch()
+    expected = built()(**batch)
+    ranks = [make_stage(built(), model_file, pipeline, stage) for stage in (0, 1)]
+    owners = [{name.rsplit(".", 2)[0] for name, _ in rank.named_parameters()} for rank in ranks]
+    assert {"tok_embeddings", "layers.0", "layers.2"} <= owners[0]
+    assert not any(name.startswith(("layers.1", "layers.3", "norm")) for name in owners[0])
+    assert {"layers.1", "layers.3", "norm", "output"} <= owners[1]
+    views = [chunk_modules(rank, pipeline) for rank in ranks]
+    for rank, chunks in zip(ranks, views, strict=True):
+        held = [{id(p) for p in chunk.parameters()} for chunk in chunks]
+        assert not held[0] & held[1]
+        assert held[0] | held[1] == {id(p) for p in rank.parameters()}
+    hidden = views[0][0](**batch)  # chunk 0
+    for chunk in (views[1][0], views[0][1]):  # chunks 1 and 2
+        hidden = chunk(hidden.detach(), **batch)
+        assert hidden.shape == (4, 32, 32)
+    loss = views[1][1](hidden.detach().requires_grad_(), **batch)  # chunk 3: the loss
+    assert torch.equal(loss, expected)
+    names = {name for name, _ in built().named_modules()}
+    assert all({name for name, _ in rank.named_modules()} <= names for rank in ranks)
 
 
 def test_one_plan_holds_every_stage_and_apply_plan_picks_a_stage_by_its_modules(
@@ -218,7 +295,12 @@ def test_a_stage_holds_the_micro_batches_its_schedule_keeps_in_flight(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("schedule", "budget", "data_parallel"),
-    [("1f1b", "330000", []), ("gpipe", "430000", []), ("1f1b", "300000", ["fsdp2"])],
+    [
+        ("1f1b", "330000", []),
+        ("gpipe", "430000", []),
+        ("1f1b", "300000", ["fsdp2"]),
+        ("interleaved-1f1b", "560000", []),
+    ],
 )
 def test_profile_checks_each_stages_plan_on_real_ranks(
     schedule: str, budget: str, data_parallel: list[str], tmp_path: Path
@@ -227,7 +309,8 @@ def test_profile_checks_each_stages_plan_on_real_ranks(
     ranks, 4 micro-batches: every stage within the budget, its loss, gradients and buffers
     bit-identical to the unplanned pipeline's, its measured peak the predicted one to the
     byte; under 1F1B the first stage (2 in flight) recomputes more than the last (1). With
-    FSDP2 too, 4 ranks as a (pp, dp) mesh of 2 x 2."""
+    FSDP2 too, 4 ranks as a (pp, dp) mesh of 2 x 2. Interleaved: the 4-block model, each
+    rank running its 2 chunks (5 and 3 chunk micro-batches in flight), one plan a rank."""
     plan_path = tmp_path / "plan.json"
     options = ["--pp", "2", "--microbatches", "4", "--schedule", schedule]
     ranks = 2
@@ -235,8 +318,9 @@ def test_profile_checks_each_stages_plan_on_real_ranks(
         ranks = 4
         options += ["--world-size", "4", "--parallel", "fsdp2"]
     outputs = ["-o", str(plan_path), "--report-dir", str(tmp_path / "r")]
+    model = TP_GPT4 if schedule == "interleaved-1f1b" else TP_GPT
     result = CliRunner().invoke(
-        app, ["profile", str(TP_GPT), "--budget", budget, *options, *outputs]
+        app, ["profile", str(model), "--budget", budget, *options, *outputs]
     )
     assert result.exit_code == 0, result.output
     assert f"checked by running it on {ranks} real ranks" in result.stdout
@@ -249,7 +333,7 @@ def test_profile_checks_each_stages_plan_on_real_ranks(
         assert stage.measured_peak_bytes == stage.predicted_peak_bytes <= stage.budget_bytes
         assert stage.predicted_peak_bytes < stage.baseline_peak_bytes
     first, last = plan.stages
-    if schedule == "1f1b":
+    if schedule != "gpipe":
         assert first.recompute_ms > last.recompute_ms
         assert first.baseline_peak_bytes > last.baseline_peak_bytes
     assert (tmp_path / "r" / "stages.png").is_file()
@@ -257,16 +341,21 @@ def test_profile_checks_each_stages_plan_on_real_ranks(
 
 
 @pytest.mark.slow
-def test_the_pipeline_recipe_trains_each_stage_as_without_the_plan(tmp_path: Path) -> None:
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b"])
+def test_the_pipeline_recipe_trains_each_stage_as_without_the_plan(
+    schedule: str, tmp_path: Path
+) -> None:
     """examples/recipes/pipeline_train.py makes each rank's stage, applies the one plan file
-    (each stage picks its own decisions), and trains 3 steps of 1F1B: the last stage's
-    losses equal the unplanned pipeline's, loss by loss (both runs in one launch, --compare)."""
+    (each stage picks its own decisions), and trains 3 steps of 1F1B (or interleaved 1F1B,
+    2 chunks a rank, on the 4-block model): the last stage's losses equal the unplanned
+    pipeline's, loss by loss (both runs in one launch, --compare)."""
     from planner.pipeline import profile_and_plan
     from planner.plan.plan_file import save_plan
     from tests.test_distributed import _compared
 
-    layout = _layout()
-    plan = profile_and_plan(TP_GPT, 330_000, parallel=layout, check=False).plan
+    layout = _layout(schedule)
+    model, budget = (TP_GPT4, 560_000) if schedule == "interleaved-1f1b" else (TP_GPT, 330_000)
+    plan = profile_and_plan(model, budget, parallel=layout, check=False).plan
     assert all(stage.modules for stage in plan.stages)
     plan_path = save_plan(plan, tmp_path / "plan.json")
     recipe = Path(__file__).resolve().parent.parent / "examples" / "recipes" / "pipeline_train.py"

@@ -1,17 +1,24 @@
-"""Recipe: a pipeline (``torch.distributed.pipelining``), one stage per rank, each stage with
-its own plan from one plan file (CPU: gloo; GPUs: NCCL, one per rank).
+"""Recipe: a pipeline (``torch.distributed.pipelining``), one stage per rank (under
+interleaved 1F1B, two chunks per rank), each rank with its own plan from one plan file (CPU:
+gloo; GPUs: NCCL, one per rank).
 
     ckpt-plan profile tests/data/tp_gpt.py --budget 330000 --pp 2 --microbatches 4 -o plan.json
     torchrun --nproc-per-node 2 examples/recipes/pipeline_train.py plan.json
 
-1. Plan every stage, once, on any machine: ``--pp S --microbatches M --schedule 1f1b|gpipe``
-   (the budget is each rank's peak; each stage is simulated in its schedule, and where S is
-   small the plan is checked on S real ranks before it is written).
+    ckpt-plan profile tests/data/tp_gpt4.py --budget 560000 --pp 2 --microbatches 4 \
+        --schedule interleaved-1f1b -o plan.json
+
+1. Plan every stage, once, on any machine: ``--pp S --microbatches M --schedule
+   1f1b|gpipe|interleaved-1f1b`` (the budget is each rank's peak; each rank is simulated in
+   its schedule, and where S is small the plan is checked on S real ranks before it is
+   written).
 2. On every rank, in this order: build the model; take the shapes that cross the stage
    boundaries (``boundary_metas``, on fake tensors: no memory); make this rank's stage
-   (``make_stage``: the other stages' modules taken out, names kept); ``apply_plan(stage,
-   plan)``, which picks this stage's decisions by its modules; THEN the ``PipelineStage``
-   and its schedule (``stage_schedule``), THEN the optimizer over the stage's parameters.
+   (``make_stage``: the other stages' modules taken out, names kept; under interleaved 1F1B
+   rank r keeps chunks r and r + S of 2S, both in this one module); ``apply_plan(stage,
+   plan)``, which picks this rank's decisions by its modules; THEN the ``PipelineStage``
+   objects (one per chunk) and their schedule (``stage_schedule``), THEN the optimizer over
+   the stage's parameters.
 3. Each step: ``zero_grad``, ``schedule.step`` over the batch's micro-batches (the last
    stage gets its losses), ``optimizer.step``.
 
@@ -64,7 +71,7 @@ def train(
         apply_plan(stage_module, plan)  # 2. this stage's plan
     _, schedule = stage_schedule(stage_module, pipeline, rank, boundaries, device)  # 3.
     optimizer = torch.optim.AdamW(stage_module.parameters(), lr=1e-3)  # 4.
-    last = rank == pipeline.stages - 1
+    last = rank == pipeline.stages - 1  # holds the last chunk, under interleaved 1F1B too
     losses = []
     for step in range(steps):
         torch.manual_seed(1000 + step)  # every rank draws the same batch
@@ -89,7 +96,9 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="the model file the plan was made for")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--microbatches", type=int, default=4, help="without a plan")
-    parser.add_argument("--schedule", default="1f1b", help="without a plan: 1f1b or gpipe")
+    parser.add_argument(
+        "--schedule", default="1f1b", help="without a plan: 1f1b, gpipe or interleaved-1f1b"
+    )
     parser.add_argument(
         "--compare",
         action="store_true",

@@ -64,6 +64,9 @@ class PipelineSchedule(str, enum.Enum):
     alternates one backward and one forward: that many micro-batches in flight."""
     GPIPE = "gpipe"
     """``ScheduleGPipe``: every forward, then every backward: ``M`` in flight on each stage."""
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    """``ScheduleInterleaved1F1B``: the blocks split into ``V * S`` chunks, rank ``s`` holding
+    chunks ``s, s + S, ...`` (``V`` virtual stages a rank), 1F1B over them depth first."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,7 @@ class PipelineLayout:
         except ValueError:
             choices = ", ".join(choice.value for choice in PipelineSchedule)
             raise ParallelLayoutError(
-                f"the pipeline schedule must be one of {choices}, not {self.schedule!r} "
-                "(interleaved-1f1b is not planned yet: it puts several stages on one rank)"
+                f"the pipeline schedule must be one of {choices}, not {self.schedule!r}"
             ) from None
         for name in ("stages", "microbatches"):
             value = getattr(self, name)
@@ -100,6 +102,13 @@ class PipelineLayout:
                 f"1F1B runs at least as many micro-batches as stages: --microbatches "
                 f"{self.microbatches} is fewer than --pp {self.stages}"
             )
+        rounds = max(1, self.microbatches // self.stages)
+        if self.schedule is PipelineSchedule.INTERLEAVED_1F1B and self.microbatches % rounds:
+            raise ParallelLayoutError(
+                f"interleaved 1F1B runs the micro-batches in rounds of --pp {self.stages}: "
+                f"--microbatches {self.microbatches} is not a multiple of its "
+                f"{rounds} rounds (use a multiple of {self.stages})"
+            )
         if self.stage is not None and not 0 <= self.stage < self.stages:
             raise ParallelLayoutError(
                 f"stage {self.stage} is not one of the pipeline's {self.stages} stages"
@@ -108,16 +117,38 @@ class PipelineLayout:
     def in_flight(self, stage: int) -> int:
         """How many micro-batches' activations stage ``stage`` holds at most: 1F1B's warm-up
         forwards, ``min(M, S - stage)`` (``S - stage``: 1F1B needs ``M >= S``); GPipe's,
-        all ``M``."""
+        all ``M``; interleaved 1F1B's, in chunk micro-batches (each one chunk's),
+        ``ScheduleInterleaved1F1B``'s warm-up forwards and one:
+        ``(V - 1) * M / rounds + 2 * (S - 1 - stage) + 1``, at most ``V * M``."""
         if self.schedule is PipelineSchedule.GPIPE:
             return self.microbatches
+        if self.schedule is PipelineSchedule.INTERLEAVED_1F1B:
+            per_round = self.microbatches // max(1, self.microbatches // self.stages)
+            warmup = (self.virtual_stages - 1) * per_round + 2 * (self.stages - 1 - stage)
+            return min(self.virtual_stages * self.microbatches, warmup + 1)
         return min(self.microbatches, self.stages - stage)
+
+    @property
+    def virtual_stages(self) -> int:
+        """The chunks each rank holds: 2 under interleaved 1F1B, else 1."""
+        return 2 if self.schedule is PipelineSchedule.INTERLEAVED_1F1B else 1
+
+    @property
+    def chunks(self) -> int:
+        """How many contiguous chunks the blocks are split into: ``virtual_stages * S``."""
+        return self.stages * self.virtual_stages
+
+    def chunks_of(self, stage: int) -> tuple[int, ...]:
+        """The chunks rank (stage) ``stage`` holds: ``stage, stage + S, ...`` (one, itself,
+        but under interleaved 1F1B)."""
+        return tuple(stage + index * self.stages for index in range(self.virtual_stages))
 
     def describe(self) -> str:
         which = f"stage {self.stage} of " if self.stage is not None else ""
+        virtual = f" x {self.virtual_stages} virtual" if self.virtual_stages > 1 else ""
         return (
-            f"{which}{self.stages} pipeline stages, {self.microbatches} micro-batches, "
-            f"{self.schedule.value}"
+            f"{which}{self.stages}{virtual} pipeline stages, {self.microbatches} "
+            f"micro-batches, {self.schedule.value}"
         )
 
 
@@ -225,6 +256,11 @@ class ParallelLayout:
             raise ParallelLayoutError(
                 "pipeline stages are planned alone (--pp S) or with FSDP2 (--pp S "
                 "--world-size N --parallel fsdp2), not with ddp or tensor parallelism yet"
+            )
+        if self.strategy is ParallelStrategy.FSDP2 and pipeline.virtual_stages > 1:
+            raise ParallelLayoutError(
+                "--schedule interleaved-1f1b is planned for pipeline stages alone, not yet "
+                "with --parallel fsdp2: use 1f1b or gpipe with FSDP2"
             )
         if self.world_size % stages:
             raise ParallelLayoutError(

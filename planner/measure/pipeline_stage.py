@@ -4,8 +4,9 @@ or on a real rank (docs/distributed.md, "Pipeline stages"). The stage module is 
 
 Design notes
 ------------
-* **The stage's step is its schedule.** :class:`StageStep` runs ``Schedule1F1B`` or
-  ``ScheduleGPipe`` over the batch's micro-batches, then the optimizer step: a stage
+* **The stage's step is its schedule.** :class:`StageStep` runs ``Schedule1F1B``,
+  ``ScheduleGPipe`` or ``ScheduleInterleaved1F1B`` (the rank's two chunks, each its own
+  ``PipelineStage``) over the batch's micro-batches, then the optimizer step: a stage
   holds the saved activations of the micro-batches its schedule keeps in flight, the
   inputs and outputs it keeps for their backward, and the gradients across micro-batches
   exactly as the real rank does, because it is the real rank's step. Its receive buffers
@@ -44,6 +45,7 @@ from planner.core.records import Phase
 from planner.measure.stage_split import (
     batch_keywords,
     boundary_metas,
+    chunk_modules,
     make_stage,
     stage_blocks,
 )
@@ -67,41 +69,55 @@ def stage_schedule(
     boundaries: tuple[torch.Tensor, ...],
     device: torch.device | str,
     group: Any = None,
-) -> tuple[Any, Any]:
-    """The ``PipelineStage`` of ``stage_module`` (made by :func:`make_stage`, its plan
-    applied) and its schedule (``Schedule1F1B`` or ``ScheduleGPipe`` over
-    ``pipeline.microbatches``, its loss the stage's output), on ``group`` (default: the
-    world). The stage's input and output shapes are given (``boundaries``, from
+) -> tuple[list[Any], Any]:
+    """The ``PipelineStage`` objects of ``stage_module`` (made by :func:`make_stage`, its
+    plan applied), one per chunk the rank holds (one, but two under interleaved 1F1B:
+    :func:`~planner.measure.stage_split.chunk_modules`), and their schedule
+    (``Schedule1F1B``, ``ScheduleGPipe`` or ``ScheduleInterleaved1F1B`` over
+    ``pipeline.microbatches``, its loss the last chunk's output), on ``group`` (default:
+    the world). The chunks' input and output shapes are given (``boundaries``, from
     :func:`boundary_metas`): no metadata is exchanged. Run a step with
-    ``schedule.step(**batch_keywords(batch), ...)`` on every stage, the last also given
+    ``schedule.step(**batch_keywords(batch), ...)`` on every rank, the last also given
     ``target`` (any tensor of ``microbatches`` rows) and ``losses``."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
 
     device = torch.device(device)
 
     def example(meta: torch.Tensor) -> torch.Tensor:
         return torch.empty(meta.shape, dtype=meta.dtype, device=device, requires_grad=True)
 
-    last = stage == pipeline.stages - 1
-    inputs = (example(boundaries[stage - 1]),) if stage else ()
-    outputs = (
-        (torch.empty((), device=device, requires_grad=True),)
-        if last
-        else (example(boundaries[stage]),)
-    )
-    pipeline_stage = PipelineStage(
-        stage_module,
-        stage,
-        pipeline.stages,
-        device,
-        input_args=inputs,
-        output_args=outputs,
-        group=group,
-    )
+    stages: list[Any] = []
+    for chunk, module in zip(
+        pipeline.chunks_of(stage), chunk_modules(stage_module, pipeline), strict=True
+    ):
+        inputs = (example(boundaries[chunk - 1]),) if chunk else ()
+        outputs = (
+            (torch.empty((), device=device, requires_grad=True),)
+            if chunk == pipeline.chunks - 1
+            else (example(boundaries[chunk]),)
+        )
+        stages.append(
+            PipelineStage(
+                module,
+                chunk,
+                pipeline.chunks,
+                device,
+                input_args=inputs,
+                output_args=outputs,
+                group=group,
+            )
+        )
+    if pipeline.schedule is PipelineSchedule.INTERLEAVED_1F1B:
+        return stages, ScheduleInterleaved1F1B(
+            stages, pipeline.microbatches, loss_fn=lambda loss, target: loss
+        )
     kind = ScheduleGPipe if pipeline.schedule is PipelineSchedule.GPIPE else Schedule1F1B
-    return pipeline_stage, kind(
-        pipeline_stage, pipeline.microbatches, loss_fn=lambda loss, target: loss
-    )
+    return stages, kind(stages[0], pipeline.microbatches, loss_fn=lambda loss, target: loss)
 
 
 class StageStep:
@@ -124,7 +140,7 @@ class StageStep:
         self.stage_index = stage
         device = workload.device
         last = stage == pipeline.stages - 1
-        self.stage, self.schedule = stage_schedule(
+        self.stages, self.schedule = stage_schedule(
             workload.model, pipeline, stage, boundaries, device, group
         )
         if simulated:
@@ -135,16 +151,23 @@ class StageStep:
         self._zero = torch.zeros((), device=device)
         self._phase_ended: Callable[[Phase], None] | None = None
         self._forwards = 0
-        forward_one_chunk = self.stage.forward_one_chunk
+        forwards = pipeline.microbatches * len(self.stages)
+        for pipeline_stage in self.stages:
+            pipeline_stage.forward_one_chunk = self._counted(  # type: ignore[method-assign]
+                pipeline_stage.forward_one_chunk, forwards
+            )
+
+    def _counted(self, forward_one_chunk: Callable[..., Any], forwards: int) -> Any:
+        """``forward_one_chunk`` ending the forward phase at the step's last forward."""
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             output = forward_one_chunk(*args, **kwargs)
             self._forwards += 1
-            if self._forwards == pipeline.microbatches and self._phase_ended is not None:
+            if self._forwards == forwards and self._phase_ended is not None:
                 self._phase_ended(Phase.FORWARD)
             return output
 
-        self.stage.forward_one_chunk = counted  # type: ignore[method-assign]
+        return counted
 
     def __call__(self, phase_ended: Callable[[Phase], None] | None = None) -> torch.Tensor:
         workload = self.workload
@@ -179,11 +202,12 @@ class StageStep:
         """The stage's receive buffers: activations (on stages after the first) and
         gradients (on stages before the last), one per micro-batch."""
         found = []
-        for infos in (*self.stage.args_recv_info.values(), *self.stage.grad_recv_info.values()):
-            for info in infos:
-                buffer = getattr(info, "buffer", None)
-                if isinstance(buffer, torch.Tensor):
-                    found.append(buffer)
+        for stage in self.stages:
+            for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values()):
+                for info in infos:
+                    buffer = getattr(info, "buffer", None)
+                    if isinstance(buffer, torch.Tensor):
+                        found.append(buffer)
         return found
 
 
@@ -264,7 +288,7 @@ def pipeline_stage(
         from planner.measure.distributed import device_mesh
 
         mesh = device_mesh(layout, workload.device.type)
-        _, runs = stage_blocks(workload.model, layout.pipeline.stages, allow_elsewhere=True)
+        _, runs = stage_blocks(workload.model, layout.pipeline.chunks, allow_elsewhere=True)
         for name in runs[stage]:
             fully_shard(workload.model.get_submodule(name), mesh=mesh["dp"])
         fully_shard(workload.model, mesh=mesh["dp"])

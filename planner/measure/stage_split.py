@@ -18,6 +18,11 @@ Design notes
   stage before the last ends at its last block's output (raised past the rest of the
   forward). The last stage computes the model file's loss (``loss_fn``, ``.loss``, or the
   output) from the model's output, so the schedule's loss function is the identity.
+* **Interleaved 1F1B: two chunks in one module.** The blocks are split into ``2S`` chunks and
+  rank ``r`` keeps chunks ``r`` and ``r + S`` in its one stage module (the plan is applied to
+  it once, names the model's); each chunk's ``PipelineStage`` runs a :class:`_Chunk` view
+  (:func:`chunk_modules`) holding that chunk's modules alone, which stands the rank's other
+  chunk in with pass-throughs for the call.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from planner.core.parallel import PipelineLayout
 from planner.measure.candidates import find_block_stacks
 from planner.measure.workload import loss_from_output
 
-__all__ = ["batch_keywords", "boundary_metas", "make_stage", "stage_blocks"]
+__all__ = ["batch_keywords", "boundary_metas", "chunk_modules", "make_stage", "stage_blocks"]
 
 _BATCH_KEY = "_pipeline_batch_"  # a batch that is not a dict travels as these keywords
 
@@ -165,9 +170,10 @@ def make_stage(
             f"{model_file.path} defines training_step(model, batch); a pipeline stage runs "
             "the model's forward and its loss: define loss_fn(output, batch) instead"
         )
-    container, runs = stage_blocks(model, pipeline.stages)
+    container, runs = stage_blocks(model, pipeline.chunks)
     model._pipeline_blocks = (container, runs)  # type: ignore[assignment]
-    mine = runs[stage]
+    chunks = pipeline.chunks_of(stage)
+    mine = {name for chunk in chunks for name in runs[chunk]}
     first, last = stage == 0, stage == pipeline.stages - 1
     before, after = _outside_blocks(model, container)
     tied = _tied_across(model, before, after)
@@ -178,8 +184,8 @@ def make_stage(
         )
     received: dict[str, torch.Tensor] = {}
     for run in runs:
-        if run is not mine:
-            for name in run:
+        for name in run:
+            if name not in mine:
                 _replace(model, name, _Elsewhere())
     if not first:
         for name in before:
@@ -200,10 +206,15 @@ def make_stage(
     def end_stage(module: nn.Module, args: Any, output: Any) -> Any:
         raise _StageEnd(_first_tensor(output))
 
-    if not first:
-        model.get_submodule(mine[0]).register_forward_pre_hook(take_received, with_kwargs=True)
-    if not last:
-        model.get_submodule(mine[-1]).register_forward_hook(end_stage)
+    for chunk in chunks:
+        if chunk:
+            model.get_submodule(runs[chunk][0]).register_forward_pre_hook(
+                take_received, with_kwargs=True
+            )
+        if chunk != pipeline.chunks - 1:
+            model.get_submodule(runs[chunk][-1]).register_forward_hook(end_stage)
+    if len(chunks) > 1:
+        model._pipeline_chunks = (chunks, before, after, received)  # type: ignore[assignment]
     model_forward = model.forward
 
     def stage_forward(*activation: torch.Tensor, **batch: Any) -> Any:
@@ -230,6 +241,68 @@ def make_stage(
 
     model.forward = stage_forward  # type: ignore[method-assign]
     return model
+
+
+class _Chunk(nn.Module):
+    """One chunk of a rank's stage module under interleaved 1F1B, as its ``PipelineStage``
+    runs it: it holds the chunk's own modules (so the stage scales and steps only their
+    gradients) and runs the rank's stage module with the rank's other chunks' blocks (and,
+    on the first rank, the modules before the blocks, for its later chunks) standing in as
+    pass-throughs for the call. The rank's plan is applied to the stage module, whose
+    module names are the model's."""
+
+    def __init__(
+        self, model: nn.Module, held: list[nn.Module], stand_ins: dict[str, nn.Module]
+    ) -> None:
+        super().__init__()
+        self.held = nn.ModuleList(held)
+        object.__setattr__(self, "_stage_module", model)  # not a submodule: not its own
+        self._stand_ins = stand_ins
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        model: nn.Module = self._stage_module  # type: ignore[assignment]
+        kept = {name: model.get_submodule(name) for name in self._stand_ins}
+        for name, module in self._stand_ins.items():
+            _replace(model, name, module)
+        try:
+            return model(*args, **kwargs)
+        finally:
+            for name, module in kept.items():
+                _replace(model, name, module)
+
+
+def chunk_modules(model: nn.Module, pipeline: PipelineLayout) -> list[nn.Module]:
+    """The modules a rank's ``PipelineStage`` objects run, one per chunk it holds: the
+    stage module itself (one chunk), or under interleaved 1F1B a :class:`_Chunk` per chunk
+    (each over the stage module, after its plan is applied)."""
+    chunked = getattr(model, "_pipeline_chunks", None)
+    if chunked is None:
+        return [model]
+    chunks, before, after, received = chunked
+    _, runs = model._pipeline_blocks  # type: ignore[misc]
+    views: list[nn.Module] = []
+    held_parameters: set[int] = set()
+    for chunk in chunks:
+        names = list(runs[chunk])
+        if chunk == 0:
+            names = [*before, *names]
+        if chunk == pipeline.chunks - 1:
+            names = [*names, *after]
+        stand_ins: dict[str, nn.Module] = {
+            name: _Elsewhere() for other in chunks if other != chunk for name in runs[other]
+        }
+        if chunk and 0 in chunks:
+            stand_ins.update({name: _StandIn(received) for name in before})
+        held = [model.get_submodule(name) for name in names]
+        held_parameters.update(id(p) for module in held for p in module.parameters())
+        views.append(_Chunk(model, held, stand_ins))
+    outside = [name for name, p in model.named_parameters() if id(p) not in held_parameters]
+    if outside:
+        raise ModelFileError(
+            f"{outside[0]} belongs to no chunk of the interleaved pipeline (neither a block "
+            "nor a module registered before or after them): use --schedule 1f1b or gpipe"
+        )
+    return views
 
 
 def _tied_across(model: nn.Module, before: list[str], after: list[str]) -> str | None:
@@ -288,7 +361,7 @@ def boundary_metas(
     whole model on fake tensors (no memory; the model's real weights are not touched)."""
     from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
-    _, runs = stage_blocks(model, pipeline.stages)
+    _, runs = stage_blocks(model, pipeline.chunks)
     ends = {run[-1]: index for index, run in enumerate(runs[:-1])}
     found: dict[int, torch.Tensor] = {}
     handles = []
