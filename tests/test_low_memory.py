@@ -2,8 +2,8 @@
 profile` allocates more than the budget.
 
 The processes run under an address-space limit (``RLIMIT_AS``, as ``ulimit -v`` sets): the
-address space a tiny model's whole `profile` run needs (the interpreter, torch, the report's
-libraries), plus 360 MiB. `tests/data/wide_elementwise.py` needs 480 MiB of tensors
+address space a `profile` run needs when no plan fits (the interpreter, torch, the report's
+libraries; no real step), plus 360 MiB. `tests/data/wide_elementwise.py` needs 480 MiB of tensors
 unplanned and 288 MiB with its blocks checkpointed; the budget is 300 MiB. Its tensors are
 32 MiB each, so that glibc's malloc maps and unmaps each one (above its largest mmap
 threshold) and the address space follows the live tensors. With the
@@ -68,10 +68,11 @@ def _vm_peak_bytes(result: subprocess.CompletedProcess) -> int:
 def test_a_model_that_does_not_fit_the_process_is_planned_within_the_budget(
     tmp_path: Path,
 ) -> None:
-    tiny = _run(["profile", str(DATA / "small_cnn.py"), "--budget", "1MiB"], tmp_path, None)
-    assert tiny.returncode == 0, tiny.stderr
-    limit = _vm_peak_bytes(tiny) + 360 * 2**20
     model = str(DATA / "wide_elementwise.py")
+    # The run with no plan to make: every library loaded, no real step (exit 3).
+    tiny = _run(["profile", model, "--budget", "1MiB"], tmp_path, None)
+    assert tiny.returncode == 3, tiny.stderr
+    limit = _vm_peak_bytes(tiny) + 360 * 2**20
 
     # The unplanned step, run for real, cannot allocate its 480 MiB under the limit.
     real = _run(["profile", model, "--budget", "300MiB", "--memory", "real"], tmp_path, limit)
