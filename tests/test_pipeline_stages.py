@@ -265,6 +265,26 @@ def test_one_plan_holds_every_stage_and_apply_plan_picks_a_stage_by_its_modules(
         apply_plan(_model()[1], plan)  # the whole model is no stage
 
 
+def test_the_first_forward_guard_compares_a_stage_with_one_micro_batch(
+    stage_profiles,  # type: ignore[no-untyped-def]
+) -> None:
+    """A stage's forward gets one micro-batch (the plan records the whole step's batch,
+    4 x 32 over 4 micro-batches): that is no difference; the whole batch, fed to a stage, is
+    one, and the sentence names the micro-batch's shape."""
+    from planner.apply.guard import step_differences
+
+    profile = stage_profiles[("1f1b", 0)]
+    plan, _ = plan_for_budget(profile, profile.measured_peak_bytes)
+    model_file, _ = _model()
+    stage = make_stage(_model()[1], model_file, PipelineLayout(2, 4), 0)
+    whole = model_file.sample_batch()
+    assert whole["input_ids"].shape[0] == 4
+    micro = {key: value[:1] for key, value in whole.items()}
+    assert step_differences(stage, plan, (), micro) == []
+    (difference,) = step_differences(stage, plan, (), whole)
+    assert "input_ids is [4, 32] int64, the plan's was [1, 32] int64" in difference
+
+
 def test_a_plan_for_an_unknown_stage_is_refused(stage_profiles) -> None:  # type: ignore[no-untyped-def]
     profile = stage_profiles[("1f1b", 0)]
     plan, _ = plan_for_budget(profile, profile.measured_peak_bytes)
@@ -373,7 +393,10 @@ def test_the_pipeline_recipe_trains_each_stage_as_without_the_plan(
         )
 
     # One launch: each rank trains without the plan (laid out as the plan says), then with it.
-    compared = _compared(torchrun(str(plan_path), "--compare"))
+    launched = torchrun(str(plan_path), "--compare")
+    compared = _compared(launched)
+    # each stage's first forward gets one micro-batch: the guard does not call it another batch
+    assert "not the one the plan was made for" not in launched.stderr
     assert compared[0] == ([], [])  # the first stage computes no loss
     planned, unplanned = compared[1]
     assert len(planned) == 3 and planned == unplanned

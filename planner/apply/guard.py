@@ -6,8 +6,8 @@ Design notes
 * **Once, then gone.** :class:`FirstForwardGuard` is a forward pre-hook on the planned
   model. The first forward with grad enabled compares what it sees with what the plan was
   made for (:func:`step_differences`: the shapes and dtypes of the batch's tensors it is
-  passed, matched by name or by position, whichever of them it is passed; the parameters'
-  dtypes), looks for a Hugging Face cache asked for in the call and for the model's own
+  passed, matched by name or by position, whichever of them it is passed: under a
+  pipeline, a stage's forward is given one micro-batch; the parameters' dtypes), looks for a Hugging Face cache asked for in the call and for the model's own
   gradient checkpointing (Hugging Face's ``gradient_checkpointing``), and logs one warning
   line for each difference, with the fix; a call none of whose inputs can be matched to the
   plan's batch is one line too. Then it removes itself: no cost on later steps.
@@ -124,8 +124,9 @@ def step_differences(
     gradient checkpointing. (The parallel layout is not a difference to warn of but an
     error: :func:`layout_mismatch`.)"""
     found = []
-    received = _received_inputs(plan.batch, _positional_names(model), tuple(args), kwargs or {})
-    batch = _batch_difference(plan.batch, received)
+    planned_batch = _batch_of_one_forward(plan)
+    received = _received_inputs(planned_batch, _positional_names(model), tuple(args), kwargs or {})
+    batch = _batch_difference(planned_batch, received)
     if batch is not None:
         found.append(batch)
     cache = [
@@ -168,6 +169,27 @@ def step_differences(
 # transformers 5 renames past_key_values to ``cache``, a name too plain to trust alone: it
 # counts only holding a transformers ``Cache`` (:func:`_asks_for_cache`).
 _CACHE_ARGUMENTS = ("past_key_values", "past_key_value", "cache_params")
+
+
+def _batch_of_one_forward(plan: Plan) -> dict[str, Any]:
+    """The batch one forward of the planned module is given, as the plan's ``batch``
+    describes it: the plan's batch, or under a pipeline one micro-batch of it (a stage's
+    plan records the whole step's batch; the schedule splits every tensor's first dimension
+    into ``microbatches`` equal parts, and the profile refused a batch that does not split
+    evenly)."""
+    pipeline = plan.parallel.pipeline if plan.parallel is not None else None
+    if pipeline is None or pipeline.microbatches == 1:
+        return plan.batch
+
+    def split(description: Any) -> Any:
+        if isinstance(description, list):
+            return [split(item) for item in description]
+        shape = description.get("shape") if isinstance(description, dict) else None
+        if not shape:
+            return description
+        return {**description, "shape": [shape[0] // pipeline.microbatches, *shape[1:]]}
+
+    return {key: split(value) for key, value in plan.batch.items()}
 
 
 def _asks_for_cache(name: str, value: Any) -> bool:
