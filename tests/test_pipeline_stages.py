@@ -285,6 +285,31 @@ def test_the_first_forward_guard_compares_a_stage_with_one_micro_batch(
     assert "input_ids is [4, 32] int64, the plan's was [1, 32] int64" in difference
 
 
+def test_a_stage_under_fsdp2_that_fits_no_plan_names_its_gathered_weights() -> None:
+    """Under a pipeline with FSDP2 torch keeps a stage's weights gathered and gradients
+    unsharded across micro-batches: the one-line error for a budget below the floor says
+    how much that is (the rank's shards times the 2 shards) and that more stages lower it;
+    the same stage alone (one rank, no sharding) says nothing of it."""
+    from planner.core.errors import InfeasibleBudgetError
+    from planner.core.units import format_bytes
+
+    model_file = load_model_file(TP_GPT)
+    sharded = ParallelLayout(
+        4, ParallelStrategy.FSDP2, pipeline=PipelineLayout(2, 4, "1f1b", stage=0)
+    )
+    profile = record_rank_memory(model_file, sharded)
+    with pytest.raises(InfeasibleBudgetError) as raised:
+        plan_for_budget(profile, profile.static_bytes)
+    message = str(raised.value)
+    assert f"parameters gathered (about {format_bytes(2 * profile.parameter_bytes)})" in message
+    assert f"gradients unsharded (about {format_bytes(2 * profile.gradient_bytes)})" in message
+    assert "more pipeline stages (--pp)" in message
+    alone = record_rank_memory(model_file, _layout("1f1b", 0))
+    with pytest.raises(InfeasibleBudgetError) as raised:
+        plan_for_budget(alone, alone.static_bytes)
+    assert "gathered" not in str(raised.value)
+
+
 def test_a_plan_for_an_unknown_stage_is_refused(stage_profiles) -> None:  # type: ignore[no-untyped-def]
     profile = stage_profiles[("1f1b", 0)]
     plan, _ = plan_for_budget(profile, profile.measured_peak_bytes)

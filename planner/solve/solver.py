@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from planner.core.errors import InfeasibleBudgetError
+from planner.core.parallel import ParallelStrategy
 from planner.core.records import Phase, Profile, Unit
 from planner.core.units import format_bytes, format_bytes_apart
 from planner.plan.memory_model import MemoryModel
@@ -165,7 +166,7 @@ class Solver:
         static = (
             "static memory alone (parameters, gradients, optimizer state) is "
             f"{format_bytes(self.profile.static_bytes)}"
-        )
+        ) + self._pipeline_sharding_floor()
         curve = self.memory.memory_curve(names)
         phases = self.memory.timeline.phase_end_events
         backward_end = phases.get(Phase.BACKWARD)
@@ -180,6 +181,33 @@ class Solver:
             f"({format_bytes(max(0, temporaries))} of temporaries, after every activation is "
             "freed), which no checkpointing can lower: use an optimizer that updates in place "
             "(torch.optim's fused=True, or foreach=False) or a larger budget"
+        )
+
+    def _pipeline_sharding_floor(self) -> str:
+        """Under a pipeline with FSDP2, what of the floor is the stage's weights gathered and
+        gradients unsharded: torch's pipelining keeps them from the first micro-batch's
+        backward to the last (``set_reshard_after_backward(False)``,
+        ``set_requires_gradient_sync(False)``; docs/distributed.md, "Pipeline stages"). Their
+        size is the rank's shards times the shard count (a shard's padding aside); '' for any
+        other layout."""
+        layout = self.profile.parallel
+        if (
+            layout is None
+            or layout.pipeline is None
+            or layout.strategy is not ParallelStrategy.FSDP2
+        ):
+            return ""
+        shards = layout.world_size // layout.pipeline.stages
+        if shards < 2:
+            return ""
+        gathered = self.profile.parameter_bytes * shards
+        unsharded = self.profile.gradient_bytes * shards
+        return (
+            f"; beside it this stage holds its parameters gathered (about "
+            f"{format_bytes(gathered)}) and its gradients unsharded (about "
+            f"{format_bytes(unsharded)}), which torch's pipelining keeps under FSDP2 from the "
+            "first micro-batch's backward to the last and no checkpointing lowers: more "
+            "pipeline stages (--pp) put fewer layers, and so fewer of both, on each rank"
         )
 
     def lowest_peak(self) -> tuple[tuple[Unit, ...], int]:
