@@ -1,13 +1,22 @@
-"""A GPU's calibration (planner.plan.calibration): measurements to a device spec."""
+"""A GPU's calibration (planner.plan.calibration): measurements to a device spec, and
+``ckpt-plan calibrate --out`` writing one that ``--target`` takes, with the measurement
+replaced by a fixed record (no GPU here)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from planner.cli.main import app
 from planner.plan.calibration import GpuMeasurements, default_spec_name, spec_from_measurements
+from planner.plan.targets import load_spec
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 # Made-up figures of the shape a calibration on an H100 gives (not measurements).
 MEASURED = GpuMeasurements(
@@ -73,3 +82,49 @@ def test_measurements_no_spec_can_hold_are_refused(change: dict[str, Any], messa
 def test_a_default_name_is_the_gpus_in_lower_case() -> None:
     assert default_spec_name("NVIDIA GeForce RTX 4090") == "nvidia-geforce-rtx-4090"
     assert default_spec_name("  ") == "gpu"
+
+
+def test_calibrate_out_writes_a_spec_that_profile_takes_as_its_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import planner.measure.gpu_calibration as gpu_calibration
+
+    asked: list[tuple[Any, ...]] = []
+
+    def measured(device: str, **options: Any) -> GpuMeasurements:
+        for done, what in enumerate(("memory", "bandwidth")):
+            options["progress"](what, done, 2)
+        asked.append((device, options["host_link_bytes"], options["host_link_copies"]))
+        return MEASURED
+
+    monkeypatch.setattr(gpu_calibration, "calibrate_device", measured)
+    out = tmp_path / "my-gpu.json"
+    arguments = ["calibrate", "--device", "cuda:1", "-o", str(out), "--name", "my-gpu"]
+    result = CliRunner().invoke(app, [*arguments, "--size", "64MiB", "--copies", "3"])
+    assert result.exit_code == 0, result.output
+    assert asked == [("cuda:1", 64 * 2**20, 3)]
+    # Progress on stderr, a line a measurement; the spec's values on stdout.
+    assert result.stderr.splitlines() == [
+        "calibrating cuda:1 (1/2): memory",
+        "calibrating cuda:1 (2/2): bandwidth",
+    ]
+    assert "matmul_efficiency" in result.stdout and "0.750" in result.stdout
+    assert f"plan for this GPU with --target {out}" in result.stdout
+    written = load_spec(str(out))
+    assert written == spec_from_measurements(MEASURED, "my-gpu")
+    assert json.loads(out.read_text())["source"].startswith("calibrated on NVIDIA H100")
+
+    plan_path = tmp_path / "plan.json"
+    profiled = CliRunner().invoke(
+        app,
+        [
+            *("profile", str(EXAMPLES / "mlp.py"), "--budget", "110MiB", "--target", str(out)),
+            *("--out", str(plan_path), "--report-dir", str(tmp_path / "report")),
+        ],
+    )
+    assert profiled.exit_code == 0, profiled.output
+    plan = json.loads(plan_path.read_text())
+    assert plan["target"] == "my-gpu" and plan["device"] == "cuda"
+    # The budget holds the spec's 65 MiB of cuBLAS workspace too: only with checkpointing.
+    assert plan["predicted_peak_bytes"] <= plan["budget_bytes"] == 110 * 2**20
+    assert plan["modules"]
