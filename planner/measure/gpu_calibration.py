@@ -3,7 +3,7 @@
 Each function times one thing on the GPU that is here, with CUDA events or a synchronized
 host clock, and returns it in the spec's units (the module notes of
 :mod:`planner.plan.targets`, "The time model", say what each value means);
-:func:`calibrate_device` runs them all (in well under a minute on an H100) into a
+:func:`calibrate_device` runs them all (sized to take under a minute on an H100) into a
 :class:`~planner.plan.calibration.GpuMeasurements` record, which
 :func:`~planner.plan.calibration.spec_from_measurements` turns into a spec
 (``ckpt-plan calibrate --device cuda -o SPEC.json``):
