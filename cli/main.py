@@ -64,7 +64,13 @@ from .options import (
 if TYPE_CHECKING:
     from planner.plan.plan_file import Plan
 
-from .render import print_fit, print_plan_summary, print_verification, warn_own_checkpointing
+from .render import (
+    print_device_spec,
+    print_fit,
+    print_plan_summary,
+    print_verification,
+    warn_own_checkpointing,
+)
 
 
 def _plan_path(model_name: str, file_name: str = "plan.json") -> Path:
@@ -767,11 +773,36 @@ def calibrate(
     device: Annotated[
         str, typer.Option("--device", help="The CUDA device to measure (cuda, cuda:1).")
     ] = "cuda",
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Measure everything a device spec holds (memory, cuBLAS workspace, bandwidth, "
+            "matmul FLOP/s per dtype, kernel efficiencies, host time per op, checkpointing's "
+            "cost, the host link; under a minute) and write the spec to this .json, for "
+            "--target.",
+            show_default=False,
+        ),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            help="With --out: the spec's name, which plans made for it record (default: "
+            "the GPU's name in lower case, as nvidia-h100-80gb-hbm3).",
+            show_default=False,
+        ),
+    ] = None,
     size: Annotated[
-        str, typer.Option("--size", help="Bytes per timed copy (units as for --budget).")
+        str,
+        typer.Option("--size", help="Bytes per timed host-link copy (units as for --budget)."),
     ] = "256MiB",
     copies: Annotated[
-        int, typer.Option("--copies", min=1, help="Timed copies each way (the median is kept).")
+        int,
+        typer.Option(
+            "--copies", min=1, help="Timed host-link copies each way (the median is kept)."
+        ),
     ] = 5,
     spec: Annotated[
         Path | None,
@@ -786,10 +817,19 @@ def calibrate(
 ) -> None:
     """Measure the link between this CUDA device and pinned host memory, each way: what
     offloaded tensors are copied at. `profile --device cuda` measures it itself (and then
-    offers offloading); --spec writes it into a device spec for --target."""
+    offers offloading); --spec writes it into a device spec for --target. With --out,
+    measure everything a device spec holds and write one: `--target SPEC.json` then plans
+    for this GPU from any machine."""
     configure_logging(verbose)
     size_bytes = parse_budget(size, "--size")
+    if out is not None and spec is not None:
+        fail("--out writes a whole spec, --spec the link into one: pass one of them", 2)
+    if name is not None and out is None:
+        fail("--name goes with --out (the spec it names)", 2)
     with errors_to_exit_codes(verbose):
+        if out is not None:
+            _calibrate_spec(device, out, name, size_bytes, copies)
+            return
         from planner.measure.host_link import measure_host_link
         from planner.plan.targets import check_spec_file, write_host_link
 
@@ -806,6 +846,26 @@ def calibrate(
         if spec is not None:
             write_host_link(spec, link.bytes_per_s)
             stdout.print(f"wrote host_link_bytes_per_s into {spec}")
+
+
+def _calibrate_spec(device: str, out: Path, name: str | None, size_bytes: int, copies: int) -> None:
+    """`calibrate --out`: measure the device, write its spec, print what it holds."""
+    from planner.measure.gpu_calibration import calibrate_device
+    from planner.plan.calibration import spec_from_measurements
+    from planner.plan.targets import check_spec_output, write_spec
+
+    check_spec_output(out)  # before measuring: a path --target cannot take is known at once
+
+    def progress(what: str, done: int, total: int) -> None:
+        stderr.print(f"calibrating {device} ({done + 1}/{total}): {what}")
+
+    measured = calibrate_device(
+        device, host_link_bytes=size_bytes, host_link_copies=copies, progress=progress
+    )
+    written = spec_from_measurements(measured, name)
+    write_spec(out, written)
+    print_device_spec(written)
+    stdout.print(f"wrote {out}; plan for this GPU with --target {out}")
 
 
 @app.callback()

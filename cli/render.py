@@ -1,10 +1,10 @@
-"""What the commands print: the plan summary, notes about the profile, fit's sizes and
-verify's report."""
+"""What the commands print: the plan summary, notes about the profile, fit's sizes,
+verify's report and a calibrated device spec."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
@@ -15,7 +15,11 @@ from planner.core.units import format_bytes
 
 from .boundary import stdout, warn
 
+if TYPE_CHECKING:
+    from planner.plan.targets import DeviceSpec
+
 __all__ = [
+    "print_device_spec",
     "print_fit",
     "print_plan_summary",
     "print_verification",
@@ -367,3 +371,28 @@ def print_verification(result: Any) -> None:
     stdout.print(table)
     if result.ranks is not None:
         stdout.print(rank_table(result.ranks))
+
+
+def print_device_spec(spec: DeviceSpec) -> None:
+    """A device spec's values, each with what it is, and where they came from."""
+    table = Table(title=f"device spec {spec.name}", title_justify="left")
+    table.add_column("field")
+    table.add_column("value", justify="right")
+    rows = [
+        ("memory_bytes", format_bytes(spec.memory_bytes)),
+        ("workspace_bytes", format_bytes(spec.workspace_bytes)),
+        ("memory_bandwidth_bytes_per_s", f"{spec.memory_bandwidth_bytes_per_s / 1e9:.0f} GB/s"),
+        *(
+            (f"peak_flops_per_s[{dtype}]", f"{rate / 1e12:.1f} TFLOP/s")
+            for dtype, rate in spec.peak_flops_per_s.items()
+        ),
+        ("matmul_efficiency", f"{spec.matmul_efficiency:.3f}"),
+        ("memory_efficiency", f"{spec.memory_efficiency:.3f}"),
+        ("kernel_launch_s", f"{spec.kernel_launch_s * 1e6:.1f} us"),
+        ("checkpoint_call_s", f"{spec.checkpoint_call_s * 1e6:.0f} us"),
+        ("host_link_bytes_per_s", f"{spec.host_link_bytes_per_s / 1e9:.1f} GB/s"),
+    ]
+    for field, value in rows:
+        table.add_row(field, value)
+    stdout.print(table)
+    stdout.print(escape(spec.source))

@@ -225,3 +225,30 @@ def test_offload_options_are_offered_and_a_bad_host_budget_is_a_one_line_error(
     assert result.exit_code != 0
     _assert_one_line_error(result, "--host-budget")
     assert _files(workdir) == {"model.py"}
+
+
+def test_calibrate_out_without_cuda_is_a_one_line_error_and_writes_nothing(
+    runner: CliRunner, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU machine
+    help_text = runner.invoke(app, ["calibrate", "--help"]).stdout
+    for option in ("--out", "--name", "--device", "--spec", "--size", "--copies"):
+        assert option in help_text, option
+    result = runner.invoke(app, ["calibrate", "--device", "cuda", "-o", "my-gpu.json"])
+    assert result.exit_code == 4
+    _assert_one_line_error(result, "no CUDA device is available here", "--target SPEC.json")
+    result = runner.invoke(app, ["calibrate", "--device", "cpu", "-o", "my-gpu.json"])
+    assert result.exit_code == 4
+    _assert_one_line_error(result, "needs a CUDA device, not cpu")
+    # Usage errors, before anything is measured.
+    for arguments, said in (
+        (["-o", "my-gpu.txt"], "ending in .json"),
+        (["-o", "my-gpu.json", "--spec", "other.json"], "pass one of them"),
+        (["--name", "mine"], "--name goes with --out"),
+    ):
+        result = runner.invoke(app, ["calibrate", *arguments])
+        assert result.exit_code == 2, arguments
+        _assert_one_line_error(result, said)
+    assert _files(workdir) == set()

@@ -17,6 +17,7 @@ from planner.plan.targets import (
     load_spec,
     op_time_ms,
     roofline_costs,
+    write_spec,
 )
 from tests.test_solver import _profile
 
@@ -82,6 +83,25 @@ def test_a_spec_file_is_read_and_a_bad_one_is_a_clear_error(tmp_path: Path) -> N
     grace.write_text(json.dumps({**fields, "host_link_bytes_per_s": -1}))
     with pytest.raises(TargetSpecError, match="cannot be negative"):
         load_spec(str(grace))
+
+
+def test_a_written_spec_reads_back_the_same_and_a_bad_one_is_not_written(tmp_path: Path) -> None:
+    import dataclasses
+
+    h100 = dataclasses.replace(BUILT_IN_SPECS["h100-80gb"], notes=("measured", "fitted"))
+    path = tmp_path / "sub" / "h100.json"
+    assert write_spec(path, h100) == path
+    assert load_spec(str(path)) == h100
+    assert json.loads(path.read_text())["notes"] == ["measured", "fitted"]
+    # A value load_spec would refuse is refused before writing: the file stays as it was.
+    written = path.read_text()
+    for bad in ({"matmul_efficiency": 1.5}, {"kernel_launch_s": -1.0}, {"peak_flops_per_s": {}}):
+        with pytest.raises(TargetSpecError, match="device spec"):
+            write_spec(path, dataclasses.replace(h100, **bad))
+        assert path.read_text() == written
+    with pytest.raises(TargetSpecError, match=r"ending in \.json"):
+        write_spec(tmp_path / "h100.txt", h100)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["h100.json", "sub"]
 
 
 def test_a_budget_above_the_targets_memory_is_refused() -> None:

@@ -102,6 +102,7 @@ __all__ = [
     "StepTimeModel",
     "TargetSpecError",
     "check_spec_file",
+    "check_spec_output",
     "default_host_budget",
     "load_spec",
     "offload_cost_ms",
@@ -110,6 +111,7 @@ __all__ = [
     "roofline_costs",
     "with_offload_options",
     "write_host_link",
+    "write_spec",
 ]
 
 TERA = 10**12
@@ -281,6 +283,13 @@ def load_spec(name_or_path: str) -> DeviceSpec:
         spec = DeviceSpec(**values)
     except (TypeError, ValueError) as error:
         raise TargetSpecError(f"device spec {path} is malformed: {error}") from error
+    _check_values(spec, path)
+    return spec
+
+
+def _check_values(spec: DeviceSpec, path: Path) -> None:
+    """:class:`TargetSpecError` where a value of ``spec`` (read from, or to be written to,
+    ``path``) is one no device has."""
     if "float32" not in spec.peak_flops_per_s or spec.memory_bandwidth_bytes_per_s <= 0:
         raise TargetSpecError(
             f"device spec {path} needs a positive bandwidth and a float32 entry in peak_flops_per_s"
@@ -298,7 +307,31 @@ def load_spec(name_or_path: str) -> DeviceSpec:
             f"device spec {path}: matmul_efficiency and memory_efficiency are fractions of the "
             "roofline, above 0 and at most 1"
         )
-    return spec
+
+
+def check_spec_output(path: str | Path) -> Path:
+    """``path`` if a device spec may be written there (a ``.json`` path, what ``--target``
+    takes for a file), else :class:`TargetSpecError`."""
+    target = Path(path)
+    if target.suffix != ".json" or target.is_dir():
+        raise TargetSpecError(
+            f"{target}: write a device spec to a path ending in .json (what --target takes)"
+        )
+    return target
+
+
+def write_spec(path: str | Path, spec: DeviceSpec) -> Path:
+    """Write ``spec`` to ``path`` as the JSON file :func:`load_spec` reads (every field of
+    :class:`DeviceSpec`), atomically; :class:`TargetSpecError`, and nothing written, where
+    a value is one :func:`load_spec` would refuse. Returns the path."""
+    from planner.core.fileio import atomic_write_text
+
+    target = check_spec_output(path)
+    _check_values(spec, target)
+    data = {item.name: getattr(spec, item.name) for item in fields(DeviceSpec)}
+    data["notes"] = list(spec.notes)
+    atomic_write_text(target, json.dumps(data, indent=2) + "\n")
+    return target
 
 
 def check_spec_file(path: str | Path) -> Path:
