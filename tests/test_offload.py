@@ -537,6 +537,112 @@ def test_the_emulated_cuda_step_with_offload_peaks_where_predicted() -> None:
     assert memory.prefetch_module(alone[0]) == "blocks.2"
 
 
+# -- pinned host blocks: a CUDA plan's host memory in powers of two --------------------------
+class OddBlock(nn.Module):
+    """Saves two 3 MiB activations (768 x 1024 fp32), not a power of two: CUDA's caching host
+    allocator takes a 4 MiB pinned block for each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(256, 1024)
+        self.down = nn.Linear(1024, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(nn.functional.gelu(self.up(x)))
+
+
+class OddModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(OddBlock() for _ in range(3))
+        self.head = nn.Linear(256, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).pow(2).mean()
+
+
+def odd_file() -> ModelFile:
+    def build() -> OddModel:
+        torch.manual_seed(0)
+        return OddModel()
+
+    def odd_batch() -> torch.Tensor:
+        return torch.randn(768, 256, generator=torch.Generator().manual_seed(1))
+
+    return model_file(build, odd_batch, name="odd-model")
+
+
+ODD_UNITS = (Unit("blocks.0", option="offload"), Unit("blocks.1", option="offload"))
+
+
+def test_a_cuda_plan_counts_its_host_copies_in_pinned_blocks() -> None:
+    """Two offloaded blocks, each two 3 MiB activations: a CPU plan's host holds the 12 MiB
+    copied (a real step measures it); a CUDA plan's holds 16 MiB, the powers of two the
+    pinned host allocator takes (the emulated CUDA step measures it), records that
+    assumption, and its host budget counts the blocks too."""
+    from planner.core.allocator import PINNED_HOST_ASSUMPTION
+
+    workload, session = build_fake_workload(odd_file(), "cpu", seed=0)
+    cpu_profile = roofline_costs(record_memory(workload, session=session), LINKED)
+    session.release()
+    cpu_plan = build_plan(cpu_profile, ODD_UNITS, 0, strategy="test")
+    assert cpu_plan.predicted_host_peak_bytes == 2 * 6 * MIB
+    assert PINNED_HOST_ASSUMPTION not in {str(note) for note in cpu_plan.assumptions}
+    real = build_workload(odd_file(), seed=0)
+    apply_plan(real.model, cpu_plan, guard=False)
+    assert measure_step(real, seed=0).host_peak_bytes == 2 * 6 * MIB
+
+    workload, session = build_fake_workload(odd_file(), "cuda", seed=0, emulate=True)
+    cuda_profile = roofline_costs(record_memory(workload, session=session), LINKED)
+    session.release()
+    cuda_plan = build_plan(cuda_profile, ODD_UNITS, 0, strategy="test")
+    assert cuda_plan.predicted_host_peak_bytes == 2 * 8 * MIB
+    assert [d.host_bytes for d in cuda_plan.modules] == [8 * MIB, 8 * MIB]
+    assert PINNED_HOST_ASSUMPTION in {str(note) for note in cuda_plan.assumptions}
+    workload, session = build_fake_workload(odd_file(), "cuda", seed=0, emulate=True)
+    apply_plan(workload.model, cuda_plan, guard=False)
+    HOST_MEMORY.reset_peak()
+    record_memory(workload, session=session)
+    session.release()
+    assert HOST_MEMORY.peak_bytes == cuda_plan.predicted_host_peak_bytes
+    assert HOST_MEMORY.current_bytes == 0
+    # The copies still move the bytes themselves (what the link's time is charged for).
+    memory = MemoryModel.for_profile(cuda_profile)
+    assert memory.pinned_host and not MemoryModel.for_profile(cpu_profile).pinned_host
+    (effect,) = memory.unit_effects(ODD_UNITS[0])
+    assert effect.host_bytes == 6 * MIB
+    # A 12 MiB host budget holds both blocks' copies on CPU, not their pinned blocks.
+    assert Solver(cpu_profile, host_budget_bytes=12 * MIB).host_fits(ODD_UNITS)
+    assert not Solver(cuda_profile, host_budget_bytes=12 * MIB).host_fits(ODD_UNITS)
+    assert Solver(cuda_profile, host_budget_bytes=16 * MIB).host_fits(ODD_UNITS)
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_pinned_host_memory_of_a_planned_step_is_the_prediction() -> None:
+    """What CUDA's caching host allocator holds for a planned step, by its own count
+    (``torch.cuda.host_memory_stats``), is the predicted host peak in pinned blocks; the
+    blocks made in the warm-up step are reused by the next."""
+    workload, session = build_fake_workload(odd_file(), "cuda", seed=0)
+    profile = roofline_costs(record_memory(workload, session=session), LINKED)
+    session.release()
+    plan = build_plan(profile, ODD_UNITS, 0, strategy="test")
+    assert plan.predicted_host_peak_bytes == 2 * 8 * MIB
+    real = build_workload(odd_file(), device="cuda", seed=0)
+    apply_plan(real.model, plan, guard=False)
+    torch.cuda.synchronize()
+    torch._C._host_emptyCache()  # cached blocks of earlier tests given back
+    torch.cuda.reset_peak_host_memory_stats()
+    before = torch.cuda.host_memory_stats()
+    measured = measure_step(real, seed=0)  # a warm-up step, then the measured one
+    torch.cuda.synchronize()
+    after = torch.cuda.host_memory_stats()
+    held = after["allocated_bytes.peak"] - before["allocated_bytes.current"]
+    assert held == plan.predicted_host_peak_bytes == measured.host_peak_bytes
+    assert after["num_host_alloc"] - before["num_host_alloc"] == 4  # four blocks, made once
+
+
 # A Llama-shaped model (bf16: flash attention in the emulation), big enough that its
 # layers' saved tensors pass the offload threshold.
 LLAMA_PLANS = [
