@@ -1064,6 +1064,116 @@ def test_a_measured_link_written_into_a_spec_file_is_read_back(tmp_path: Path) -
     assert json.loads(path.read_text())["notes"] == ["kept"]
 
 
+def wide_file(tmp_path: Path) -> ModelFile:
+    from planner.measure.source import WorkloadSource
+    from planner.measure.workload import load_model_file
+
+    path = tmp_path / "wide.py"
+    path.write_text(WIDE_MODEL)
+    return load_model_file(WorkloadSource.model_file(path))
+
+
+def test_fit_with_a_measured_host_link_offers_offload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fit` on a GPU here: each timed size's measured times are costed for offloading at
+    the link measured once, as `profile`'s are (this machine has no GPU: the measured
+    profiles are relabelled CUDA's, as a GPU's would be); without the link, no offload."""
+    import planner.pipeline
+    from planner.fit import fit_largest
+
+    measured_costs = planner.pipeline.with_measured_costs
+
+    def on_cuda(*args: object, **kwargs: object) -> Profile:
+        return dataclasses.replace(measured_costs(*args, **kwargs), device="cuda")
+
+    monkeypatch.setattr(planner.pipeline, "with_measured_costs", on_cuda)
+
+    def fit(link_bytes_per_s: float, **options: object) -> Plan:
+        result = fit_largest(
+            wide_file(tmp_path),
+            40 * MIB,
+            max_size=2,
+            timing_steps=1,
+            check=False,
+            host_link_bytes_per_s=link_bytes_per_s,
+            **options,
+        )
+        assert result.planned.profile.device == "cuda"
+        return result.planned.plan
+
+    plan = fit(1e13, host_budget_bytes=2**30)
+    assert plan.offloads and 0 < plan.predicted_host_peak_bytes <= 2**30
+    assert any("host link measured here" in str(note) for note in plan.assumptions)
+    for link, options in ((0.0, {}), (1e13, {"offload": False})):
+        plain = fit(link, **options)
+        assert not plain.offloads, (link, options)
+
+
+def test_fit_on_the_command_line_measures_the_host_link_once_on_cuda(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fit --device cuda` measures the link as `profile` does (one line on stderr) and
+    passes it to the search; `--no-offload` and `--device cpu` measure nothing. (The GPU,
+    the link and the search are stood in for: the boundary is what is tested.)"""
+    from typer.testing import CliRunner
+
+    import planner.fit
+    import planner.measure.host_link
+    from planner.cli.main import app
+    from planner.core.errors import PlannerError
+    from planner.measure.host_link import HostLink
+
+    measured: list[tuple[str, int]] = []
+
+    def measure_host_link(device: str, *, size_bytes: int, copies: int = 5) -> HostLink:
+        measured.append((device, size_bytes))
+        return HostLink(device, "stand-in GPU", 3e10, 2e10, size_bytes, copies)
+
+    links: list[float] = []
+
+    def fit_largest(*args: object, **kwargs: object) -> None:
+        links.append(float(kwargs["host_link_bytes_per_s"]))
+        raise PlannerError("stopped here")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(planner.measure.host_link, "measure_host_link", measure_host_link)
+    monkeypatch.setattr(planner.fit, "fit_largest", fit_largest)
+    model = tmp_path / "wide.py"
+    model.write_text(WIDE_MODEL)
+    runner = CliRunner()
+    result = runner.invoke(app, ["fit", str(model), "--budget", "40MiB", "--device", "cuda"])
+    assert "stopped here" in result.output
+    assert "host link of stand-in GPU: 20.0 GB/s" in result.output
+    assert measured == [("cuda", 10 * MIB)] and links == [2e10]
+    for options in (("--device", "cuda", "--no-offload"), ("--device", "cpu")):
+        runner.invoke(app, ["fit", str(model), "--budget", "40MiB", *options])
+    assert len(measured) == 1 and links == [2e10, 0.0, 0.0]
+
+
+@pytest.mark.cuda
+def test_on_cuda_fit_measures_the_host_link_and_offers_offload(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+
+    model = tmp_path / "wide.py"
+    model.write_text(WIDE_MODEL)
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            *("fit", str(model), "--budget", "40MiB", "--device", "cuda"),
+            *("--max-size", "2", "--host-budget", "1GiB", "-o", str(out)),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "host link of" in result.output
+    plan = load_plan(out)
+    assert any("host link measured here" in str(note) for note in plan.assumptions)
+    assert plan.predicted_host_peak_bytes <= 2**30
+
+
 @pytest.mark.cuda
 def test_on_cuda_the_host_link_is_measured_and_a_profile_offers_offload(tmp_path: Path) -> None:
     from typer.testing import CliRunner
