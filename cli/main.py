@@ -62,7 +62,9 @@ from .options import (
 )
 
 if TYPE_CHECKING:
+    from planner.core.parallel import ParallelLayout
     from planner.plan.plan_file import Plan
+    from planner.plan.targets import DeviceSpec
 
 from .render import (
     print_device_spec,
@@ -87,12 +89,26 @@ def _host_line(plan: Plan) -> str:
     return text
 
 
-def _measured_host_link(device: str, budget_bytes: int) -> float:
-    """The host link of the CUDA device here, measured now with copies that fit a quarter
-    of the budget (see `calibrate`); a line on stderr says what it found."""
+def _measured_host_link(
+    device: Device,
+    budget_bytes: int,
+    *,
+    offload: bool,
+    spec: DeviceSpec | None,
+    layout: ParallelLayout | None,
+) -> float:
+    """The rate offloading is costed at where a command times a step on a GPU here (`profile`,
+    `fit`): the host link of the CUDA device, measured now with copies that fit a quarter of
+    the budget (see `calibrate`), and a line on stderr says what it found. 0 (nothing
+    measured, offloading not offered this way) without --offload, with --target (its spec
+    has a link), off CUDA, or for one rank of a torchrun job (estimated, not timed)."""
+    if not offload or spec is not None or device is not Device.cuda or layout is not None:
+        return 0.0
     from planner.measure.host_link import DEFAULT_COPY_BYTES, measure_host_link
 
-    link = measure_host_link(device, size_bytes=max(1, min(DEFAULT_COPY_BYTES, budget_bytes // 4)))
+    link = measure_host_link(
+        device.value, size_bytes=max(1, min(DEFAULT_COPY_BYTES, budget_bytes // 4))
+    )
     stderr.print(
         f"host link of {link.device_name}: {link.bytes_per_s / 1e9:.1f} GB/s each way "
         f"(measured; offloading is costed at it)"
@@ -189,10 +205,8 @@ def profile(
         spec, device = target_and_device(target, device)
         host_budget_bytes = host_budget(host_budget_text, offload, spec)
         # On a GPU here, offloading is costed at the host link measured now.
-        link_bytes_per_s = (
-            _measured_host_link(device.value, budget_bytes)
-            if offload and spec is None and device is Device.cuda and layout is None
-            else 0.0
+        link_bytes_per_s = _measured_host_link(
+            device, budget_bytes, offload=offload, spec=spec, layout=layout
         )
         from planner.pipeline import profile_and_plan
         from planner.plan.plan_file import save_plan
@@ -360,7 +374,9 @@ def fit(
     Sizes are tried on fake tensors (no memory used), doubling and then bisecting; the
     sizes that fit are timed to predict their throughput with their cheapest plan. With
     --world-size N --parallel ddp|fsdp2 the size is fitted for one rank of a torchrun job
-    (BUDGET per rank; times estimated from the ops, not timed)."""
+    (BUDGET per rank; times estimated from the ops, not timed). Plans may offload saved
+    tensors to host memory within --host-budget where the device has a host link: a
+    --target's, or with --device cuda the GPU's, measured once as profile measures it."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
@@ -383,6 +399,10 @@ def fit(
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec, device = target_and_device(target, device)
         host_budget_bytes = host_budget(host_budget_text, offload, spec)
+        # On a GPU here, offloading is costed at the host link measured now, once.
+        link_bytes_per_s = _measured_host_link(
+            device, budget_bytes, offload=offload, spec=spec, layout=layout
+        )
         from planner.fit import fit_largest
         from planner.measure.workload import load_model_file
         from planner.plan.plan_file import save_plan
@@ -402,6 +422,7 @@ def fit(
                 expert_load=expert_load,
                 offload=offload,
                 host_budget_bytes=host_budget_bytes,
+                host_link_bytes_per_s=link_bytes_per_s,
             )
         print_fit(result)
         name = result.planned.profile.model_name

@@ -147,6 +147,7 @@ def fit_largest(
     expert_load: float = 1.0,
     offload: bool = True,
     host_budget_bytes: int | None = None,
+    host_link_bytes_per_s: float = 0.0,
 ) -> FitResult:
     """Search the largest ``dimension`` (see the module docstring) up to ``max_size``.
     Raises :class:`InfeasibleBudgetError` where not even size 1 fits (with the smallest
@@ -159,8 +160,11 @@ def fit_largest(
     mixture-of-experts routing every size is planned for where its memory depends on
     routing, as for ``profile`` (the plan records it, and its check runs under it).
     ``offload`` and ``host_budget_bytes``: whether plans may offload saved tensors to host
-    memory (where the device has a host link: ``target``), within that much host memory at
-    once (None: no bound), for every size as for its plan."""
+    memory (where the device has a host link: ``target``'s, or on a CUDA device here
+    ``host_link_bytes_per_s``, measured once by the caller:
+    :func:`planner.measure.host_link.measure_host_link`), within that much host memory at
+    once (None: no bound), for every timed size as for its plan. The search for the largest
+    size plans without offloading (its profiles have no costs yet)."""
     if dimension not in DIMENSIONS:
         raise ValueError(f"dimension must be one of {DIMENSIONS}, not {dimension!r}")
     if (
@@ -282,6 +286,7 @@ def fit_largest(
                 seed=seed,
                 budget_bytes=budget_bytes,
                 timing_steps=timing_steps,
+                host_link_bytes_per_s=host_link_bytes_per_s if offload else 0.0,
             )
         plan, _ = plan_for_budget(costed, budget_bytes, solver=solver_for(costed))
         timed[size] = costed

@@ -257,12 +257,11 @@ def profile_model_file(
             budget_bytes=budget_bytes,
             timing_steps=timing_steps,
             progress=progress,
+            host_link_bytes_per_s=host_link_bytes_per_s,
         )
     except InfeasibleBudgetError as error:
         error.profile = profile  # memory only (no times): `solve` times it at a budget that fits
         raise
-    if host_link_bytes_per_s > 0:
-        return with_offload_options(measured, host_link_bytes_per_s)
     return measured
 
 
@@ -302,11 +301,15 @@ def measure_profile_costs(
     budget_bytes: int | None = None,
     timing_steps: int = 5,
     progress: ProgressCallback | None = None,
+    host_link_bytes_per_s: float = 0.0,
 ) -> Profile:
     """``profile`` (its memory recorded, its times not: ``cost_source`` ``none``) with its
     times measured here, in real steps with a timing plan that fits ``budget_bytes`` (see
     the module docstring). Raises :class:`InfeasibleBudgetError` (with the smallest budget
-    that fits) before anything real is allocated where no plan fits the budget."""
+    that fits) before anything real is allocated where no plan fits the budget.
+    ``host_link_bytes_per_s``: on a CUDA device, its host link measured here; candidates
+    are then offered offloading, costed at it
+    (:func:`~planner.plan.targets.with_offload_options`; 0: not offered)."""
     provisional = provisional_costs(profile, device)
     if budget_bytes is None:
         timing_plan = build_plan(provisional, [], 0, strategy="timing")
@@ -323,6 +326,8 @@ def measure_profile_costs(
         progress=progress,
     )
     measured = with_measured_costs(profile, costs, timing_plan.units, unit_cost_ms)
+    if host_link_bytes_per_s > 0:
+        return with_offload_options(measured, host_link_bytes_per_s)
     return measured
 
 

@@ -20,11 +20,37 @@ from planner.core.allocator import (
     ALLOCATOR_VARIABLE,
     expandable_segments_on,
     missing_setting_warning,
+    pinned_host_bytes,
     reserved_verdict,
 )
 from tests.test_apply import build_model, decision, make_plan
 
 MB = 10**6
+
+
+# CachingHostAllocatorImpl::allocate (aten/src/ATen/core/CachingHostAllocator.h): an empty
+# request takes no block; every other is rounded by c10::llvm::PowerOf2Ceil, so a power of
+# two stays as it is and one byte more doubles it.
+@pytest.mark.parametrize(
+    ("size_bytes", "block_bytes"),
+    [
+        (0, 0),
+        (1, 1),
+        (3, 4),
+        (512, 512),
+        (513, 1024),
+        (2**20, 2**20),
+        (2**20 + 1, 2**21),
+        (3 * 2**20, 4 * 2**20),  # a 3 MiB activation holds 4 MiB pinned
+        (2**40 - 1, 2**40),
+    ],
+)
+def test_pinned_host_blocks_are_requests_rounded_up_to_a_power_of_two(
+    size_bytes: int, block_bytes: int
+) -> None:
+    assert pinned_host_bytes(size_bytes) == block_bytes
+    with pytest.raises(ValueError, match="byte count"):
+        pinned_host_bytes(-1)
 
 
 @pytest.mark.parametrize(

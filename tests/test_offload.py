@@ -537,6 +537,112 @@ def test_the_emulated_cuda_step_with_offload_peaks_where_predicted() -> None:
     assert memory.prefetch_module(alone[0]) == "blocks.2"
 
 
+# -- pinned host blocks: a CUDA plan's host memory in powers of two --------------------------
+class OddBlock(nn.Module):
+    """Saves two 3 MiB activations (768 x 1024 fp32), not a power of two: CUDA's caching host
+    allocator takes a 4 MiB pinned block for each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(256, 1024)
+        self.down = nn.Linear(1024, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(nn.functional.gelu(self.up(x)))
+
+
+class OddModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(OddBlock() for _ in range(3))
+        self.head = nn.Linear(256, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).pow(2).mean()
+
+
+def odd_file() -> ModelFile:
+    def build() -> OddModel:
+        torch.manual_seed(0)
+        return OddModel()
+
+    def odd_batch() -> torch.Tensor:
+        return torch.randn(768, 256, generator=torch.Generator().manual_seed(1))
+
+    return model_file(build, odd_batch, name="odd-model")
+
+
+ODD_UNITS = (Unit("blocks.0", option="offload"), Unit("blocks.1", option="offload"))
+
+
+def test_a_cuda_plan_counts_its_host_copies_in_pinned_blocks() -> None:
+    """Two offloaded blocks, each two 3 MiB activations: a CPU plan's host holds the 12 MiB
+    copied (a real step measures it); a CUDA plan's holds 16 MiB, the powers of two the
+    pinned host allocator takes (the emulated CUDA step measures it), records that
+    assumption, and its host budget counts the blocks too."""
+    from planner.core.allocator import PINNED_HOST_ASSUMPTION
+
+    workload, session = build_fake_workload(odd_file(), "cpu", seed=0)
+    cpu_profile = roofline_costs(record_memory(workload, session=session), LINKED)
+    session.release()
+    cpu_plan = build_plan(cpu_profile, ODD_UNITS, 0, strategy="test")
+    assert cpu_plan.predicted_host_peak_bytes == 2 * 6 * MIB
+    assert PINNED_HOST_ASSUMPTION not in {str(note) for note in cpu_plan.assumptions}
+    real = build_workload(odd_file(), seed=0)
+    apply_plan(real.model, cpu_plan, guard=False)
+    assert measure_step(real, seed=0).host_peak_bytes == 2 * 6 * MIB
+
+    workload, session = build_fake_workload(odd_file(), "cuda", seed=0, emulate=True)
+    cuda_profile = roofline_costs(record_memory(workload, session=session), LINKED)
+    session.release()
+    cuda_plan = build_plan(cuda_profile, ODD_UNITS, 0, strategy="test")
+    assert cuda_plan.predicted_host_peak_bytes == 2 * 8 * MIB
+    assert [d.host_bytes for d in cuda_plan.modules] == [8 * MIB, 8 * MIB]
+    assert PINNED_HOST_ASSUMPTION in {str(note) for note in cuda_plan.assumptions}
+    workload, session = build_fake_workload(odd_file(), "cuda", seed=0, emulate=True)
+    apply_plan(workload.model, cuda_plan, guard=False)
+    HOST_MEMORY.reset_peak()
+    record_memory(workload, session=session)
+    session.release()
+    assert HOST_MEMORY.peak_bytes == cuda_plan.predicted_host_peak_bytes
+    assert HOST_MEMORY.current_bytes == 0
+    # The copies still move the bytes themselves (what the link's time is charged for).
+    memory = MemoryModel.for_profile(cuda_profile)
+    assert memory.pinned_host and not MemoryModel.for_profile(cpu_profile).pinned_host
+    (effect,) = memory.unit_effects(ODD_UNITS[0])
+    assert effect.host_bytes == 6 * MIB
+    # A 12 MiB host budget holds both blocks' copies on CPU, not their pinned blocks.
+    assert Solver(cpu_profile, host_budget_bytes=12 * MIB).host_fits(ODD_UNITS)
+    assert not Solver(cuda_profile, host_budget_bytes=12 * MIB).host_fits(ODD_UNITS)
+    assert Solver(cuda_profile, host_budget_bytes=16 * MIB).host_fits(ODD_UNITS)
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_pinned_host_memory_of_a_planned_step_is_the_prediction() -> None:
+    """What CUDA's caching host allocator holds for a planned step, by its own count
+    (``torch.cuda.host_memory_stats``), is the predicted host peak in pinned blocks; the
+    blocks made in the warm-up step are reused by the next."""
+    workload, session = build_fake_workload(odd_file(), "cuda", seed=0)
+    profile = roofline_costs(record_memory(workload, session=session), LINKED)
+    session.release()
+    plan = build_plan(profile, ODD_UNITS, 0, strategy="test")
+    assert plan.predicted_host_peak_bytes == 2 * 8 * MIB
+    real = build_workload(odd_file(), device="cuda", seed=0)
+    apply_plan(real.model, plan, guard=False)
+    torch.cuda.synchronize()
+    torch._C._host_emptyCache()  # cached blocks of earlier tests given back
+    torch.cuda.reset_peak_host_memory_stats()
+    before = torch.cuda.host_memory_stats()
+    measured = measure_step(real, seed=0)  # a warm-up step, then the measured one
+    torch.cuda.synchronize()
+    after = torch.cuda.host_memory_stats()
+    held = after["allocated_bytes.peak"] - before["allocated_bytes.current"]
+    assert held == plan.predicted_host_peak_bytes == measured.host_peak_bytes
+    assert after["num_host_alloc"] - before["num_host_alloc"] == 4  # four blocks, made once
+
+
 # A Llama-shaped model (bf16: flash attention in the emulation), big enough that its
 # layers' saved tensors pass the offload threshold.
 LLAMA_PLANS = [
@@ -956,6 +1062,116 @@ def test_a_measured_link_written_into_a_spec_file_is_read_back(tmp_path: Path) -
     spec = write_host_link(path, 2.5e10)
     assert spec.host_link_bytes_per_s == 2.5e10 == load_spec(str(path)).host_link_bytes_per_s
     assert json.loads(path.read_text())["notes"] == ["kept"]
+
+
+def wide_file(tmp_path: Path) -> ModelFile:
+    from planner.measure.source import WorkloadSource
+    from planner.measure.workload import load_model_file
+
+    path = tmp_path / "wide.py"
+    path.write_text(WIDE_MODEL)
+    return load_model_file(WorkloadSource.model_file(path))
+
+
+def test_fit_with_a_measured_host_link_offers_offload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fit` on a GPU here: each timed size's measured times are costed for offloading at
+    the link measured once, as `profile`'s are (this machine has no GPU: the measured
+    profiles are relabelled CUDA's, as a GPU's would be); without the link, no offload."""
+    import planner.pipeline
+    from planner.fit import fit_largest
+
+    measured_costs = planner.pipeline.with_measured_costs
+
+    def on_cuda(*args: object, **kwargs: object) -> Profile:
+        return dataclasses.replace(measured_costs(*args, **kwargs), device="cuda")
+
+    monkeypatch.setattr(planner.pipeline, "with_measured_costs", on_cuda)
+
+    def fit(link_bytes_per_s: float, **options: object) -> Plan:
+        result = fit_largest(
+            wide_file(tmp_path),
+            40 * MIB,
+            max_size=2,
+            timing_steps=1,
+            check=False,
+            host_link_bytes_per_s=link_bytes_per_s,
+            **options,
+        )
+        assert result.planned.profile.device == "cuda"
+        return result.planned.plan
+
+    plan = fit(1e13, host_budget_bytes=2**30)
+    assert plan.offloads and 0 < plan.predicted_host_peak_bytes <= 2**30
+    assert any("host link measured here" in str(note) for note in plan.assumptions)
+    for link, options in ((0.0, {}), (1e13, {"offload": False})):
+        plain = fit(link, **options)
+        assert not plain.offloads, (link, options)
+
+
+def test_fit_on_the_command_line_measures_the_host_link_once_on_cuda(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fit --device cuda` measures the link as `profile` does (one line on stderr) and
+    passes it to the search; `--no-offload` and `--device cpu` measure nothing. (The GPU,
+    the link and the search are stood in for: the boundary is what is tested.)"""
+    from typer.testing import CliRunner
+
+    import planner.fit
+    import planner.measure.host_link
+    from planner.cli.main import app
+    from planner.core.errors import PlannerError
+    from planner.measure.host_link import HostLink
+
+    measured: list[tuple[str, int]] = []
+
+    def measure_host_link(device: str, *, size_bytes: int, copies: int = 5) -> HostLink:
+        measured.append((device, size_bytes))
+        return HostLink(device, "stand-in GPU", 3e10, 2e10, size_bytes, copies)
+
+    links: list[float] = []
+
+    def fit_largest(*args: object, **kwargs: object) -> None:
+        links.append(float(kwargs["host_link_bytes_per_s"]))
+        raise PlannerError("stopped here")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(planner.measure.host_link, "measure_host_link", measure_host_link)
+    monkeypatch.setattr(planner.fit, "fit_largest", fit_largest)
+    model = tmp_path / "wide.py"
+    model.write_text(WIDE_MODEL)
+    runner = CliRunner()
+    result = runner.invoke(app, ["fit", str(model), "--budget", "40MiB", "--device", "cuda"])
+    assert "stopped here" in result.output
+    assert "host link of stand-in GPU: 20.0 GB/s" in result.output
+    assert measured == [("cuda", 10 * MIB)] and links == [2e10]
+    for options in (("--device", "cuda", "--no-offload"), ("--device", "cpu")):
+        runner.invoke(app, ["fit", str(model), "--budget", "40MiB", *options])
+    assert len(measured) == 1 and links == [2e10, 0.0, 0.0]
+
+
+@pytest.mark.cuda
+def test_on_cuda_fit_measures_the_host_link_and_offers_offload(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+
+    model = tmp_path / "wide.py"
+    model.write_text(WIDE_MODEL)
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            *("fit", str(model), "--budget", "40MiB", "--device", "cuda"),
+            *("--max-size", "2", "--host-budget", "1GiB", "-o", str(out)),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "host link of" in result.output
+    plan = load_plan(out)
+    assert any("host link measured here" in str(note) for note in plan.assumptions)
+    assert plan.predicted_host_peak_bytes <= 2**30
 
 
 @pytest.mark.cuda

@@ -27,7 +27,10 @@ Design notes
   would free it.
 * **Host copies are not device memory.** They are made inside :func:`host_copies`, which
   the memory trackers read (:mod:`planner.measure.tracking`): on CPU, where the host is the
-  device, they are counted apart, in :data:`HOST_MEMORY`, on every device.
+  device, they are counted apart, in :data:`HOST_MEMORY`, on every device. A pinned copy
+  (CUDA) is counted as the block CUDA's caching host allocator takes for it, the next power
+  of two (:func:`planner.core.allocator.pinned_host_bytes`), as the memory model counts it;
+  so is a copy of the CUDA step emulated on fake CPU tensors (:func:`charged_as`).
 * **Prefetched one module early.** A plan names, per offloaded module, the module at whose
   backward its tensors start back (``prefetch_module``: the next block, whose backward runs
   just before this one's; the memory model's point 8). When the offloaded forward ends,
@@ -64,6 +67,7 @@ from typing import Any
 import torch
 
 from planner.apply.tensors import iter_tensors
+from planner.core.allocator import pinned_host_bytes
 
 __all__ = [
     "HOST_MEMORY",
@@ -72,6 +76,7 @@ __all__ = [
     "PrefetchTrigger",
     "PrefetchWatch",
     "active_triggers",
+    "charged_as",
     "fire_at_recomputation",
     "host_copies",
     "making_host_copies",
@@ -80,8 +85,9 @@ __all__ = [
 
 
 class HostMemory:
-    """Bytes of host memory offloaded saved tensors hold in this process: now, and the most
-    at once since :meth:`reset_peak`."""
+    """Bytes of host memory offloaded saved tensors hold in this process, as the host's
+    allocator takes them (see "Host copies are not device memory"): now, and the most at
+    once since :meth:`reset_peak`."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -124,6 +130,23 @@ def host_copies() -> Iterator[None]:
         _host_copy_depth -= 1
 
 
+_charged_as: str | None = None
+
+
+@contextlib.contextmanager
+def charged_as(device_type: str) -> Iterator[None]:
+    """Inside, saved storages are charged as ``device_type``'s allocators charge them,
+    whatever device their tensors are on: the CUDA step emulated on fake CPU tensors
+    (:mod:`planner.measure.cuda_emulation`), whose device blocks and pinned host blocks are
+    CUDA's."""
+    global _charged_as
+    outer, _charged_as = _charged_as, device_type
+    try:
+        yield
+    finally:
+        _charged_as = outer
+
+
 def _storage_key(tensor: torch.Tensor) -> int | None:
     try:
         return int(tensor.untyped_storage()._cdata)
@@ -146,12 +169,22 @@ class _Stored:
     handles; ``device``, the whole storage as a flat tensor, once brought back), or on the
     host (``host``) between the forward's end and the backward's first unpack."""
 
-    __slots__ = ("device", "dtype", "home", "host", "nbytes", "numel", "offloadable")
+    __slots__ = (
+        "charged_as",
+        "device",
+        "dtype",
+        "home",
+        "host",
+        "nbytes",
+        "numel",
+        "offloadable",
+    )
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.nbytes = tensor.untyped_storage().nbytes()
         self.dtype = tensor.dtype
         self.home = tensor.device
+        self.charged_as = _charged_as or tensor.device.type
         size = tensor.element_size()
         self.offloadable = size > 0 and self.nbytes % size == 0
         self.numel = self.nbytes // size if self.offloadable else 0
@@ -162,9 +195,16 @@ class _Stored:
     def charged(self) -> int:
         """Its size as the device's allocator counts it (CUDA: whole 512-byte blocks), which
         the threshold is compared with, as the memory model does."""
-        if self.home.type == "cuda" and self.nbytes:
+        if self.charged_as == "cuda" and self.nbytes:
             return -(-self.nbytes // 512) * 512
         return self.nbytes
+
+    @property
+    def host_charged(self) -> int:
+        """Its host copy's size as the host's allocator takes it (CUDA: a pinned block of
+        the next power of two), which :data:`HOST_MEMORY` counts, as the memory model
+        does."""
+        return pinned_host_bytes(self.nbytes) if self.charged_as == "cuda" else self.nbytes
 
     def to_host(self, view: torch.Tensor) -> None:
         """Copy the whole storage behind ``view`` to a host buffer."""
@@ -182,7 +222,7 @@ class _Stored:
             else:
                 host.copy_(flat)
         self.host = host
-        HOST_MEMORY.add(self.nbytes)
+        HOST_MEMORY.add(self.host_charged)
 
     def to_device(self) -> None:
         """Start the copy back into a new device storage (on CUDA: queued on the side
@@ -204,12 +244,12 @@ class _Stored:
                     restored.copy_(host)
         self.device = restored
         self.host = None
-        HOST_MEMORY.remove(self.nbytes)
+        HOST_MEMORY.remove(self.host_charged)
 
     def __del__(self) -> None:
         # A graph freed before its backward ran (an exception, a forward without backward).
         if getattr(self, "host", None) is not None:
-            HOST_MEMORY.remove(self.nbytes)
+            HOST_MEMORY.remove(self.host_charged)
 
 
 class _Saved:

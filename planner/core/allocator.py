@@ -12,6 +12,20 @@ rounded requests (what the memory model charges) and reserved stays within a few
 the allocated peak. A CUDA plan assumes that setting (its ``assumptions`` say so);
 ``apply_plan`` warns where it is not in effect, and ``ckpt-plan verify`` on a GPU fails a
 plan whose reserved peak passes the budget (:func:`reserved_verdict`).
+
+Pinned host memory has an allocator of its own, which offloaded saved tensors go through
+(``torch.empty(..., pin_memory=True)``: :mod:`planner.apply.offload`): CUDA's caching host
+allocator (``aten/src/ATen/core/CachingHostAllocator.h``, ``CachingHostAllocatorImpl::
+allocate``, as in torch 2.13). It rounds every request up to a power of two
+(``c10::llvm::PowerOf2Ceil``; the ``pinned_max_round_threshold`` setting, unlimited by
+default, bounds that) and never splits a block; a freed block is cached in the free list of
+its power of two, reused by the next request of that size once the copies recorded on it
+are done, and given back only by ``empty_cache``. So a pinned tensor of 3 MiB holds 4 MiB,
+and what a step's host copies hold is the sum of those powers of two
+(:func:`pinned_host_bytes`): a CUDA plan's host peak counts them, and its host budget
+bounds them (:data:`PINNED_HOST_ASSUMPTION`). The pool the allocator keeps is, per power of
+two, the most blocks of that size alive at once: in a plain step, where every offloaded
+forward ends before any backward begins, the host peak itself.
 """
 
 from __future__ import annotations
@@ -22,9 +36,11 @@ __all__ = [
     "ALLOCATOR_ASSUMPTION",
     "ALLOCATOR_SETTING",
     "ALLOCATOR_VARIABLE",
+    "PINNED_HOST_ASSUMPTION",
     "ReservedVerdict",
     "expandable_segments_on",
     "missing_setting_warning",
+    "pinned_host_bytes",
     "reserved_verdict",
 ]
 
@@ -35,6 +51,24 @@ ALLOCATOR_ASSUMPTION = (
     "to the request in 512-byte blocks, so the allocated peak is the prediction; reserved "
     "memory stays close to it): set it before the training script starts"
 )
+
+
+PINNED_HOST_ASSUMPTION = (
+    "offloaded tensors in pinned host memory from CUDA's caching host allocator, which "
+    "takes each request rounded up to a power of two (the host peak and the host budget "
+    "count those; planner.core.allocator)"
+)
+
+
+def pinned_host_bytes(size_bytes: int) -> int:
+    """What CUDA's caching host allocator takes for a pinned request of ``size_bytes``: the
+    smallest power of two at least as large (``PowerOf2Ceil``; nothing for an empty request,
+    which allocates no block). See the module notes."""
+    if size_bytes < 0:
+        raise ValueError(f"size_bytes is a byte count, not {size_bytes}")
+    if size_bytes == 0:
+        return 0
+    return 1 << (size_bytes - 1).bit_length()
 
 
 def expandable_segments_on(settings: str) -> bool:

@@ -46,6 +46,7 @@ import torch
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from planner.apply.offload import charged_as
 from planner.core.errors import ProfilingError
 from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.records import general_notes
@@ -168,6 +169,9 @@ class FakeSession:
             stack.enter_context(_waits_return_their_tensor())
             if self.emulated:
                 stack.enter_context(_CudaKernels(self._replaced))
+                # Offloaded copies charged as CUDA's: 512-byte device blocks, pinned host
+                # blocks of a power of two.
+                stack.enter_context(charged_as(self.device_type))
                 stack.enter_context(_autocast_emulated(self.device_type, self._replaced))
             try:
                 yield

@@ -50,7 +50,10 @@ Wrapping a module call ``c`` (forward spanning events ``[f0, f1]``) in non-reent
    go of) just dies at ``f1``. One made before the call (neither an input nor static:
    an attribute, a closure's tensor) may be held elsewhere: it is left as it was and the
    copy made at the unpack is added (``revived``), an upper bound. Host memory is counted
-   apart (``host``: each storage from ``f1`` to the unpack, or to its free).
+   apart (``host``: each storage from ``f1`` to the unpack, or to its free), as the host's
+   allocator takes it: on CUDA each storage in a pinned block of the next power of two
+   (``pinned_host``; :func:`planner.core.allocator.pinned_host_bytes`), elsewhere its size.
+   The copies themselves move the storage's bytes (``CheckpointEffect.host_bytes``).
 8. **Offloaded tensors are prefetched one module early.** With a lookahead of ``k``
    (``offload_lookahead``, 1 by default; 0: none), the copy back of a call's tensors starts
    at the backward of the ``k``-th sibling call after it that saved something (in a chain
@@ -78,6 +81,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.core.allocator import pinned_host_bytes
+from planner.core.devices import device_type
 from planner.core.records import (
     STATIC_KINDS,
     MemoryTimeline,
@@ -151,6 +156,8 @@ class CheckpointEffect:
 
     @property
     def host_bytes(self) -> int:
+        """The bytes its copies move each way (what the host holds may be more: see
+        :meth:`MemoryModel.host_bytes`)."""
         return sum(size for _, size, _, _ in self.host)
 
     @property
@@ -558,10 +565,14 @@ class MemoryModel:
         *,
         offload_min_bytes: int = OFFLOAD_MIN_BYTES,
         offload_lookahead: int = 1,
+        pinned_host: bool = False,
     ) -> None:
         if offload_lookahead < 0:
             raise ValueError(f"offload_lookahead must be 0 or more, not {offload_lookahead}")
         self.timeline = timeline
+        # Host copies in pinned blocks of CUDA's caching host allocator (a CUDA step): each
+        # counted as the power of two it takes (point 7).
+        self.pinned_host = pinned_host
         # The smallest saved storage an offloaded module sends to the host.
         self.offload_min_bytes = offload_min_bytes
         # How many sibling modules early an offloaded module's tensors start back (point 8).
@@ -585,8 +596,10 @@ class MemoryModel:
 
     @classmethod
     def for_profile(cls, profile: Profile) -> MemoryModel:
-        """The model of a profile's timeline, with the profile's nesting options."""
-        return cls(profile.timeline).include_nesting(profile)
+        """The model of a profile's timeline, with the profile's nesting options; a CUDA
+        profile's host copies counted in pinned blocks."""
+        pinned = device_type(profile.device) == "cuda"
+        return cls(profile.timeline, pinned_host=pinned).include_nesting(profile)
 
     def include_nesting(self, profile: Profile) -> MemoryModel:
         """Learn the profile's nesting options (which children each ``name@nested`` unit
@@ -806,10 +819,18 @@ class MemoryModel:
         return [(event, int(curve[event]) + extra) for event, extra in spikes]
 
     def host_bytes(self, unit: Unit) -> int:
-        """What an offloaded unit holds in host memory, all calls (0 for other units)."""
+        """What an offloaded unit holds in host memory, all calls, as the host's allocator
+        takes it (point 7; 0 for other units)."""
         if unit.option not in OFFLOAD_OPTIONS:
             return 0
-        return sum(effect.host_bytes for effect in self.unit_effects(unit))
+        return sum(
+            self._host_allocated(size)
+            for effect in self.unit_effects(unit)
+            for _index, size, _start, _until in effect.host
+        )
+
+    def _host_allocated(self, size_bytes: int) -> int:
+        return pinned_host_bytes(size_bytes) if self.pinned_host else size_bytes
 
     def prefetch_module(self, unit: Unit) -> str | None:
         """The module at whose backward an offloaded unit's tensors start back (point 8 of
@@ -828,8 +849,9 @@ class MemoryModel:
                 continue
             for effect in self.unit_effects(unit):
                 for _index, size, start, until in effect.host:
-                    delta[start + 1] += size
-                    delta[until + 1] -= size
+                    held = self._host_allocated(size)
+                    delta[start + 1] += held
+                    delta[until + 1] -= held
         return np.cumsum(delta)[:-1]
 
     def host_peak_bytes(self, wrapped: Iterable[Unit] = ()) -> int:

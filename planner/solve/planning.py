@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from planner.core.records import Note, NoteTopic, Profile, Unit
+from planner.core.allocator import PINNED_HOST_ASSUMPTION
+from planner.core.records import Note, NoteTopic, Profile, Unit, general_notes
 from planner.plan.memory_model import MemoryModel, sequential_segments
 from planner.plan.plan_file import CheckpointMethod, ModuleDecision, Plan
 from planner.plan.policies import NESTED, OFFLOAD_OPTIONS, SelectivePolicy
@@ -147,8 +148,10 @@ def build_plan(
 ) -> Plan:
     """A plan checkpointing ``units``, its prediction re-checked by the memory model.
     ``host_budget_bytes``: the host memory its offloaded modules were allowed (recorded
-    where one offloads)."""
-    memory = (memory or MemoryModel(profile.timeline)).include_nesting(profile)
+    where one offloads). A CUDA plan that offloads counts its host copies in pinned blocks
+    and says so among its assumptions (:data:`~planner.core.allocator.PINNED_HOST_ASSUMPTION`)."""
+    memory = (memory or MemoryModel.for_profile(profile)).include_nesting(profile)
+    offloads = any(unit.option in OFFLOAD_OPTIONS for unit in units)
     decisions = tuple(
         decision for unit in sorted(units) for decision in _decisions(profile, unit, memory)
     )
@@ -172,14 +175,15 @@ def build_plan(
         memory_source=profile.memory_source.value,
         cost_source=profile.cost_source.value,
         target=profile.target,
-        assumptions=profile.assumptions,
+        assumptions=(
+            *profile.assumptions,
+            *(general_notes((PINNED_HOST_ASSUMPTION,)) if offloads and memory.pinned_host else ()),
+        ),
         model_file=profile.model_file,
         loop=profile.loop,
         parallel=profile.parallel,
         switches=profile.switches,
-        host_budget_bytes=host_budget_bytes
-        if any(u.option in OFFLOAD_OPTIONS for u in units)
-        else None,
+        host_budget_bytes=host_budget_bytes if offloads else None,
         predicted_host_peak_bytes=memory.host_peak_bytes(units),
     )
 
