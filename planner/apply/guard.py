@@ -7,8 +7,9 @@ Design notes
   model. The first forward with grad enabled compares what it sees with what the plan was
   made for (:func:`step_differences`: the shapes and dtypes of the batch's tensors it is
   passed, matched by name or by position, whichever of them it is passed: under a
-  pipeline, a stage's forward is given one micro-batch; the parameters' dtypes), looks for a Hugging Face cache asked for in the call and for the model's own
-  gradient checkpointing (Hugging Face's ``gradient_checkpointing``), and logs one warning
+  pipeline, a stage's forward is given one micro-batch; the parameters' dtypes), looks for
+  a Hugging Face cache asked for in the call and for the model's own gradient
+  checkpointing (Hugging Face's ``gradient_checkpointing``), and logs one warning
   line for each difference, with the fix; a call none of whose inputs can be matched to the
   plan's batch is one line too. Then it removes itself: no cost on later steps.
 * **Layout is an error.** A parallel layout other than the plan's (sharded by FSDP2 or not,
