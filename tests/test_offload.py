@@ -737,6 +737,28 @@ def test_the_searches_agree_and_keep_to_the_host_budget(
     assert ("offload" in chosen) == (host_budget != 0)
 
 
+def test_a_plan_holds_no_free_unit_the_budget_does_not_need(fast_link_profile: Profile) -> None:
+    """Over a fast link an offload costs nothing, so a cheapest plan could offload more than
+    its budget needs; each answer keeps a free unit only where the plan without it passes
+    the budget (the one-at-a-time check of the solver), at the same cost."""
+    from planner.solve.solver import IDLE_UNIT_MS
+
+    profile = fast_link_profile
+    lowest = Solver(profile).lowest_peak()[1]
+    free_seen = 0
+    for fraction in (0.1, 0.3, 0.5, 0.8, 0.95):
+        budget = int(lowest + fraction * (profile.measured_peak_bytes - lowest))
+        for solver in (Solver(profile), Solver(profile, exhaustive_evaluations=0)):
+            units = solver.solve(budget).units
+            for unit in units:
+                if solver.tree.cost_ms[unit] >= IDLE_UNIT_MS:
+                    continue
+                free_seen += 1
+                fewer = tuple(other for other in units if other != unit)
+                assert solver.peak(fewer) > budget, f"{unit} is not needed at {budget}"
+    assert free_seen  # the link makes offloads free, and some plans need them
+
+
 def test_without_offload_no_module_offloads(fast_link_profile: Profile) -> None:
     solver = Solver(fast_link_profile, offload=False)
     assert not any(unit.option == "offload" for unit in solver.tree.names)

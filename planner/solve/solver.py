@@ -48,6 +48,11 @@ class Solution:
         return tuple(unit.module for unit in self.units)
 
 
+# A unit costing less than this is free to the searches (their time resolution is 10 us):
+# a plan keeps it only where the budget needs it (Solver._without_idle_units).
+IDLE_UNIT_MS = 0.01
+
+
 class Solver:
     """Holds a profile's memory model and unit tree; answers many budgets quickly.
 
@@ -360,6 +365,7 @@ class Solver:
                 budget_bytes=budget_bytes,
                 min_budget_bytes=lowest,
             )
+        best = self._without_idle_units(best, budget_bytes)
         self._remember(best)
         return Solution(
             units=best,
@@ -369,6 +375,24 @@ class Solver:
             evaluations=self.evaluations - start,
             lower_bound_ms=self.cost(best) if proven else min(bound_ms, self.cost(best)),
         )
+
+    def _without_idle_units(self, units: tuple[Unit, ...], budget_bytes: int) -> tuple[Unit, ...]:
+        """``units`` less those that cost (next to) nothing and that the plan fits the budget
+        without. The searches are indifferent to a free unit (an offload whose copies the
+        compute hides costs 0 ms), so a cheapest plan may hold more of them than the budget
+        needs: among plans of the same cost, fewer modules and less host memory are
+        better. Tried one at a time, the most host memory first, each removal checked by
+        exact replay; a unit with a cost is never removed (the plan stays the cheapest)."""
+        idle = sorted(
+            (unit for unit in units if self.tree.cost_ms[unit] < IDLE_UNIT_MS),
+            key=lambda unit: -self.tree.host_bytes[unit],
+        )
+        kept = list(units)
+        for unit in idle:
+            fewer = tuple(other for other in kept if other != unit)
+            if self.peak(fewer) <= budget_bytes:
+                kept = list(fewer)
+        return tuple(kept)
 
     def _remember(self, plan: tuple[Unit, ...]) -> None:
         self._known.append((self.peak(plan), self.cost(plan), plan))
