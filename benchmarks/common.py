@@ -27,6 +27,20 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body])
 
 
+def plan_text(decisions: list[dict]) -> str:
+    """A plan JSON's decisions, blocks grouped by how: ``32 x model.layers.N.mlp
+    (checkpoint)``."""
+    import re
+
+    groups: dict[str, int] = {}
+    for decision in decisions:
+        name = re.sub(r"\.\d+(\.|$)", r".N\1", decision["module_name"])
+        how = decision.get("policy") or decision.get("method", "checkpoint")
+        key = f"{name} ({how})"
+        groups[key] = groups.get(key, 0) + 1
+    return "; ".join(f"{count} x {key}" for key, count in groups.items())
+
+
 def halfway_budget(profile: Profile) -> int:
     """Halfway from the peak with every block checkpointed (or, where some blocks cannot be,
     the smallest feasible peak: T5's decoder) to the unplanned peak."""

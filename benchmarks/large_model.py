@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import plan_text  # noqa: E402
 from planner.core.fileio import atomic_write_text  # noqa: E402
 from planner.core.units import format_bytes  # noqa: E402
 
@@ -98,9 +99,9 @@ def main() -> int:
         f"{'above' if plan['baseline_peak_bytes'] > BUDGET else 'NOT above'} 80 GB |",
         f"| plan's predicted peak | {plan['predicted_peak_bytes']:,} bytes, "
         f"{'under' if plan['predicted_peak_bytes'] <= BUDGET else 'NOT under'} 80 GB |",
-        f"| modules checkpointed | {len(plan['modules'])}: "
-        + ", ".join(m["module_name"] for m in plan["modules"])
-        + " |",
+        f"| modules in the plan | {len(plan['modules'])}: {plan_text(plan['modules'])} |",
+        "| host memory (offloaded tensors, pinned blocks) | "
+        f"{plan.get('predicted_host_peak_bytes') or 0:,} bytes |",
         "| predicted overhead (roofline on h100-80gb) | "
         f"{100 * plan['predicted_overhead']:+.1f}% |",
         f"| checked | {plan['checked']} (no H100 here: `ckpt-plan verify` on one) |",
