@@ -266,6 +266,14 @@ def test_a_checkpointed_or_plain_trigger_starts_the_copy_back_too() -> None:
         (offload("blocks.0", prefetch="blocks.1"), ModuleDecision("blocks.1", restore_buffers=BN)),
         (offload("blocks.0", prefetch="blocks.1"), ModuleDecision("blocks.1.attention")),
         (offload("blocks.2", prefetch="head"), ModuleDecision("blocks.1.up")),
+        # the trigger under a selective policy: its recomputation runs under the policy's
+        # dispatch mode, which must not see the copy back
+        (
+            offload("blocks.0", prefetch="blocks.1.attention"),
+            ModuleDecision(
+                "blocks.1.attention", policy="save-matmuls", saved_ops=("aten.addmm.default",)
+            ),
+        ),
     ]
     for decisions in plans:
         early = host_bytes_at_backward_of(build_model(), make_plan(build_model(), *decisions))
@@ -274,6 +282,51 @@ def test_a_checkpointed_or_plain_trigger_starts_the_copy_back_too() -> None:
         model = build_model()
         apply_plan(model, make_plan(model, *decisions), guard=False)
         assert_same_training(reference, train_step(model))
+
+
+def test_a_copy_back_fired_by_a_selective_recomputation_runs_outside_its_policy() -> None:
+    """A trigger fired when a checkpoint under a selective policy recomputes (its inputs
+    saved elsewhere, so the recomputation is the first unpack) starts its copies back
+    inside that recomputation, where the policy's dispatch mode refuses any op the forward
+    did not run ("aten.empty.memory_format encountered during backward", seen on the
+    Llama-3-8B plan of benchmarks/offload.py): the copies run outside it, and the
+    checkpointed function's gradient is unchanged."""
+    from torch.utils.checkpoint import checkpoint
+
+    from planner.apply import offload as offload_module
+    from planner.apply.wrap import selective_contexts
+
+    fired: list[torch.Tensor] = []
+
+    class CopyBack:  # what a PrefetchTrigger does when fired: allocate and copy
+        def fire(self) -> None:
+            restored = torch.empty(16)
+            restored.copy_(torch.ones(16))
+            fired.append(restored)
+
+    weight = torch.randn(8, 8, requires_grad=True)
+
+    def function(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.mm(x, weight)).sin()
+
+    decision = ModuleDecision("block", policy="save-matmuls", saved_ops=("aten.mm.default",))
+    x = torch.randn(4, 8)
+    expected = torch.autograd.grad(function(x).sum(), weight)[0]
+    offload_module._active.append(CopyBack())  # type: ignore[arg-type]
+    try:
+        wrapped = offload_module.fire_at_recomputation(function)
+    finally:
+        offload_module._active.pop()
+    output = checkpoint(
+        wrapped,
+        x,
+        use_reentrant=False,
+        context_fn=lambda: selective_contexts(decision),
+    )
+    assert not fired  # the forward fires nothing
+    (gradient,) = torch.autograd.grad(output.sum(), weight)
+    assert len(fired) == 1 and torch.equal(fired[0], torch.ones(16))
+    assert torch.equal(gradient, expected)
 
 
 def test_a_prefetch_at_a_module_the_model_lacks_is_refused_and_removal_unhooks() -> None:

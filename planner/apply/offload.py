@@ -497,11 +497,33 @@ def fire_at_recomputation(function: Any) -> Any:
         nonlocal runs
         runs += 1
         if runs > 1:
-            for trigger in triggers:
-                trigger.fire()
+            with _outside_selective_recomputation():
+                for trigger in triggers:
+                    trigger.fire()
         return function(*args, **kwargs)
 
     return run
+
+
+@contextlib.contextmanager
+def _outside_selective_recomputation() -> Iterator[None]:
+    """Dispatch as outside a selective checkpoint's recomputation. While that runs, its
+    policy's mode (torch.utils.checkpoint's ``_CachedTorchDispatchMode``) is on top of the
+    dispatch mode stack: it answers each op from what the forward stored and raises at any
+    op the forward did not run, such as a copy back's ``empty``. So the copies back that a
+    recomputation fires start with that mode popped, and it is pushed back after."""
+    from torch.utils._python_dispatch import (
+        _get_current_dispatch_mode_stack,
+        _pop_mode_temporarily,
+    )
+    from torch.utils.checkpoint import _CachedTorchDispatchMode
+
+    stack = _get_current_dispatch_mode_stack()
+    if not stack or not isinstance(stack[-1], _CachedTorchDispatchMode):
+        yield
+        return
+    with _pop_mode_temporarily():
+        yield
 
 
 def model_storage_keys(model: torch.nn.Module) -> frozenset[int]:
