@@ -17,7 +17,11 @@ of 64 ranks planned on paper.
    data-parallel rank's batch: 4 x 8192; 1F1B needs at least as many micro-batches as
    stages): the whole ``ckpt-plan profile`` job in a fresh process (wall and CPU seconds,
    largest resident set) for ``--target h100-80gb`` and ``--target h200``, and each stage's
-   budget, peaks and plan.
+   budget, peaks and plan; and the same 64 ranks as **PP 8 x FSDP 8** (8 micro-batches of
+   1 x 8192) for ``h100-80gb``. Beside them, the closed form of what torch's pipelining keeps
+   on stage 0 under FSDP2 whatever is checkpointed: its weights gathered and its gradients
+   unsharded (the embedding and 80 / S decoder layers, bf16, each), against the one-line
+   error's figure where no plan fits.
 
 Writes reports/benchmarks/pipeline.md.
 """
@@ -37,7 +41,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import markdown_table, process_cost  # noqa: E402
+from benchmarks.common import markdown_table, plan_text, process_cost  # noqa: E402
 from planner.check.ranks import check_plan_on_ranks  # noqa: E402
 from planner.core.fileio import atomic_write_text  # noqa: E402
 from planner.core.parallel import ParallelLayout, ParallelStrategy, PipelineLayout  # noqa: E402
@@ -127,17 +131,36 @@ def compare_on_ranks(name: str, source: object, layout: ParallelLayout, budget: 
     return rows
 
 
-def llama_70b(target: str, budget: str) -> tuple[dict[str, object], list[dict[str, object]]]:
-    """The whole profile job for Llama-3-70B as PP 4 x FSDP 16 (see the module docstring),
-    and each stage's figures; where a stage fits no plan, the job's one-line error."""
-    config = ROOT / "examples" / "configs" / "llama-3-70b.json"
+LLAMA_70B = ROOT / "examples" / "configs" / "llama-3-70b.json"
+
+
+def stage0_unsharded_bytes(stages: int) -> int:
+    """Stage 0's weights gathered plus its gradients unsharded, bf16, from the 70B config:
+    the token embedding and 80 / ``stages`` decoder layers (q and o projections hidden^2
+    each, k and v hidden x kv_heads x head_dim each, the MLP's three hidden x intermediate,
+    two RMSNorm weights)."""
+    config = json.loads(LLAMA_70B.read_text())
+    hidden, intermediate = config["hidden_size"], config["intermediate_size"]
+    kv = config["num_key_value_heads"] * hidden // config["num_attention_heads"]
+    layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * intermediate + 2 * hidden
+    parameters = config["vocab_size"] * hidden + config["num_hidden_layers"] // stages * layer
+    return 2 * 2 * parameters  # bf16 weights and bf16 gradients
+
+
+def llama_70b(
+    target: str, budget: str, stages: int = 4
+) -> tuple[dict[str, object], list[dict[str, object]]]:
+    """The whole profile job for Llama-3-70B as PP ``stages`` x FSDP 64 / ``stages`` (see
+    the module docstring), and each stage's figures; where a stage fits no plan, the job's
+    one-line error."""
+    config = LLAMA_70B
     cli = str(Path(sys.executable).parent / "ckpt-plan")
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ckpt-plan-70b-pp-") as folder:
         plan_path = Path(folder) / "plan.json"
         command = [
-            cli, "profile", "--hf", str(config), "--batch-size", "4", "--seq-len", "8192",
-            "--pp", "4", "--microbatches", "4", "--schedule", "1f1b",
+            cli, "profile", "--hf", str(config), "--batch-size", str(stages), "--seq-len",
+            "8192", "--pp", str(stages), "--microbatches", str(stages), "--schedule", "1f1b",
             "--world-size", "64", "--parallel", "fsdp2",
             "--target", target, "--budget", budget,
             "--out", str(plan_path), "--report-dir", str(Path(folder) / "report"),
@@ -145,21 +168,26 @@ def llama_70b(target: str, budget: str) -> tuple[dict[str, object], list[dict[st
         cost = process_cost(command, Path(folder))
         plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None
     job = {
+        "layout": f"PP {stages} x FSDP {64 // stages}",
         "target": target,
         "budget": budget,
         "load_before": round(load, 2),
         "wall_s": round(cost.wall_s, 1),
         "cpu_s": round(cost.cpu_s, 1),
         "max_rss_mib": round(cost.max_rss_kib / 1024),
+        "stage 0 gathered + unsharded, closed form (GiB)": (
+            f"{stage0_unsharded_bytes(stages) / GIB:.2f}"
+        ),
         "result": "a plan per stage"
         if plan is not None
-        else (cost.stderr.strip().splitlines() or ["no output"])[-1][:300],
+        else (cost.stderr.strip().splitlines() or ["no output"])[-1],
     }
-    stages = []
+    rows = []
     for stage in plan["stages"] if plan is not None else []:
         chosen = [d for d in stage["modules"] if d.get("nested_in") is None]
-        stages.append(
+        rows.append(
             {
+                "layout": job["layout"],
                 "target": target,
                 "stage": stage["parallel"]["pipeline"]["stage"],
                 "budget (GiB)": f"{stage['budget_bytes'] / GIB:.2f}",
@@ -169,24 +197,11 @@ def llama_70b(target: str, budget: str) -> tuple[dict[str, object], list[dict[st
                 "modules": len(chosen),
                 "recompute (ms)": f"{stage['recompute_ms']:.0f}",
                 "overhead": f"+{stage['predicted_overhead']:.1%}",
-                "plan": _plan_text(chosen),
+                "plan": plan_text(chosen),
             }
         )
-    print(job, stages, flush=True)
-    return job, stages
-
-
-def _plan_text(decisions: list[dict]) -> str:
-    """The decisions, blocks grouped by how (``36 x model.layers.N (whole)``)."""
-    import re
-
-    groups: dict[str, int] = {}
-    for decision in decisions:
-        name = re.sub(r"\.\d+(\.|$)", r".N\1", decision["module_name"])
-        how = decision.get("policy") or decision.get("method", "checkpoint")
-        key = f"{name} ({how})"
-        groups[key] = groups.get(key, 0) + 1
-    return "; ".join(f"{count} x {key}" for key, count in groups.items())
+    print(job, rows, flush=True)
+    return job, rows
 
 
 def main() -> None:
@@ -198,7 +213,7 @@ def main() -> None:
     import torch
 
     parts = [
-        "# Pipeline stages: simulated vs real ranks, and Llama-3-70B as PP 4 x FSDP 16",
+        "# Pipeline stages: simulated vs real ranks, and Llama-3-70B on 64 ranks",
         f"torch {torch.__version__}, CPU, gloo, {os.cpu_count()} cores; generated by "
         "benchmarks/pipeline.py (see its docstring for the method).",
     ]
@@ -210,12 +225,13 @@ def main() -> None:
         ]
     if not arguments.skip_70b:
         jobs, stages = [], []
-        for target, budget in (("h100-80gb", "79GiB"), ("h200", "120GiB")):
-            job, rows = llama_70b(target, budget)
+        runs = (("h100-80gb", "79GiB", 4), ("h100-80gb", "79GiB", 8), ("h200", "120GiB", 4))
+        for target, budget, stages_count in runs:
+            job, rows = llama_70b(target, budget, stages_count)
             jobs.append(job)
             stages += rows
         parts += [
-            "## Llama-3-70B, PP 4 x FSDP 16: the whole `profile` job",
+            "## Llama-3-70B on 64 ranks, PP 4 x FSDP 16 and PP 8 x FSDP 8: the whole `profile` job",
             markdown_table(pd.DataFrame(jobs)),
             "## Each stage's budget, peaks and plan",
             markdown_table(pd.DataFrame(stages)) if stages else "(no stage planned)",
