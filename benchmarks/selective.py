@@ -4,7 +4,8 @@
     python benchmarks/selective.py --models gpt --repeats 5
 
 Per model file, on a fake-tensor profile with times measured here (as ``ckpt-plan profile``
-makes it), and the same profile with roofline times for an H100 (``--target h100-80gb``):
+makes it), and the same profile with roofline times for an H100 (``--target h100-80gb``,
+less its host link: offloading is weighed by benchmarks/offload.py):
 
 1. **Accuracy.** Plans with options at 5 budgets (10, 30, 50, 70 and 90% of the way from
    the smallest feasible peak to the unplanned peak), solved with either cost (the H100
@@ -28,6 +29,7 @@ Writes reports/benchmarks/selective.md (atomically) and prints it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -48,7 +50,7 @@ from planner.measure.workload import build_workload, load_model_file, run_traini
 from planner.pipeline import measure_profile_costs, record_step_memory  # noqa: E402
 from planner.plan.memory_model import MemoryModel  # noqa: E402
 from planner.plan.plan_file import Plan  # noqa: E402
-from planner.plan.targets import load_spec, roofline_costs  # noqa: E402
+from planner.plan.targets import DeviceSpec, load_spec, roofline_costs  # noqa: E402
 from planner.solve import Solver  # noqa: E402
 from planner.solve.planning import baseline_every_block, build_plan, plan_for_budget  # noqa: E402
 
@@ -195,9 +197,16 @@ def _empty(profile: Profile) -> Plan:
     return build_plan(profile, [], 0, strategy="none")
 
 
+def h100_without_host_link() -> DeviceSpec:
+    """The built-in H100 spec less its host link: this benchmark weighs recomputation
+    options against whole modules, so no module is offered offloading (benchmarks/offload.py
+    weighs that)."""
+    return dataclasses.replace(load_spec("h100-80gb"), host_link_bytes_per_s=0.0)
+
+
 def large_model_rows() -> list[dict[str, object]]:
     """The Llama-3-8B config planned for an H100 (not run: FLOPs and roofline time only)."""
-    h100 = load_spec("h100-80gb")
+    h100 = h100_without_host_link()
     source = "hf:examples/configs/llama-3-8b.json?batch_size=1&seq_len=4096&dtype=bfloat16"
     profile = roofline_costs(memory_profile(source, h100), h100)
     total = step_flops(profile)
@@ -230,7 +239,7 @@ def floor_rows() -> list[dict[str, object]]:
     sources = [str(ROOT / "examples" / f"{name}.py") for name in FLOOR_MODELS]
     sources.append("hf:examples/configs/llama-3-8b.json?batch_size=1&seq_len=4096&dtype=bfloat16")
     for source in sources:
-        target = load_spec("h100-80gb") if source.startswith("hf:") else None
+        target = h100_without_host_link() if source.startswith("hf:") else None
         profile = memory_profile(source, target)
         every_block = MemoryModel(profile.timeline).peak_bytes(
             [Unit(b) for b in profile.block_names if profile.module(b).is_candidate]
@@ -255,7 +264,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=MODELS)
     parser.add_argument("--repeats", type=int, default=7)
     arguments = parser.parse_args()
-    h100 = load_spec("h100-80gb")
+    h100 = h100_without_host_link()
     accuracy, costs = [], []
     for name in arguments.models:
         source = str(ROOT / "examples" / f"{name}.py")
