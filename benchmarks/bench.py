@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
 
-from benchmarks.common import markdown_table  # noqa: E402
+from benchmarks.common import markdown_table, run_child  # noqa: E402
 from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.plan.plan_file import Plan, load_plan, save_plan  # noqa: E402
 
@@ -179,21 +177,10 @@ def measure_in_subprocess(
         "repeats": repeats,
         "compile_budget": compile_budget,
     }
-    spec_path = folder / "spec.json"
-    atomic_write_text(spec_path, json.dumps(spec))
-    environment = dict(os.environ, PYTHONPATH=str(ROOT))
-    result = subprocess.run(
-        [sys.executable, __file__, "--measure", str(spec_path)],
-        capture_output=True,
-        text=True,
-        env=environment,
-        check=False,
-        timeout=3600,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    if result.returncode != 0 or not lines:
-        raise RuntimeError(f"measuring {path.name} failed: {result.stderr.strip()[-2000:]}")
-    return json.loads(lines[-1])
+    measured, stderr = run_child(__file__, "--measure", spec, folder)
+    if measured is None:
+        raise RuntimeError(f"measuring {path.name} failed: {stderr.strip()[-2000:]}")
+    return measured
 
 
 # -- child: measure every plan of one model the same way, interleaved -------------------

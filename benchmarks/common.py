@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -87,3 +88,26 @@ def process_cost(command: list[str], cwd: Path) -> ProcessCost:
     )
     code, wall, cpu, rss, stderr = json.loads(result.stdout)
     return ProcessCost(int(code), float(wall), float(cpu), int(rss), str(stderr))
+
+
+def run_child(script: str, flag: str, spec: dict, folder: Path) -> tuple[dict | None, str]:
+    """Run ``script`` in a fresh Python with ``flag SPEC.json`` (``spec`` written to
+    ``folder``), the repository on its path; its last stdout line that is a JSON object,
+    or None where it failed or printed none, and its stderr."""
+    from planner.core.fileio import atomic_write_text
+
+    root = Path(__file__).resolve().parent.parent
+    spec_path = folder / "spec.json"
+    atomic_write_text(spec_path, json.dumps(spec))
+    result = subprocess.run(
+        [sys.executable, script, flag, str(spec_path)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(root)),
+        check=False,
+        timeout=3600,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        return None, result.stderr
+    return json.loads(lines[-1]), result.stderr

@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +57,7 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import pandas as pd  # noqa: E402
 
-from benchmarks.common import markdown_table  # noqa: E402
+from benchmarks.common import markdown_table, run_child  # noqa: E402
 from planner.core.fileio import atomic_write_text  # noqa: E402
 
 MIB = 2**20
@@ -116,21 +115,10 @@ def measure_in_child(path: Path, device: str, run: dict, repeats: int, folder: P
     if run["plan"] is not None:
         name = run["strategy"].replace(" ", "_").replace("'", "").replace(",", "")
         spec["plan"] = str(save_plan(run["plan"], folder / f"{name}.json"))
-    spec_path = folder / "spec.json"
-    atomic_write_text(spec_path, json.dumps(spec))
-    environment = dict(os.environ, PYTHONPATH=str(ROOT))
-    result = subprocess.run(
-        [sys.executable, __file__, "--child", str(spec_path)],
-        capture_output=True,
-        text=True,
-        env=environment,
-        check=False,
-        timeout=3600,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    if result.returncode != 0 or not lines:
-        return {"error": (result.stderr.strip().splitlines() or ["no output"])[-1][:200]}
-    return json.loads(lines[-1])
+    measured, stderr = run_child(__file__, "--child", spec, folder)
+    if measured is None:
+        return {"error": (stderr.strip().splitlines() or ["no output"])[-1][:200]}
+    return measured
 
 
 # -- child: one strategy's steps ------------------------------------------------------------
