@@ -54,8 +54,10 @@ def test_the_tree_program_takes_llamas_shared_rotary_inputs() -> None:
 
     profile = _example_profile("hf_llama")
     # Nesting is not of prefix form (the integer program takes it, below the floor of
-    # plans without it): the tree program's own search, without it.
-    solver = Solver(profile, nesting=False, exhaustive_evaluations=0)
+    # plans without it): the tree program's own search, without it. Its own answer, too:
+    # the comparison with module-only plans may swap in one that recomputes fewer FLOPs
+    # (not proven cheapest), depending on this CPU's measured times.
+    solver = Solver(profile, nesting=False, exhaustive_evaluations=0, against_module_only=False)
     _, lowest = solver.lowest_peak()
     program = solver.tree_program()
     assert program.classes  # the shared inputs were found
