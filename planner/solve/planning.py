@@ -150,7 +150,9 @@ def build_plan(
     ``host_budget_bytes``: the host memory its offloaded modules were allowed (recorded
     where one offloads). A CUDA plan that offloads counts its host copies in pinned blocks
     and says so among its assumptions (:data:`~planner.core.allocator.PINNED_HOST_ASSUMPTION`)."""
-    memory = (memory or MemoryModel.for_profile(profile)).include_nesting(profile)
+    memory = (
+        memory.include_nesting(profile) if memory is not None else MemoryModel.for_profile(profile)
+    )
     offloads = any(unit.option in OFFLOAD_OPTIONS for unit in units)
     decisions = tuple(
         decision for unit in sorted(units) for decision in _decisions(profile, unit, memory)
