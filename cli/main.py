@@ -63,6 +63,7 @@ from .options import (
 
 if TYPE_CHECKING:
     from planner.core.parallel import ParallelLayout
+    from planner.core.records import Profile
     from planner.plan.plan_file import Plan
     from planner.plan.targets import DeviceSpec
 
@@ -79,6 +80,11 @@ def _plan_path(model_name: str, file_name: str = "plan.json") -> Path:
     """Where a command writes a plan when not told: ``profiles/<model name>/plan.json`` (the
     profile beside it)."""
     return Path("profiles") / model_name / file_name
+
+
+def _world_size(layout: ParallelLayout | None) -> int:
+    """The ranks of the job a plan is one rank of (1: one process)."""
+    return 1 if layout is None else layout.world_size
 
 
 def _host_line(plan: Plan) -> str:
@@ -203,7 +209,7 @@ def profile(
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec, device = target_and_device(target, device)
-        host_budget_bytes = host_budget(host_budget_text, offload, spec)
+        host_budget_bytes = host_budget(host_budget_text, offload, spec, _world_size(layout))
         # On a GPU here, offloading is costed at the host link measured now.
         link_bytes_per_s = _measured_host_link(
             device, budget_bytes, offload=offload, spec=spec, layout=layout
@@ -398,7 +404,7 @@ def fit(
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec, device = target_and_device(target, device)
-        host_budget_bytes = host_budget(host_budget_text, offload, spec)
+        host_budget_bytes = host_budget(host_budget_text, offload, spec, _world_size(layout))
         # On a GPU here, offloading is costed at the host link measured now, once.
         link_bytes_per_s = _measured_host_link(
             device, budget_bytes, offload=offload, spec=spec, layout=layout
@@ -480,17 +486,21 @@ def report(
     memory of those that do is on the chart's right axis and in summary.md."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget) if budget is not None else None
-    host_budget_bytes = host_budget(host_budget_text, offload, None)
+    host_budget(host_budget_text, offload, None)  # a bad --host-budget fails first
     with errors_to_exit_codes(verbose):
         from planner.report import load_report_inputs, write_report
+
+        def host_budget_of(profile: Profile) -> int | None:
+            return host_budget(host_budget_text, offload, None, _world_size(profile.parallel))
 
         loaded, plan = load_report_inputs(
             source,
             profile_path=profile_path,
             budget_bytes=budget_bytes,
             offload=offload,
-            host_budget_bytes=host_budget_bytes,
+            host_budget_bytes=host_budget_of,
         )
+        host_budget_bytes = host_budget_of(loaded)
         folder = out_dir or _report_folder(loaded.model_name)
         with progress_line() as progress:
             progress("solving budgets for the trade-off curve and drawing", 0, 0)
@@ -539,7 +549,7 @@ def solve(
     """Re-plan for another BUDGET from a saved profile, without profiling again."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
-    host_budget_bytes = host_budget(host_budget_text, offload, None)
+    host_budget(host_budget_text, offload, None)  # a bad --host-budget fails first
     with errors_to_exit_codes(verbose):
         from planner.checked_plan import CheckedPlan
         from planner.plan.plan_file import save_plan
@@ -547,6 +557,9 @@ def solve(
         from planner.solve.planning import plan_for_budget
 
         loaded = load_profile(profile_path)
+        host_budget_bytes = host_budget(
+            host_budget_text, offload, None, _world_size(loaded.parallel)
+        )
         source = workload_source(
             check,
             hf,
@@ -612,7 +625,7 @@ def tradeoff(
     offload where the profile offers it (--target), within --host-budget; where any does,
     the table has a host_peak_mib column."""
     configure_logging(verbose)
-    host_budget_bytes = host_budget(host_budget_text, offload, None)
+    host_budget(host_budget_text, offload, None)  # a bad --host-budget fails first
     with errors_to_exit_codes(verbose):
         import time
 
@@ -625,6 +638,9 @@ def tradeoff(
         from planner.solve.planning import baseline_plans, frontier
 
         loaded = load_profile(profile_path)
+        host_budget_bytes = host_budget(
+            host_budget_text, offload, None, _world_size(loaded.parallel)
+        )
         with progress_line() as progress:
             if loaded.cost_source is CostSource.NONE:
                 # Saved when no plan fit its budget: time it once, under the smallest budget

@@ -197,8 +197,9 @@ HostBudgetOption = Annotated[
     typer.Option(
         "--host-budget",
         help="Host memory the offloaded tensors may hold at once, e.g. 256GB (units as for "
-        "--budget).",
-        show_default="the target spec's host memory, else this machine's free memory",
+        "--budget); for a torchrun job, per rank (each rank pins its own copies).",
+        show_default="the target spec's host memory, else this machine's free memory; for a "
+        "job, its share among the ranks on one host (all, up to 8)",
     ),
 ]
 VerboseOption = Annotated[
@@ -329,8 +330,11 @@ def parse_budget(text: str, option: str = "--budget") -> int:
         fail(f"{option}: {error}", EXIT_CODES[errors.BudgetError])
 
 
-def host_budget(text: str | None, offload: bool, spec: DeviceSpec | None) -> int | None:
-    """The host budget in bytes: ``--host-budget``, else the default (see
+def host_budget(
+    text: str | None, offload: bool, spec: DeviceSpec | None, world_size: int = 1
+) -> int | None:
+    """The host budget in bytes of one process (of one rank of a job of ``world_size``):
+    ``--host-budget``, else the default (see
     :func:`planner.plan.targets.default_host_budget`); None where nothing offloads."""
     if not offload:
         if text is not None:
@@ -340,7 +344,7 @@ def host_budget(text: str | None, offload: bool, spec: DeviceSpec | None) -> int
         return parse_budget(text, "--host-budget")
     from planner.plan.targets import default_host_budget
 
-    return default_host_budget(spec)[0]
+    return default_host_budget(spec, world_size)[0]
 
 
 def parallel_layout(

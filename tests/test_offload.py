@@ -896,6 +896,40 @@ def test_solve_on_the_command_line_offloads_within_the_host_budget(
         assert plain.predicted_overhead > plan.predicted_overhead
 
 
+def test_the_default_host_budget_of_a_rank_is_its_share_of_the_host(
+    fast_link_profile: Profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each rank of a torchrun job pins its own copies: without --host-budget, a rank's plan
+    may fill the host's free memory divided among the ranks on one host (all of a job of up
+    to 8 ranks; 8 for a larger job), so 8 ranks cannot together pin 8 times the host."""
+    from typer.testing import CliRunner
+
+    import planner.core.devices
+    from planner.cli.main import app
+    from planner.core.parallel import ParallelLayout
+    from planner.plan.profile_file import save_profile
+
+    monkeypatch.setattr(planner.core.devices, "available_host_memory_bytes", lambda: 64 * MIB)
+    budget = str(fast_link_profile.measured_peak_bytes * 3 // 4)
+    for world_size, share in [(None, 64 * MIB), (2, 32 * MIB), (8, 8 * MIB), (64, 8 * MIB)]:
+        layout = None if world_size is None else ParallelLayout(world_size, "fsdp2")
+        path = save_profile(
+            dataclasses.replace(fast_link_profile, parallel=layout),
+            tmp_path / f"{world_size}" / "profile.json",
+        )
+        out = path.parent / "plan.json"
+        for command in (
+            ["solve", str(path), "--budget", budget, "-o", str(out)],
+            ["report", str(path), "--budget", budget, "-o", str(path.parent / "report")],
+        ):
+            result = CliRunner().invoke(app, command)
+            assert result.exit_code == 0, result.output
+            assert f"of a {format_bytes(share)} host budget" in result.output, command
+        plan = load_plan(out)
+        assert plan.offloads and plan.host_budget_bytes == share
+        assert plan.predicted_host_peak_bytes <= share
+
+
 @pytest.mark.slow
 def test_the_plan_check_passes_an_offloading_plan_measured_at_its_prediction() -> None:
     """What `ckpt-plan verify` runs, on examples/gpt.py: two blocks offloaded (every saved

@@ -98,6 +98,7 @@ from planner.plan.policies import nested_recompute_ms
 
 __all__ = [
     "BUILT_IN_SPECS",
+    "RANKS_PER_HOST",
     "DeviceSpec",
     "StepTimeModel",
     "TargetSpecError",
@@ -108,6 +109,7 @@ __all__ = [
     "offload_cost_ms",
     "op_time_ms",
     "provisional_costs",
+    "ranks_per_host",
     "roofline_costs",
     "with_offload_options",
     "write_host_link",
@@ -357,14 +359,33 @@ def write_host_link(path: str | Path, host_link_bytes_per_s: float) -> DeviceSpe
     return load_spec(str(source))
 
 
-def default_host_budget(spec: DeviceSpec | None) -> tuple[int, str]:
-    """The host memory offloaded tensors may fill when not told: the spec's host memory
-    where it gives one, else what this machine has free now; and where it came from."""
-    if spec is not None and spec.host_memory_bytes > 0:
-        return spec.host_memory_bytes, f"{spec.name}'s host memory"
-    from planner.core.devices import available_host_memory_bytes
+# Ranks that share one host's memory in a torchrun job, where the plan cannot know: the
+# GPUs of one HGX/DGX node (`torchrun --nproc-per-node 8`).
+RANKS_PER_HOST = 8
 
-    return available_host_memory_bytes(), "this machine's free memory"
+
+def ranks_per_host(world_size: int) -> int:
+    """How many ranks of a job of ``world_size`` share one host's memory, as the default host
+    budget assumes: all of them up to :data:`RANKS_PER_HOST` (a job run here, on at most 4
+    ranks, has them all on this machine), then a host of that many."""
+    return max(1, min(world_size, RANKS_PER_HOST))
+
+
+def default_host_budget(spec: DeviceSpec | None, world_size: int = 1) -> tuple[int, str]:
+    """The host memory one process's offloaded tensors may fill when not told, and where it
+    came from: the spec's host memory where it gives one, else what this machine has free
+    now; for one rank of a job of ``world_size`` ranks, its share of that among the ranks
+    on one host (:func:`ranks_per_host`: each rank pins its own copies)."""
+    if spec is not None and spec.host_memory_bytes > 0:
+        total, source = spec.host_memory_bytes, f"{spec.name}'s host memory"
+    else:
+        from planner.core.devices import available_host_memory_bytes
+
+        total, source = available_host_memory_bytes(), "this machine's free memory"
+    ranks = ranks_per_host(world_size)
+    if ranks == 1:
+        return total, source
+    return total // ranks, f"{source} shared by {ranks} ranks"
 
 
 def check_budget_fits(spec: DeviceSpec, budget_bytes: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from planner.core.errors import BudgetError, PlanFileError, PlanMismatchError
@@ -25,14 +26,15 @@ def load_report_inputs(
     profile_path: str | Path | None = None,
     budget_bytes: int | None = None,
     offload: bool = True,
-    host_budget_bytes: int | None = None,
+    host_budget_bytes: int | Callable[[Profile], int | None] | None = None,
 ) -> tuple[Profile, Plan]:
     """The profile and plan to report on, from a plan file or a profile file at ``path``.
 
     A plan: its profile is ``profile_path`` or ``profile.json`` beside it, and must be of
     the same model (same fingerprint). A profile: with ``budget_bytes``, the cheapest plan
     for that budget (solved now, not run; offloading where ``offload`` and the profile offer
-    it, within ``host_budget_bytes``, None: no bound); without, an empty plan whose budget is the
+    it, within ``host_budget_bytes``, None: no bound, or a function of the profile giving
+    it: a rank's share depends on the job's ranks); without, an empty plan whose budget is the
     unplanned peak. Raises :class:`PlanFileError` (or ``ProfileFileError``) for a missing or
     corrupt file, :class:`PlanMismatchError` for a profile of another model,
     ``InfeasibleBudgetError`` for a budget no plan fits, and :class:`BudgetError` for a
@@ -55,6 +57,8 @@ def load_report_inputs(
         if budget_bytes is None:
             budget = profile.measured_peak_bytes
             return profile, build_plan(profile, [], budget, strategy="none")
+        if callable(host_budget_bytes):
+            host_budget_bytes = host_budget_bytes(profile)
         solver = Solver(profile, offload=offload, host_budget_bytes=host_budget_bytes)
         plan, _ = plan_for_budget(profile, budget_bytes, solver=solver)
         return profile, plan
