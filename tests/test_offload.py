@@ -918,10 +918,10 @@ def test_the_default_host_budget_of_a_rank_is_its_share_of_the_host(
             tmp_path / f"{world_size}" / "profile.json",
         )
         out = path.parent / "plan.json"
-        for command in (
-            ["solve", str(path), "--budget", budget, "-o", str(out)],
-            ["report", str(path), "--budget", budget, "-o", str(path.parent / "report")],
-        ):
+        commands = [["solve", str(path), "--budget", budget, "-o", str(out)]]
+        if world_size == 8:  # report takes it as solve does (and draws: once is enough)
+            commands.append(["report", str(path), "--budget", budget, "-o", str(tmp_path / "r")])
+        for command in commands:
             result = CliRunner().invoke(app, command)
             assert result.exit_code == 0, result.output
             assert f"of a {format_bytes(share)} host budget" in result.output, command

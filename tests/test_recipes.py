@@ -118,17 +118,25 @@ def test_lightning_with_a_plan_for_its_loop_trains_within_the_budget(
     assert not guard_warnings(caplog)
 
 
+@pytest.mark.parametrize(
+    "backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.inductor)]
+)
 @pytest.mark.slow
-def test_compiled_planned_loop_trains_with_the_compiled_unplanned_losses() -> None:
+def test_compiled_planned_loop_trains_with_the_compiled_unplanned_losses(backend: str) -> None:
     """The compiled planned step's peak is documented (recipe docstring, docs/results.md), not
     asserted to fit: the plan's figures are for the eager step. Asserted: the losses equal
     the compiled unplanned run's, and the steps ran compiled code (TorchDynamo made graphs;
-    under the storage tracker's dispatch mode it would have run them eagerly)."""
+    under the storage tracker's dispatch mode it would have run them eagerly).
+
+    ``aot_eager`` traces the step and partitions it (recomputing the checkpointed regions)
+    as inductor does, and runs the partitioned graphs with eager kernels: 6 s. ``inductor``
+    also generates and compiles the C++ kernels (40-80 s on 2 cores, cold), so it is left
+    out of ``make test`` and run by ``make test-inductor`` (and CI)."""
     recipe = load_recipe("compiled_loop", "transformers")
     plan = recipe.make_plan(check=False)
     graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    peak, losses = measured_run(recipe, plan, allocator=True)
-    unplanned_peak, unplanned_losses = measured_run(recipe, None, allocator=True)
+    peak, losses = measured_run(recipe, plan, allocator=True, backend=backend)
+    unplanned_peak, unplanned_losses = measured_run(recipe, None, allocator=True, backend=backend)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs_before
     assert losses == unplanned_losses
     print(

@@ -69,14 +69,16 @@ def train(
     *,
     seed: int = 0,
     compile: bool = True,
+    backend: str = "inductor",
 ) -> list[float]:
-    """Train one step per batch in a plain loop, compiled unless ``compile`` is False; the
-    loss of each step."""
+    """Train one step per batch in a plain loop, compiled unless ``compile`` is False (by
+    ``backend``: ``"aot_eager"`` traces and partitions the step as inductor does, without
+    generating kernels); the loss of each step."""
     torch.manual_seed(seed)
     model = load_model_file(MODEL_FILE).build_model()
     if plan is not None:
         apply_plan(model, plan)  # first the plan, then compile
-    step_model = torch.compile(model) if compile else model
+    step_model = torch.compile(model, backend=backend) if compile else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # the one the plan counted
     losses = []
     for batch in batches:
