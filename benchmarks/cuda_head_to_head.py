@@ -126,6 +126,7 @@ def child(spec_path: Path) -> None:
     import torch
 
     from planner.apply import apply_plan
+    from planner.apply.offload import HOST_MEMORY
     from planner.measure.step import measure_step
     from planner.measure.workload import build_workload, load_model_file, run_training_step
     from planner.plan.plan_file import load_plan
@@ -155,16 +156,26 @@ def child(spec_path: Path) -> None:
     synchronize()
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
+        torch.cuda.reset_peak_host_memory_stats()
+    HOST_MEMORY.reset_peak()
+    times, losses = [], []
     for repeat in range(spec["repeats"]):
         started = time.perf_counter()
-        run_training_step(workload, seed=10 + repeat)
+        loss = run_training_step(workload, seed=10 + repeat)
         synchronize()
         times.append((time.perf_counter() - started) * 1000)
-    result: dict[str, Any] = {"step_ms": statistics.median(times)}
+        losses.append(loss.item())
+    # The losses (bit for bit: float.hex) and the host memory offloaded tensors held.
+    result: dict[str, Any] = {
+        "step_ms": statistics.median(times),
+        "losses": [value.hex() for value in losses],
+        "host_peak_bytes": HOST_MEMORY.peak_bytes,
+    }
     if cuda:
         result["allocated_bytes"] = torch.cuda.max_memory_allocated(device)
         result["reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+        # Pinned memory by CUDA's caching host allocator's own count.
+        result["pinned_peak_bytes"] = torch.cuda.host_memory_stats().get("allocated_bytes.peak")
     elif spec["compile_budget"] is None:
         measured = measure_step(workload, seed=10, warmup_steps=0, copy_state=False)
         result["allocated_bytes"] = measured.peak_bytes

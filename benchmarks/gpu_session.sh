@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU measurements the open issues ask for (#28: CUDA tests, calibrate, cuda_plans,
-# head-to-head; #31: the offloading CUDA tests), on a lent GPU machine (the device tool), in
-# priority order, each under its own time limit. A device call runs at most 10 minutes, so
-# run it as two calls (about 9 and 6 minutes at most; less in practice):
+# head-to-head; #31: the offloading CUDA tests and cuda_offload), on a lent GPU machine (the
+# device tool), in priority order, each under its own time limit. A device call runs at most
+# 10 minutes, so run it as separate calls (about 9, 6 and 5 minutes at most; less in
+# practice), as far as the session's device time goes:
 #
 #     bash benchmarks/gpu_session.sh tests calibrate plans     # from the repository root
 #     bash benchmarks/gpu_session.sh head-to-head
+#     bash benchmarks/gpu_session.sh offload
 #
 # With no argument it runs every step. It uses that machine's python3 (PyTorch,
 # transformers, typer, pandas, pytest are there) and installs this checkout into it without
@@ -47,6 +49,10 @@ fi
 if [ -z "$STEPS" ] || wanted head-to-head; then
     step head-to-head 330 python3 benchmarks/cuda_head_to_head.py --repeats 10
 fi
+if [ -z "$STEPS" ] || wanted offload; then
+    step offload 300 python3 benchmarks/cuda_offload.py --repeats 10
+fi
 
-cp reports/benchmarks/cuda_plans.* reports/benchmarks/cuda_head_to_head.md "$OUT"/ 2>/dev/null
+cp reports/benchmarks/cuda_plans.* reports/benchmarks/cuda_head_to_head.md \
+    reports/benchmarks/cuda_offload.md "$OUT"/ 2>/dev/null
 echo "done; logs and reports in $OUT" | tee -a "$OUT/summary.txt"
