@@ -551,6 +551,85 @@ def test_a_planned_real_step_peaks_where_the_memory_model_says(
         assert torch.equal(measured.buffers[name], buffer), name
 
 
+class AmpBlock(nn.Module):
+    """fp32 weights whose bf16 copies (autocast's) are 1 MiB; ``up`` is called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(512, 1024)
+        self.down = nn.Linear(1024, 512)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = nn.functional.gelu(self.up(x)) + self.up(x.mul(0.5))
+        return x + self.down(hidden)
+
+
+class AmpModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(AmpBlock() for _ in range(3))
+        self.head = nn.Linear(512, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        # A 16 MiB temporary: the step peaks here, inside autocast, after every block.
+        return self.head(x).float().pow(2).mean() + x.repeat(16, 1).mean()
+
+
+def amp_file() -> ModelFile:
+    def build() -> AmpModel:
+        torch.manual_seed(0)
+        return AmpModel()
+
+    def amp_batch() -> torch.Tensor:
+        return torch.randn(512, 512, generator=torch.Generator().manual_seed(1))
+
+    def step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x)
+
+    return model_file(
+        build,
+        amp_batch,
+        training_step=step,
+        build_optimizer=lambda params: torch.optim.SGD(params, lr=0.01),
+        name="amp-model",
+    )
+
+
+def test_under_autocast_the_weights_casts_stay_and_the_step_peaks_as_predicted() -> None:
+    """fp32 weights trained under autocast: each Linear saves its weight's bf16 copy (1
+    MiB), which autocast's cache holds until the forward ends. It stays on the device, as
+    the weight does, in the step and in the memory model alike: the peak, inside autocast
+    after the offloaded blocks, is the prediction, and the host holds only activations (1
+    MiB each: GELU's input and ``down``'s). ``up`` casts its weight once for both of its
+    calls, as without the plan, so training stays bit-identical."""
+    workload, session = build_fake_workload(amp_file(), "cpu", seed=0)
+    profile = roofline_costs(record_memory(workload, session=session), LINKED)
+    session.release()
+    casts = sorted(s.size_bytes for s in profile.timeline.storages if s.leaf_cast)
+    # blocks.0 takes the batch (no grad): its ``up`` saves no weight, its ``down`` does; and
+    # the head's (1 KiB).
+    assert casts == [1024] + [MIB] * 5
+    unplanned = measure_step(build_workload(amp_file(), seed=0), seed=0)
+    for names, host_bytes in [
+        (("blocks.1@offload",), 2 * MIB),
+        (("blocks.0@offload", "blocks.1@offload-at-use"), 4 * MIB),
+    ]:
+        plan = build_plan(profile, units_of(names), 0, strategy="test")
+        assert plan.predicted_host_peak_bytes == host_bytes, names
+        assert plan.predicted_peak_bytes == unplanned.peak_bytes - host_bytes, names
+        real = build_workload(amp_file(), seed=0)
+        apply_plan(real.model, plan, guard=False)
+        measured = measure_step(real, seed=0)
+        assert measured.peak_bytes == plan.predicted_peak_bytes, names
+        assert measured.host_peak_bytes == host_bytes, names
+        assert torch.equal(measured.loss_tensor, unplanned.loss_tensor)
+        for name, gradient in unplanned.gradients.items():
+            assert torch.equal(measured.gradients[name], gradient), name
+
+
 def test_the_emulated_cuda_step_with_offload_peaks_where_predicted() -> None:
     """A CUDA step emulated on fake CPU tensors (this machine has no GPU): the planned
     step's device peak, host copies counted apart, equals the prediction (storages in

@@ -4,14 +4,15 @@ An offloaded module (a plan decision with the ``offload`` method) runs its forwa
 ``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd saves inside it is
 packed into a :class:`_Saved` handle. When the forward returns, the storages those handles
 hold are sorted: the module's inputs and outputs (alive outside it anyway), the model's
-parameters and buffers, storages below the plan's size threshold and storages viewed in
-more than one dtype stay on the device; every other storage is copied, whole, to a host
-buffer, and the handles let go of the device storage, which dies (autograd held it only
-through them). Every storage of the call comes back (each into one new device storage of the
-same size, the views rebuilt with their sizes, strides and offsets) at the backward of the
-module the plan prefetches it at (see "Prefetched one module early"), or else at the first
-unpack of any of the call's handles: so the values backward reads are the forward's, bit for
-bit, and the device holds them again from then on, as without the plan.
+parameters and buffers and their casts (autocast's copies), storages below the plan's size
+threshold and storages viewed in more than one dtype stay on the device; every other storage
+is copied, whole, to a host buffer, and the handles let go of the device storage, which dies
+(autograd held it only through them). Every storage of the call comes back (each into one
+new device storage of the same size, the views rebuilt with their sizes, strides and
+offsets) at the backward of the module the plan prefetches it at (see "Prefetched one module
+early"), or else at the first unpack of any of the call's handles: so the values backward
+reads are the forward's, bit for bit, and the device holds them again from then on, as
+without the plan.
 
 Design notes
 ------------
@@ -19,7 +20,17 @@ Design notes
   is chosen when the forward returns, once its outputs are known (an output a caller still
   uses cannot leave). The memory model (:mod:`planner.plan.memory_model`, point 7) applies
   the same rule to the recorded timeline: the storages saved inside the call, less its
-  inputs, its outputs, static memory and those below the threshold.
+  inputs, its outputs, static memory, casts of parameters and those below the threshold.
+* **A parameter's cast stays.** Under ``torch.autocast`` with fp32 weights, a Linear saves
+  the low-precision copy of its weight that autocast made, and autocast keeps that copy in
+  its cache until the outermost autocast exits (the end of the forward, or of the step):
+  sent to the host, it would stay on the device as well, and come back as a second copy.
+  So a cast of a leaf tensor that requires grad (:func:`casts_a_leaf`, what autocast's
+  cache holds) stays, as the parameter does; the profile marks the same storages
+  (``StorageLifetime.leaf_cast``). Turning the cache off inside the module instead would
+  send the copies away, but a weight cast there and again elsewhere in the step (a layer
+  called twice) would then have two casts, whose gradients reach the fp32 weight summed in
+  a different order: not bit-identical.
 * **No reference cycles.** A handle holds its tensor detached (an op's saved output would
   otherwise hold, through its ``grad_fn``, the node that holds the handle: a cycle through
   autograd that leaks), its storage record and the call; the call holds its records;
@@ -76,6 +87,7 @@ __all__ = [
     "PrefetchTrigger",
     "PrefetchWatch",
     "active_triggers",
+    "casts_a_leaf",
     "charged_as",
     "fire_at_recomputation",
     "host_copies",
@@ -145,6 +157,18 @@ def charged_as(device_type: str) -> Iterator[None]:
         yield
     finally:
         _charged_as = outer
+
+
+def casts_a_leaf(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` (a saved tensor, before it is detached) is a copy of a leaf tensor
+    that requires grad, or a view of one: what autocast casts a parameter to and keeps in its
+    cache (``.to()`` of a parameter in the model's code looks the same)."""
+    base = tensor._base if tensor._base is not None else tensor
+    node = base.grad_fn
+    if node is None or type(node).__name__ != "ToCopyBackward0":
+        return False
+    sources = node.next_functions
+    return len(sources) == 1 and type(sources[0][0]).__name__ == "AccumulateGrad"
 
 
 def _storage_key(tensor: torch.Tensor) -> int | None:
@@ -300,10 +324,16 @@ class OffloadedCall:
         # Held detached: a tensor an op saves may be its own output, whose grad_fn holds
         # this handle (a reference cycle through autograd that no collector frees).
         # Autograd gives the unpacked tensor its place in the graph again.
+        leaf_cast = casts_a_leaf(tensor)
         tensor = tensor.detach()
         key = _storage_key(tensor)
         stored = None
-        if key is not None and key not in self.static and tensor.layout is torch.strided:
+        if (
+            key is not None
+            and key not in self.static
+            and not leaf_cast
+            and tensor.layout is torch.strided
+        ):
             stored = self._stored.get(key)
             if stored is None:
                 stored = self._stored[key] = _Stored(tensor)
