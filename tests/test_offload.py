@@ -380,6 +380,44 @@ def test_inputs_outputs_and_parameters_stay_on_the_device() -> None:
     assert train_step(model, x).host_peak_bytes == 0
 
 
+class ConjugateViews(nn.Module):
+    """Saves one 2 MiB complex storage twice, through views whose conjugate (``conj``) or
+    negative (``conj().imag``) bit differs."""
+
+    def __init__(self, negative: bool) -> None:
+        super().__init__()
+        self.negative = negative
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x * 2
+        if self.negative:
+            return (a.conj().imag * a.imag).sum()
+        return (a.conj() * a).sum().abs()
+
+
+@pytest.mark.parametrize("negative", [False, True])
+def test_a_storage_saved_through_a_conjugate_or_negative_view_stays(negative: bool) -> None:
+    """Copied through the view with the bit, the host copy would hold the resolved values
+    and the other view would read them: such a storage stays on the device (nothing goes to
+    the host) and the gradients are the unplanned step's."""
+
+    def step(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, int]:
+        x = torch.randn(512, 512, dtype=torch.complex64, generator=torch.Generator().manual_seed(0))
+        x.requires_grad_()
+        HOST_MEMORY.reset_peak()
+        loss = model(x)
+        loss.backward()
+        assert x.grad is not None
+        return loss.detach(), x.grad, HOST_MEMORY.peak_bytes
+
+    reference = step(nn.Sequential(ConjugateViews(negative)))
+    model = nn.Sequential(ConjugateViews(negative))
+    apply_plan(model, make_plan(model, offload("0")), guard=False)
+    loss, gradient, host_bytes = step(model)
+    assert torch.equal(loss, reference[0]) and torch.equal(gradient, reference[1])
+    assert host_bytes == 0
+
+
 def test_a_forward_whose_graph_is_dropped_lets_go_of_its_host_copies() -> None:
     model = build_model()
     apply_plan(model, make_plan(model, offload("blocks.1")), guard=False)

@@ -5,14 +5,14 @@ An offloaded module (a plan decision with the ``offload`` method) runs its forwa
 packed into a :class:`_Saved` handle. When the forward returns, the storages those handles
 hold are sorted: the module's inputs and outputs (alive outside it anyway), the model's
 parameters and buffers and their casts (autocast's copies), storages below the plan's size
-threshold and storages viewed in more than one dtype stay on the device; every other storage
-is copied, whole, to a host buffer, and the handles let go of the device storage, which dies
-(autograd held it only through them). Every storage of the call comes back (each into one
-new device storage of the same size, the views rebuilt with their sizes, strides and
-offsets) at the backward of the module the plan prefetches it at (see "Prefetched one module
-early"), or else at the first unpack of any of the call's handles: so the values backward
-reads are the forward's, bit for bit, and the device holds them again from then on, as
-without the plan.
+threshold and storages viewed in more than one dtype or through a conjugate or negative view
+stay on the device; every other storage is copied, whole, to a host buffer, and the handles
+let go of the device storage, which dies (autograd held it only through them). Every storage
+of the call comes back (each into one new device storage of the same size, the views rebuilt
+with their sizes, strides and offsets) at the backward of the module the plan prefetches it
+at (see "Prefetched one module early"), or else at the first unpack of any of the call's
+handles: so the values backward reads are the forward's, bit for bit, and the device holds
+them again from then on, as without the plan.
 
 Design notes
 ------------
@@ -308,6 +308,9 @@ class OffloadedCall:
         self._stored: dict[int, _Stored] = {}
         self._packed: list[weakref.ref[_Saved]] | None = []
         self._offloaded: list[_Stored] = []
+        # Keys of the storages that stay: viewed in two dtypes, or through a conjugate or
+        # negative view (the copy would resolve its bit, and the other views would read the
+        # result; a handle records no bit to set again).
         self._mixed: set[int] = set()
         # The module whose next call's backward starts the copy back (None: the first unpack).
         self.prefetch_at = prefetch_at
@@ -338,6 +341,8 @@ class OffloadedCall:
             if stored is None:
                 stored = self._stored[key] = _Stored(tensor)
             elif stored.dtype != tensor.dtype:
+                self._mixed.add(key)
+            if tensor.is_conj() or tensor.is_neg():
                 self._mixed.add(key)
         saved = _Saved(self, tensor, stored)
         assert self._packed is not None, "a tensor saved after the offloaded forward ended"
