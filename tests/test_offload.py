@@ -418,6 +418,33 @@ def test_a_storage_saved_through_a_conjugate_or_negative_view_stays(negative: bo
     assert host_bytes == 0
 
 
+class NestedSaver(nn.Module):
+    """Saves a strided nested tensor of 1 MiB (``sin`` saves its input; so does ``unbind``
+    its output), made of two 0.5 MiB pieces (below the threshold)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        nested = torch.nested.as_nested_tensor([x[:256] * 2, x[256:] * 3], layout=torch.strided)
+        return torch.stack([part.sum() for part in nested.sin().unbind()]).sum()
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_a_saved_nested_tensor_stays_on_the_device() -> None:
+    def step(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, int]:
+        x = torch.randn(512, 512, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        HOST_MEMORY.reset_peak()
+        loss = model(x)
+        loss.backward()
+        assert x.grad is not None
+        return loss.detach(), x.grad, HOST_MEMORY.peak_bytes
+
+    reference = step(nn.Sequential(NestedSaver()))
+    model = nn.Sequential(NestedSaver())
+    apply_plan(model, make_plan(model, offload("0")), guard=False)
+    loss, gradient, host_bytes = step(model)
+    assert torch.equal(loss, reference[0]) and torch.equal(gradient, reference[1])
+    assert host_bytes == 0
+
+
 def test_a_forward_whose_graph_is_dropped_lets_go_of_its_host_copies() -> None:
     model = build_model()
     apply_plan(model, make_plan(model, offload("blocks.1")), guard=False)

@@ -286,9 +286,11 @@ class _Saved:
         self.call = call
         self.tensor: torch.Tensor | None = tensor
         self.stored = stored
-        self.size = tensor.size()
-        self.stride = tensor.stride()
-        self.offset = tensor.storage_offset()
+        # The view, where its storage may leave (a sparse or nested tensor has no strides).
+        if stored is not None:
+            self.size = tensor.size()
+            self.stride = tensor.stride()
+            self.offset = tensor.storage_offset()
 
 
 class OffloadedCall:
@@ -336,6 +338,7 @@ class OffloadedCall:
             and key not in self.static
             and not leaf_cast
             and tensor.layout is torch.strided
+            and not tensor.is_nested
         ):
             stored = self._stored.get(key)
             if stored is None:
