@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from planner.apply import apply_plan, model_fingerprint, remove_plan, wrapped_modules
-from planner.apply.offload import HOST_MEMORY, PrefetchWatch
+from planner.apply.offload import HOST_MEMORY, OffloadedCall, PrefetchWatch
 from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.core.records import Profile, Unit
 from planner.core.units import format_bytes
@@ -282,6 +282,28 @@ def test_a_checkpointed_or_plain_trigger_starts_the_copy_back_too() -> None:
         model = build_model()
         apply_plan(model, make_plan(model, *decisions), guard=False)
         assert_same_training(reference, train_step(model))
+
+
+def test_a_call_that_fires_a_trigger_queues_its_own_copy_back_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """blocks.1 is blocks.0's trigger and offloaded at its own use: its first unpack
+    starts both copies back. Its own go first, so that on CUDA the event it waits for is
+    recorded before blocks.0's copies are queued on the same side stream."""
+    order: list[str] = []
+    prefetch = OffloadedCall.prefetch
+
+    def recorded(call: OffloadedCall) -> None:
+        order.append("blocks.0" if call.prefetch_at is not None else "blocks.1")
+        prefetch(call)
+
+    monkeypatch.setattr(OffloadedCall, "prefetch", recorded)
+    reference = train_step(build_model())
+    model = build_model()
+    plan = make_plan(model, offload("blocks.0", prefetch="blocks.1"), offload("blocks.1"))
+    apply_plan(model, plan, guard=False)
+    assert_same_training(reference, train_step(model))
+    assert order == ["blocks.1", "blocks.0"]
 
 
 def test_a_copy_back_fired_by_a_selective_recomputation_runs_outside_its_policy() -> None:

@@ -353,12 +353,14 @@ class OffloadedCall:
         return saved
 
     def unpack(self, saved: _Saved) -> torch.Tensor:
+        # Its own copies back first: on CUDA they share the side stream with those the
+        # triggers start, and the event this unpack waits for is recorded after its own.
+        if self._offloaded:
+            self.prefetch()
         if self._triggers:
             triggers, self._triggers = self._triggers, ()
             for trigger in triggers:
                 trigger.fire()
-        if self._offloaded:
-            self.prefetch()
         if self._arrivals:
             arrivals, self._arrivals = self._arrivals, []
             for device, event in arrivals:
