@@ -467,6 +467,58 @@ def test_a_saved_nested_tensor_stays_on_the_device() -> None:
     assert host_bytes == 0
 
 
+class ReusedAddress(nn.Module):
+    """Saves a 4 MiB storage that dies inside the forward (the op that saved it is let go
+    of), then makes empty tensors (no data to allocate) until one's storage is at the dead
+    one's StorageImpl address, if any is, and saves that one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reused = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dying = x.repeat(4, 1) * 2
+        dying.sin()  # saves ``dying``; the result, its node and the saved tensor go at once
+        key = dying.untyped_storage()._cdata
+        del dying
+        made = []
+        for _ in range(1000):
+            made.append(torch.empty(0))
+            if made[-1].untyped_storage()._cdata == key:
+                break
+        self.reused = made[-1].untyped_storage()._cdata == key
+        empty = made[-1].copy_(x[0, :0])
+        return x.sin().sum() + empty.sin().sum()
+
+
+def test_a_storage_made_where_a_dead_saved_one_was_is_not_taken_for_it() -> None:
+    """Storages are found by their StorageImpl's address. Unplanned, the empty storage
+    takes the dead 4 MiB one's address (the allocator's next free block of that size: in
+    most steps, so each step below is run a few times); in the offloaded forward the dead
+    one's record keeps its address, so the empty storage is never taken for a 4 MiB one
+    (its copy to the host would read 4 MiB from it: an error)."""
+
+    def step(model: nn.Sequential) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        x = torch.randn(1024, 256, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        loss = model(x)
+        loss.backward()
+        assert x.grad is not None
+        return loss.detach(), x.grad, model[0].reused
+
+    unplanned = [step(nn.Sequential(ReusedAddress())) for _ in range(5)]
+    if not any(reused for _, _, reused in unplanned):
+        pytest.skip("this allocator gave no new storage the dead one's address")
+    reference = unplanned[0]
+    model = nn.Sequential(ReusedAddress())
+    apply_plan(model, make_plan(model, offload("0", 1)), guard=False)
+    HOST_MEMORY.reset_peak()
+    for _ in range(5):
+        loss, gradient, reused = step(model)
+        assert not reused
+        assert torch.equal(loss, reference[0]) and torch.equal(gradient, reference[1])
+    assert HOST_MEMORY.peak_bytes == 0
+
+
 def test_a_forward_whose_graph_is_dropped_lets_go_of_its_host_copies() -> None:
     model = build_model()
     apply_plan(model, make_plan(model, offload("blocks.1")), guard=False)

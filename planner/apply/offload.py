@@ -76,6 +76,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from planner.apply.tensors import iter_tensors
 from planner.core.allocator import pinned_host_bytes
@@ -202,10 +203,16 @@ class _Stored:
         "nbytes",
         "numel",
         "offloadable",
+        "pin",
     )
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        self.nbytes = tensor.untyped_storage().nbytes()
+        storage = tensor.untyped_storage()
+        # Until the forward ends: a storage saved inside it may die before (its saving op
+        # let go of), and a weak reference keeps its StorageImpl's address, the key it is
+        # found by, from going to a new storage that would then be taken for this one.
+        self.pin: StorageWeakRef | None = StorageWeakRef(storage)
+        self.nbytes = storage.nbytes()
         self.dtype = tensor.dtype
         self.home = tensor.device
         self.charged_as = _charged_as or tensor.device.type
@@ -377,6 +384,8 @@ class OffloadedCall:
         packed, self._packed = self._packed, None
         stored_by_key, self._stored = self._stored, {}
         assert packed is not None
+        for stored in stored_by_key.values():
+            stored.pin = None
         stays = set(self._mixed)
         for tensor in iter_tensors((args, kwargs, output)):
             key = _storage_key(tensor)
