@@ -19,6 +19,7 @@ from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.core.records import Profile, Unit
 from planner.core.units import format_bytes
 from planner.measure.fake import build_fake_workload
+from planner.measure.host_link import empty_host_cache
 from planner.measure.model_file import ModelFile
 from planner.measure.profiler import record_memory
 from planner.measure.step import measure_step
@@ -903,7 +904,7 @@ def test_on_cuda_the_pinned_host_memory_of_a_planned_step_is_the_prediction() ->
     real = build_workload(odd_file(), device="cuda", seed=0)
     apply_plan(real.model, plan, guard=False)
     torch.cuda.synchronize()
-    torch._C._host_emptyCache()  # cached blocks of earlier tests given back
+    empty_host_cache()  # cached blocks of earlier tests given back
     torch.cuda.reset_peak_host_memory_stats()
     before = torch.cuda.host_memory_stats()
     measured = measure_step(real, seed=0)  # a warm-up step, then the measured one
