@@ -14,11 +14,12 @@ import torch
 from torch import nn
 
 from planner.apply import apply_plan, model_fingerprint, remove_plan, wrapped_modules
-from planner.apply.offload import HOST_MEMORY, PrefetchWatch
+from planner.apply.offload import HOST_MEMORY, OffloadedCall, PrefetchWatch
 from planner.core.errors import PlanFileError, PlanMismatchError
 from planner.core.records import Profile, Unit
 from planner.core.units import format_bytes
 from planner.measure.fake import build_fake_workload
+from planner.measure.host_link import empty_host_cache
 from planner.measure.model_file import ModelFile
 from planner.measure.profiler import record_memory
 from planner.measure.step import measure_step
@@ -284,6 +285,28 @@ def test_a_checkpointed_or_plain_trigger_starts_the_copy_back_too() -> None:
         assert_same_training(reference, train_step(model))
 
 
+def test_a_call_that_fires_a_trigger_queues_its_own_copy_back_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """blocks.1 is blocks.0's trigger and offloaded at its own use: its first unpack
+    starts both copies back. Its own go first, so that on CUDA the event it waits for is
+    recorded before blocks.0's copies are queued on the same side stream."""
+    order: list[str] = []
+    prefetch = OffloadedCall.prefetch
+
+    def recorded(call: OffloadedCall) -> None:
+        order.append("blocks.0" if call.prefetch_at is not None else "blocks.1")
+        prefetch(call)
+
+    monkeypatch.setattr(OffloadedCall, "prefetch", recorded)
+    reference = train_step(build_model())
+    model = build_model()
+    plan = make_plan(model, offload("blocks.0", prefetch="blocks.1"), offload("blocks.1"))
+    apply_plan(model, plan, guard=False)
+    assert_same_training(reference, train_step(model))
+    assert order == ["blocks.1", "blocks.0"]
+
+
 def test_a_copy_back_fired_by_a_selective_recomputation_runs_outside_its_policy() -> None:
     """A trigger fired when a checkpoint under a selective policy recomputes (its inputs
     saved elsewhere, so the recomputation is the first unpack) starts its copies back
@@ -378,6 +401,123 @@ def test_inputs_outputs_and_parameters_stay_on_the_device() -> None:
     apply_plan(model, make_plan(model, offload("saver", 1)), guard=False)
     # Saved inside: x (an input), the weight (a parameter), sigmoid's result (the output).
     assert train_step(model, x).host_peak_bytes == 0
+
+
+class ConjugateViews(nn.Module):
+    """Saves one 2 MiB complex storage twice, through views whose conjugate (``conj``) or
+    negative (``conj().imag``) bit differs."""
+
+    def __init__(self, negative: bool) -> None:
+        super().__init__()
+        self.negative = negative
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x * 2
+        if self.negative:
+            return (a.conj().imag * a.imag).sum()
+        return (a.conj() * a).sum().abs()
+
+
+@pytest.mark.parametrize("negative", [False, True])
+def test_a_storage_saved_through_a_conjugate_or_negative_view_stays(negative: bool) -> None:
+    """Copied through the view with the bit, the host copy would hold the resolved values
+    and the other view would read them: such a storage stays on the device (nothing goes to
+    the host) and the gradients are the unplanned step's."""
+
+    def step(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, int]:
+        x = torch.randn(512, 512, dtype=torch.complex64, generator=torch.Generator().manual_seed(0))
+        x.requires_grad_()
+        HOST_MEMORY.reset_peak()
+        loss = model(x)
+        loss.backward()
+        assert x.grad is not None
+        return loss.detach(), x.grad, HOST_MEMORY.peak_bytes
+
+    reference = step(nn.Sequential(ConjugateViews(negative)))
+    model = nn.Sequential(ConjugateViews(negative))
+    apply_plan(model, make_plan(model, offload("0")), guard=False)
+    loss, gradient, host_bytes = step(model)
+    assert torch.equal(loss, reference[0]) and torch.equal(gradient, reference[1])
+    assert host_bytes == 0
+
+
+class NestedSaver(nn.Module):
+    """Saves a strided nested tensor of 1 MiB (``sin`` saves its input; so does ``unbind``
+    its output), made of two 0.5 MiB pieces (below the threshold)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        nested = torch.nested.as_nested_tensor([x[:256] * 2, x[256:] * 3], layout=torch.strided)
+        return torch.stack([part.sum() for part in nested.sin().unbind()]).sum()
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_a_saved_nested_tensor_stays_on_the_device() -> None:
+    def step(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, int]:
+        x = torch.randn(512, 512, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        HOST_MEMORY.reset_peak()
+        loss = model(x)
+        loss.backward()
+        assert x.grad is not None
+        return loss.detach(), x.grad, HOST_MEMORY.peak_bytes
+
+    reference = step(nn.Sequential(NestedSaver()))
+    model = nn.Sequential(NestedSaver())
+    apply_plan(model, make_plan(model, offload("0")), guard=False)
+    loss, gradient, host_bytes = step(model)
+    assert torch.equal(loss, reference[0]) and torch.equal(gradient, reference[1])
+    assert host_bytes == 0
+
+
+class ReusedAddress(nn.Module):
+    """Saves a 4 MiB storage that dies inside the forward (the op that saved it is let go
+    of), then makes empty tensors (no data to allocate) until one's storage is at the dead
+    one's StorageImpl address, if any is, and saves that one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reused = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dying = x.repeat(4, 1) * 2
+        dying.sin()  # saves ``dying``; the result, its node and the saved tensor go at once
+        key = dying.untyped_storage()._cdata
+        del dying
+        made = []
+        for _ in range(1000):
+            made.append(torch.empty(0))
+            if made[-1].untyped_storage()._cdata == key:
+                break
+        self.reused = made[-1].untyped_storage()._cdata == key
+        empty = made[-1].copy_(x[0, :0])
+        return x.sin().sum() + empty.sin().sum()
+
+
+def test_a_storage_made_where_a_dead_saved_one_was_is_not_taken_for_it() -> None:
+    """Storages are found by their StorageImpl's address. Unplanned, the empty storage
+    takes the dead 4 MiB one's address (the allocator's next free block of that size: in
+    most steps, so each step below is run a few times); in the offloaded forward the dead
+    one's record keeps its address, so the empty storage is never taken for a 4 MiB one
+    (its copy to the host would read 4 MiB from it: an error)."""
+
+    def step(model: nn.Sequential) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        x = torch.randn(1024, 256, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        loss = model(x)
+        loss.backward()
+        assert x.grad is not None
+        return loss.detach(), x.grad, model[0].reused
+
+    unplanned = [step(nn.Sequential(ReusedAddress())) for _ in range(5)]
+    if not any(reused for _, _, reused in unplanned):
+        pytest.skip("this allocator gave no new storage the dead one's address")
+    reference = unplanned[0]
+    model = nn.Sequential(ReusedAddress())
+    apply_plan(model, make_plan(model, offload("0", 1)), guard=False)
+    HOST_MEMORY.reset_peak()
+    for _ in range(5):
+        loss, gradient, reused = step(model)
+        assert not reused
+        assert torch.equal(loss, reference[0]) and torch.equal(gradient, reference[1])
+    assert HOST_MEMORY.peak_bytes == 0
 
 
 def test_a_forward_whose_graph_is_dropped_lets_go_of_its_host_copies() -> None:
@@ -551,6 +691,85 @@ def test_a_planned_real_step_peaks_where_the_memory_model_says(
         assert torch.equal(measured.buffers[name], buffer), name
 
 
+class AmpBlock(nn.Module):
+    """fp32 weights whose bf16 copies (autocast's) are 1 MiB; ``up`` is called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(512, 1024)
+        self.down = nn.Linear(1024, 512)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = nn.functional.gelu(self.up(x)) + self.up(x.mul(0.5))
+        return x + self.down(hidden)
+
+
+class AmpModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(AmpBlock() for _ in range(3))
+        self.head = nn.Linear(512, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        # A 16 MiB temporary: the step peaks here, inside autocast, after every block.
+        return self.head(x).float().pow(2).mean() + x.repeat(16, 1).mean()
+
+
+def amp_file() -> ModelFile:
+    def build() -> AmpModel:
+        torch.manual_seed(0)
+        return AmpModel()
+
+    def amp_batch() -> torch.Tensor:
+        return torch.randn(512, 512, generator=torch.Generator().manual_seed(1))
+
+    def step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x)
+
+    return model_file(
+        build,
+        amp_batch,
+        training_step=step,
+        build_optimizer=lambda params: torch.optim.SGD(params, lr=0.01),
+        name="amp-model",
+    )
+
+
+def test_under_autocast_the_weights_casts_stay_and_the_step_peaks_as_predicted() -> None:
+    """fp32 weights trained under autocast: each Linear saves its weight's bf16 copy (1
+    MiB), which autocast's cache holds until the forward ends. It stays on the device, as
+    the weight does, in the step and in the memory model alike: the peak, inside autocast
+    after the offloaded blocks, is the prediction, and the host holds only activations (1
+    MiB each: GELU's input and ``down``'s). ``up`` casts its weight once for both of its
+    calls, as without the plan, so training stays bit-identical."""
+    workload, session = build_fake_workload(amp_file(), "cpu", seed=0)
+    profile = roofline_costs(record_memory(workload, session=session), LINKED)
+    session.release()
+    casts = sorted(s.size_bytes for s in profile.timeline.storages if s.leaf_cast)
+    # blocks.0 takes the batch (no grad): its ``up`` saves no weight, its ``down`` does; and
+    # the head's (1 KiB).
+    assert casts == [1024] + [MIB] * 5
+    unplanned = measure_step(build_workload(amp_file(), seed=0), seed=0)
+    for names, host_bytes in [
+        (("blocks.1@offload",), 2 * MIB),
+        (("blocks.0@offload", "blocks.1@offload-at-use"), 4 * MIB),
+    ]:
+        plan = build_plan(profile, units_of(names), 0, strategy="test")
+        assert plan.predicted_host_peak_bytes == host_bytes, names
+        assert plan.predicted_peak_bytes == unplanned.peak_bytes - host_bytes, names
+        real = build_workload(amp_file(), seed=0)
+        apply_plan(real.model, plan, guard=False)
+        measured = measure_step(real, seed=0)
+        assert measured.peak_bytes == plan.predicted_peak_bytes, names
+        assert measured.host_peak_bytes == host_bytes, names
+        assert torch.equal(measured.loss_tensor, unplanned.loss_tensor)
+        for name, gradient in unplanned.gradients.items():
+            assert torch.equal(measured.gradients[name], gradient), name
+
+
 def test_the_emulated_cuda_step_with_offload_peaks_where_predicted() -> None:
     """A CUDA step emulated on fake CPU tensors (this machine has no GPU): the planned
     step's device peak, host copies counted apart, equals the prediction (storages in
@@ -685,7 +904,7 @@ def test_on_cuda_the_pinned_host_memory_of_a_planned_step_is_the_prediction() ->
     real = build_workload(odd_file(), device="cuda", seed=0)
     apply_plan(real.model, plan, guard=False)
     torch.cuda.synchronize()
-    torch._C._host_emptyCache()  # cached blocks of earlier tests given back
+    empty_host_cache()  # cached blocks of earlier tests given back
     torch.cuda.reset_peak_host_memory_stats()
     before = torch.cuda.host_memory_stats()
     measured = measure_step(real, seed=0)  # a warm-up step, then the measured one

@@ -4,14 +4,15 @@ An offloaded module (a plan decision with the ``offload`` method) runs its forwa
 ``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd saves inside it is
 packed into a :class:`_Saved` handle. When the forward returns, the storages those handles
 hold are sorted: the module's inputs and outputs (alive outside it anyway), the model's
-parameters and buffers, storages below the plan's size threshold and storages viewed in
-more than one dtype stay on the device; every other storage is copied, whole, to a host
-buffer, and the handles let go of the device storage, which dies (autograd held it only
-through them). Every storage of the call comes back (each into one new device storage of the
-same size, the views rebuilt with their sizes, strides and offsets) at the backward of the
-module the plan prefetches it at (see "Prefetched one module early"), or else at the first
-unpack of any of the call's handles: so the values backward reads are the forward's, bit for
-bit, and the device holds them again from then on, as without the plan.
+parameters and buffers and their casts (autocast's copies), storages below the plan's size
+threshold and storages viewed in more than one dtype or through a conjugate or negative view
+stay on the device; every other storage is copied, whole, to a host buffer, and the handles
+let go of the device storage, which dies (autograd held it only through them). Every storage
+of the call comes back (each into one new device storage of the same size, the views rebuilt
+with their sizes, strides and offsets) at the backward of the module the plan prefetches it
+at (see "Prefetched one module early"), or else at the first unpack of any of the call's
+handles: so the values backward reads are the forward's, bit for bit, and the device holds
+them again from then on, as without the plan.
 
 Design notes
 ------------
@@ -19,7 +20,17 @@ Design notes
   is chosen when the forward returns, once its outputs are known (an output a caller still
   uses cannot leave). The memory model (:mod:`planner.plan.memory_model`, point 7) applies
   the same rule to the recorded timeline: the storages saved inside the call, less its
-  inputs, its outputs, static memory and those below the threshold.
+  inputs, its outputs, static memory, casts of parameters and those below the threshold.
+* **A parameter's cast stays.** Under ``torch.autocast`` with fp32 weights, a Linear saves
+  the low-precision copy of its weight that autocast made, and autocast keeps that copy in
+  its cache until the outermost autocast exits (the end of the forward, or of the step):
+  sent to the host, it would stay on the device as well, and come back as a second copy.
+  So a cast of a leaf tensor that requires grad (:func:`casts_a_leaf`, what autocast's
+  cache holds) stays, as the parameter does; the profile marks the same storages
+  (``StorageLifetime.leaf_cast``). Turning the cache off inside the module instead would
+  send the copies away, but a weight cast there and again elsewhere in the step (a layer
+  called twice) would then have two casts, whose gradients reach the fp32 weight summed in
+  a different order: not bit-identical.
 * **No reference cycles.** A handle holds its tensor detached (an op's saved output would
   otherwise hold, through its ``grad_fn``, the node that holds the handle: a cycle through
   autograd that leaks), its storage record and the call; the call holds its records;
@@ -65,6 +76,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from planner.apply.tensors import iter_tensors
 from planner.core.allocator import pinned_host_bytes
@@ -76,6 +88,7 @@ __all__ = [
     "PrefetchTrigger",
     "PrefetchWatch",
     "active_triggers",
+    "casts_a_leaf",
     "charged_as",
     "fire_at_recomputation",
     "host_copies",
@@ -147,6 +160,18 @@ def charged_as(device_type: str) -> Iterator[None]:
         _charged_as = outer
 
 
+def casts_a_leaf(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` (a saved tensor, before it is detached) is a copy of a leaf tensor
+    that requires grad, or a view of one: what autocast casts a parameter to and keeps in its
+    cache (``.to()`` of a parameter in the model's code looks the same)."""
+    base = tensor._base if tensor._base is not None else tensor
+    node = base.grad_fn
+    if node is None or type(node).__name__ != "ToCopyBackward0":
+        return False
+    sources = node.next_functions
+    return len(sources) == 1 and type(sources[0][0]).__name__ == "AccumulateGrad"
+
+
 def _storage_key(tensor: torch.Tensor) -> int | None:
     try:
         return int(tensor.untyped_storage()._cdata)
@@ -178,10 +203,16 @@ class _Stored:
         "nbytes",
         "numel",
         "offloadable",
+        "pin",
     )
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        self.nbytes = tensor.untyped_storage().nbytes()
+        storage = tensor.untyped_storage()
+        # Until the forward ends: a storage saved inside it may die before (its saving op
+        # let go of), and a weak reference keeps its StorageImpl's address, the key it is
+        # found by, from going to a new storage that would then be taken for this one.
+        self.pin: StorageWeakRef | None = StorageWeakRef(storage)
+        self.nbytes = storage.nbytes()
         self.dtype = tensor.dtype
         self.home = tensor.device
         self.charged_as = _charged_as or tensor.device.type
@@ -262,9 +293,11 @@ class _Saved:
         self.call = call
         self.tensor: torch.Tensor | None = tensor
         self.stored = stored
-        self.size = tensor.size()
-        self.stride = tensor.stride()
-        self.offset = tensor.storage_offset()
+        # The view, where its storage may leave (a sparse or nested tensor has no strides).
+        if stored is not None:
+            self.size = tensor.size()
+            self.stride = tensor.stride()
+            self.offset = tensor.storage_offset()
 
 
 class OffloadedCall:
@@ -284,6 +317,9 @@ class OffloadedCall:
         self._stored: dict[int, _Stored] = {}
         self._packed: list[weakref.ref[_Saved]] | None = []
         self._offloaded: list[_Stored] = []
+        # Keys of the storages that stay: viewed in two dtypes, or through a conjugate or
+        # negative view (the copy would resolve its bit, and the other views would read the
+        # result; a handle records no bit to set again).
         self._mixed: set[int] = set()
         # The module whose next call's backward starts the copy back (None: the first unpack).
         self.prefetch_at = prefetch_at
@@ -300,14 +336,23 @@ class OffloadedCall:
         # Held detached: a tensor an op saves may be its own output, whose grad_fn holds
         # this handle (a reference cycle through autograd that no collector frees).
         # Autograd gives the unpacked tensor its place in the graph again.
+        leaf_cast = casts_a_leaf(tensor)
         tensor = tensor.detach()
         key = _storage_key(tensor)
         stored = None
-        if key is not None and key not in self.static and tensor.layout is torch.strided:
+        if (
+            key is not None
+            and key not in self.static
+            and not leaf_cast
+            and tensor.layout is torch.strided
+            and not tensor.is_nested
+        ):
             stored = self._stored.get(key)
             if stored is None:
                 stored = self._stored[key] = _Stored(tensor)
             elif stored.dtype != tensor.dtype:
+                self._mixed.add(key)
+            if tensor.is_conj() or tensor.is_neg():
                 self._mixed.add(key)
         saved = _Saved(self, tensor, stored)
         assert self._packed is not None, "a tensor saved after the offloaded forward ended"
@@ -315,12 +360,14 @@ class OffloadedCall:
         return saved
 
     def unpack(self, saved: _Saved) -> torch.Tensor:
+        # Its own copies back first: on CUDA they share the side stream with those the
+        # triggers start, and the event this unpack waits for is recorded after its own.
+        if self._offloaded:
+            self.prefetch()
         if self._triggers:
             triggers, self._triggers = self._triggers, ()
             for trigger in triggers:
                 trigger.fire()
-        if self._offloaded:
-            self.prefetch()
         if self._arrivals:
             arrivals, self._arrivals = self._arrivals, []
             for device, event in arrivals:
@@ -337,6 +384,8 @@ class OffloadedCall:
         packed, self._packed = self._packed, None
         stored_by_key, self._stored = self._stored, {}
         assert packed is not None
+        for stored in stored_by_key.values():
+            stored.pin = None
         stays = set(self._mixed)
         for tensor in iter_tensors((args, kwargs, output)):
             key = _storage_key(tensor)

@@ -235,6 +235,10 @@ class StorageLifetime:
     # selective policy may keep an op's output only if nothing writes it afterwards.
     alloc_op: str = ""
     written_in_place: bool = False
+    # A saved copy of a parameter in another dtype (a cast of a leaf tensor that requires
+    # grad: what autocast keeps in its cache until the outermost autocast exits). An
+    # offloaded module leaves it on the device, as it does the parameter.
+    leaf_cast: bool = False
 
 
 @dataclass(frozen=True, slots=True)

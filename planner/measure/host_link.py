@@ -11,6 +11,10 @@ Design notes
 * **One figure for planning.** A device spec has one host-link rate, each way
   (``host_link_bytes_per_s``): the slower direction's, so that neither copy is costed
   below what it takes.
+* **Nothing kept.** Freed, the two buffers would stay cached in this process, the device
+  one by CUDA's caching allocator and the pinned one by its caching host allocator (up to
+  256 MiB each, beside the step ``profile`` or ``fit`` measures next): both caches give
+  their free blocks back once the copies are done.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 
 from planner.core.errors import ProfilingError
 
-__all__ = ["DEFAULT_COPY_BYTES", "HostLink", "measure_host_link"]
+__all__ = ["DEFAULT_COPY_BYTES", "HostLink", "empty_host_cache", "measure_host_link"]
 
 DEFAULT_COPY_BYTES = 256 * 2**20
 """The size of each timed copy (256 MiB): long enough that a copy's fixed latency is lost
@@ -84,6 +88,10 @@ def measure_host_link(
     to_device = statistics.median(rate(on_device, host) for _ in range(copies))
     to_host = statistics.median(rate(host, on_device) for _ in range(copies))
     torch.cuda.current_stream(where).wait_stream(stream)
+    del host, on_device
+    torch.cuda.synchronize(where)
+    torch.cuda.empty_cache()
+    empty_host_cache()
     return HostLink(
         device=str(where),
         device_name=torch.cuda.get_device_name(where),
@@ -92,3 +100,15 @@ def measure_host_link(
         size_bytes=size_bytes,
         copies=copies,
     )
+
+
+def empty_host_cache() -> None:
+    """Give back the free pinned blocks of CUDA's caching host allocator:
+    ``torch.accelerator.empty_host_cache`` where torch has it (2.13 does),
+    ``torch._C._host_emptyCache`` (a CUDA build's) before it."""
+    accelerator = getattr(torch, "accelerator", None)
+    empty = getattr(accelerator, "empty_host_cache", None)
+    if empty is None:
+        empty = getattr(torch._C, "_host_emptyCache", None)
+    if empty is not None:
+        empty()

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
+from planner.apply.offload import casts_a_leaf
 from planner.core.errors import ProfilingError
 from planner.core.records import (
     MemoryTimeline,
@@ -77,6 +78,8 @@ class TimelineRecorder(StorageWatcher):
         self._fresh: list[int] = []
         self._alloc_op: dict[int, str] = {}
         self._written: set[int] = set()
+        # Saved storages that are casts of parameters (autocast's copies).
+        self._leaf_casts: set[int] = set()
         self._calls: list[dict[str, Any]] = []
         self._stack: list[int] = []
         # [storage index or -1, call index or -1, pack event, last unpack event or -1]
@@ -208,6 +211,8 @@ class TimelineRecorder(StorageWatcher):
         self._packs.append([-1 if index is None else index, call, self._tick(), -1])
         if call >= 0 and index is not None:
             self._calls[call]["saved"].append(index)
+        if index is not None and casts_a_leaf(tensor):
+            self._leaf_casts.add(index)
         return pack_id, tensor
 
     def _unpack(self, packed: tuple[int, torch.Tensor]) -> torch.Tensor:
@@ -257,6 +262,7 @@ class TimelineRecorder(StorageWatcher):
                 kind=final_kinds.get(index, kind),
                 alloc_op=self._alloc_op.get(index, ""),
                 written_in_place=index in self._written,
+                leaf_cast=index in self._leaf_casts,
             )
             for index, (size, event, call, kind) in sorted(self._alloc.items())
         )

@@ -41,8 +41,9 @@ Wrapping a module call ``c`` (forward spanning events ``[f0, f1]``) in non-reent
    until the inner backward ends (``revived``). The inner modules run three times.
 7. **Offload moves instead of recomputing.** ``name@offload`` (:mod:`planner.apply.offload`)
    runs the forward once. When it ends, every storage saved inside the call (all its
-   subtree's saves) that is not one of its inputs or outputs, not static memory, and at
-   least ``offload_min_bytes`` goes to the host, and the device storage dies there, at
+   subtree's saves) that is not one of its inputs or outputs, not static memory, not a
+   cast of a parameter (``leaf_cast``: autocast's copy, which its cache holds anyway) and
+   at least ``offload_min_bytes`` goes to the host, and the device storage dies there, at
    the forward's end (``retained``, dropped at ``f1``), not at the end of the call that
    made it; the first unpack of the call's backward (``recompute_event``) makes it again,
    and it dies where it died unplanned. No spike, no input held, nothing kept. One the
@@ -357,7 +358,12 @@ class _EffectBuilder:
         dropped, copies, host = [], [], []
         for index in sorted(saved - stays):
             record = storages[index]
-            if record.kind in STATIC_KINDS or record.size_bytes < min_bytes or back < 0:
+            if (
+                record.kind in STATIC_KINDS
+                or record.leaf_cast
+                or record.size_bytes < min_bytes
+                or back < 0
+            ):
                 continue
             if index not in made:
                 if record.free_event > back:  # the copy made at the unpack, on top
