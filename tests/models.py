@@ -187,3 +187,50 @@ def caching_file(use_cache: bool = True) -> ModelFile:
         loss_fn=lambda output, batch: output,
         name=f"caching_{use_cache}",
     )
+
+
+class AmpBlock(nn.Module):
+    """fp32 weights whose bf16 copies (autocast's) are 1 MiB; ``up`` is called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(512, 1024)
+        self.down = nn.Linear(1024, 512)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = nn.functional.gelu(self.up(x)) + self.up(x.mul(0.5))
+        return x + self.down(hidden)
+
+
+class AmpModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(AmpBlock() for _ in range(3))
+        self.head = nn.Linear(512, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        # A 16 MiB temporary: the step peaks here, inside autocast, after every block.
+        return self.head(x).float().pow(2).mean() + x.repeat(16, 1).mean()
+
+
+def amp_file() -> ModelFile:
+    def build() -> AmpModel:
+        torch.manual_seed(0)
+        return AmpModel()
+
+    def amp_batch() -> torch.Tensor:
+        return torch.randn(512, 512, generator=torch.Generator().manual_seed(1))
+
+    def step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x)
+
+    return model_file(
+        build,
+        amp_batch,
+        training_step=step,
+        build_optimizer=lambda params: torch.optim.SGD(params, lr=0.01),
+        name="amp-model",
+    )

@@ -37,7 +37,7 @@ from planner.plan.plan_file import (
 from planner.plan.targets import DeviceSpec, op_time_ms, roofline_costs
 from planner.solve import Solver
 from planner.solve.planning import build_plan
-from tests.models import model_file
+from tests.models import amp_file, model_file
 
 WIDTH = 64
 ROWS = 1024  # a (ROWS, 4 * WIDTH) fp32 activation is 1 MiB: the default threshold
@@ -689,53 +689,6 @@ def test_a_planned_real_step_peaks_where_the_memory_model_says(
         assert torch.equal(measured.gradients[name], gradient), name
     for name, buffer in unplanned.buffers.items():
         assert torch.equal(measured.buffers[name], buffer), name
-
-
-class AmpBlock(nn.Module):
-    """fp32 weights whose bf16 copies (autocast's) are 1 MiB; ``up`` is called twice."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = nn.Linear(512, 1024)
-        self.down = nn.Linear(1024, 512)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = nn.functional.gelu(self.up(x)) + self.up(x.mul(0.5))
-        return x + self.down(hidden)
-
-
-class AmpModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(AmpBlock() for _ in range(3))
-        self.head = nn.Linear(512, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        # A 16 MiB temporary: the step peaks here, inside autocast, after every block.
-        return self.head(x).float().pow(2).mean() + x.repeat(16, 1).mean()
-
-
-def amp_file() -> ModelFile:
-    def build() -> AmpModel:
-        torch.manual_seed(0)
-        return AmpModel()
-
-    def amp_batch() -> torch.Tensor:
-        return torch.randn(512, 512, generator=torch.Generator().manual_seed(1))
-
-    def step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return model(x)
-
-    return model_file(
-        build,
-        amp_batch,
-        training_step=step,
-        build_optimizer=lambda params: torch.optim.SGD(params, lr=0.01),
-        name="amp-model",
-    )
 
 
 def test_under_autocast_the_weights_casts_stay_and_the_step_peaks_as_predicted() -> None:

@@ -317,6 +317,10 @@ class MemoryTimeline:
     # Event at which each phase ended.
     phase_end_events: dict[Phase, int] = field(default_factory=dict)
     op_costs: tuple[OpCost, ...] = ()
+    # Events at which torch.autocast cleared its cast cache (the outermost autocast region
+    # exited): until then the cache holds each cast of a parameter (``leaf_cast``) that a
+    # checkpointed module made, though nothing saved it.
+    autocast_cache_clears: tuple[int, ...] = ()
 
 
 def forward_totals_by_call(

@@ -78,8 +78,11 @@ class TimelineRecorder(StorageWatcher):
         self._fresh: list[int] = []
         self._alloc_op: dict[int, str] = {}
         self._written: set[int] = set()
-        # Saved storages that are casts of parameters (autocast's copies).
+        # Saved storages that are casts of parameters (autocast's copies), and the events
+        # at which autocast cleared its cache of them (see _clear_autocast_cache).
         self._leaf_casts: set[int] = set()
+        self._autocast_clears: list[int] = []
+        self._clear_cache: Any = None
         self._calls: list[dict[str, Any]] = []
         self._stack: list[int] = []
         # [storage index or -1, call index or -1, pack event, last unpack event or -1]
@@ -235,10 +238,19 @@ class TimelineRecorder(StorageWatcher):
             )
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
+        # torch.autocast's __exit__ calls torch.clear_autocast_cache() when the outermost
+        # region ends: recorded, it is where casts the cache held can die.
+        self._clear_cache = torch.clear_autocast_cache
+        torch.clear_autocast_cache = self._clear_autocast_cache
         super().__enter__()
         return self
 
+    def _clear_autocast_cache(self) -> None:
+        self._clear_cache()
+        self._autocast_clears.append(self._tick())
+
     def __exit__(self, *exc: object) -> None:
+        torch.clear_autocast_cache = self._clear_cache
         super().__exit__(*exc)
         self._saved_hooks.__exit__(*exc)
         for handle in self._handles:
@@ -299,6 +311,7 @@ class TimelineRecorder(StorageWatcher):
             ),
             phase_end_events=dict(self.phase_end_events),
             op_costs=tuple(self._op_costs),
+            autocast_cache_clears=tuple(self._autocast_clears),
         )
 
 

@@ -66,6 +66,13 @@ Wrapping a module call ``c`` (forward spanning events ``[f0, f1]``) in non-reent
    A module called more than once is prefetched only where every call has the same
    trigger module, and only where the trigger's first call after the offloaded one is that
    sibling (the runtime waits for the trigger module's next call).
+9. **Autocast's cache outlives the forward.** Under ``torch.autocast`` a parameter cast to
+   a lower precision (``leaf_cast``: a Linear's bf16 copy of its fp32 weight) is kept in
+   autocast's cache until the outermost autocast region exits, which clears it
+   (``autocast_cache_clears``, recorded). A checkpointed module's cast is not saved, but
+   the cache holds it: it is dropped (point 1) only there, and not at all where that is
+   after its unplanned death. (An offloaded module leaves such casts on the device:
+   point 7.)
 
 Everything else (parameters, gradients, optimizer state, the loss, the optimizer step's
 temporaries) is replayed exactly as measured. The peak of a plan is the maximum over the
@@ -192,6 +199,7 @@ class _EffectBuilder:
                 (saved_tensor.call, saved_tensor.last_unpack_event)
             )
         self.forward_end = timeline.phase_end_events.get(Phase.FORWARD, timeline.event_count - 1)
+        self.autocast_cache_clears = sorted(timeline.autocast_cache_clears)
         # call -> the last event at which a tensor was saved while it was innermost.
         self.last_pack: dict[int, int] = {}
         for saved_tensor in timeline.saved_tensors:
@@ -199,6 +207,14 @@ class _EffectBuilder:
                 self.last_pack[saved_tensor.call] = max(
                     self.last_pack.get(saved_tensor.call, -1), saved_tensor.pack_event
                 )
+
+    def cache_cleared_after(self, event: int) -> int:
+        """The first event after ``event`` at which autocast cleared its cast cache (see
+        the module notes, point 9); past the step's end where it never did."""
+        position = bisect.bisect_right(self.autocast_cache_clears, event)
+        if position < len(self.autocast_cache_clears):
+            return self.autocast_cache_clears[position]
+        return self.timeline.event_count
 
     def made_inside(self, call_index: int) -> list[int]:
         """Storages made during a call's forward, in allocation order."""
@@ -484,6 +500,11 @@ class _EffectBuilder:
                     if owner < 0 or (owner in members and index in output_sets[owner])
                     else calls[owner].forward_end_event
                 )
+                if record.leaf_cast:
+                    # Autocast's cache holds a parameter's cast until it is cleared.
+                    drop = max(drop, self.cache_cleared_after(record.alloc_event))
+                    if drop >= record.free_event:
+                        continue
                 retained.append((index, record.size_bytes, drop))
 
             for index in outputs:

@@ -60,6 +60,7 @@ def _profile_to_dict(profile: Profile) -> dict[str, Any]:
         "saved_tensors": [[getattr(t, c) for c in _SAVED_COLUMNS] for t in timeline.saved_tensors],
         "op_cost_columns": _OP_COLUMNS,
         "op_costs": [[getattr(o, c) for c in _OP_COLUMNS] for o in timeline.op_costs],
+        "autocast_cache_clears": list(timeline.autocast_cache_clears),
     }
     data["block_names"] = list(profile.block_names)
     if profile.block_stacks:
@@ -146,6 +147,7 @@ def load_profile(path: str | Path) -> Profile:
                 OpCost(**dict(zip(raw["op_cost_columns"], row, strict=True)))
                 for row in raw.get("op_costs", ())
             ),
+            autocast_cache_clears=tuple(int(e) for e in raw.get("autocast_cache_clears", ())),
         )
         values = {f.name: data[f.name] for f in fields(Profile) if f.name in data}
         values["modules"] = tuple(_module(record) for record in data["modules"])
