@@ -1317,7 +1317,8 @@ def test_calibrate_needs_a_cuda_device_and_checks_the_spec_first(tmp_path: Path)
 
     runner = CliRunner()
     result = runner.invoke(app, ["calibrate", "--device", "cpu"])
-    assert result.exit_code == 4 and "measured on a CUDA device" in result.output
+    assert result.exit_code == 4
+    assert "measuring the host link needs a CUDA device, not cpu" in result.output
     assert len(result.output.strip().splitlines()) == 1
     result = runner.invoke(app, ["calibrate", "--spec", str(tmp_path / "missing.json")])
     assert result.exit_code == 2 and "give an existing device spec .json file" in result.output

@@ -45,8 +45,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from planner.core.errors import ProfilingError
-from planner.measure.host_link import DEFAULT_COPY_BYTES, measure_host_link
+from planner.measure.host_link import DEFAULT_COPY_BYTES, cuda_device_here, measure_host_link
 from planner.plan.calibration import GpuMeasurements
 from planner.plan.targets import BUILT_IN_SPECS
 
@@ -72,19 +71,13 @@ _HIDDEN_SIZES = (1024, 4096)
 
 
 def _cuda(device: str | torch.device) -> torch.device:
-    device = torch.device(device)
-    if device.type != "cuda":
-        raise ProfilingError(
-            f"calibration needs a CUDA device, not {device}: pass --device cuda (or cuda:N)"
-        )
-    if not torch.cuda.is_available():
-        raise ProfilingError(
-            "calibration needs a CUDA device, and no CUDA device is available here: run "
-            "`ckpt-plan calibrate --device cuda -o SPEC.json` on the machine with the GPU, "
-            "then plan anywhere with --target SPEC.json (or a built-in one: "
-            f"{', '.join(BUILT_IN_SPECS)})"
-        )
-    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    return cuda_device_here(
+        device,
+        "calibration",
+        elsewhere="run `ckpt-plan calibrate --device cuda -o SPEC.json` on the machine with "
+        "the GPU, then plan anywhere with --target SPEC.json (or a built-in one: "
+        f"{', '.join(BUILT_IN_SPECS)})",
+    )
 
 
 def _event_ms(run: Any, repeats: int) -> float:

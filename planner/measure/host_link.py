@@ -51,24 +51,40 @@ class HostLink:
         return min(self.to_device_bytes_per_s, self.to_host_bytes_per_s)
 
 
+def cuda_device_here(
+    device: str | torch.device, purpose: str, *, not_cuda: str = "", elsewhere: str = ""
+) -> torch.device:
+    """``device`` as a CUDA device of this machine (``cuda`` alone: the current one), what
+    ``purpose`` (``"calibration"``) needs. Raises :class:`ProfilingError` where it is not a
+    CUDA device (saying ``not_cuda``, else to pass --device cuda) or none is here (saying
+    ``elsewhere``, what to do instead)."""
+    where = torch.device(device)
+    if where.type != "cuda":
+        raise ProfilingError(
+            f"{purpose} needs a CUDA device, not {where}: "
+            + (not_cuda or "pass --device cuda (or cuda:N)")
+        )
+    if not torch.cuda.is_available():
+        raise ProfilingError(
+            f"{purpose} needs a CUDA device, and no CUDA device is available here"
+            + (f": {elsewhere}" if elsewhere else "")
+        )
+    return where if where.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
 def measure_host_link(
     device: str = "cuda", *, size_bytes: int = DEFAULT_COPY_BYTES, copies: int = 5
 ) -> HostLink:
     """Time ``copies`` copies of ``size_bytes`` between pinned host memory and ``device``,
     each way (see the module notes). Raises :class:`ProfilingError` where ``device`` is not
     a CUDA device that is here."""
-    where = torch.device(device)
-    if where.type != "cuda":
-        raise ProfilingError(
-            f"the host link is measured on a CUDA device, not {device!r}: on a CPU the host "
-            "is the device (nothing to offload to)"
-        )
-    if not torch.cuda.is_available():
-        raise ProfilingError(f"{device}: no CUDA device is available here to measure")
+    where = cuda_device_here(
+        device,
+        "measuring the host link",
+        not_cuda="on a CPU the host is the device (nothing to offload to)",
+    )
     if size_bytes < 1 or copies < 1:
         raise ValueError(f"size_bytes and copies must be positive, not {size_bytes}, {copies}")
-    if where.index is None:
-        where = torch.device("cuda", torch.cuda.current_device())
     host = torch.empty(size_bytes, dtype=torch.uint8, pin_memory=True)
     on_device = torch.empty(size_bytes, dtype=torch.uint8, device=where)
     stream = torch.cuda.Stream(where)
