@@ -188,6 +188,37 @@ def test_checkpointed_blocks_under_autocast_peak_as_predicted(
         assert torch.equal(measured.gradients[name], gradient), name
 
 
+class SwapsAtFirstForward(nn.Module):
+    """Replaces its layer at its first forward, as BigBird swaps block-sparse attention for
+    full attention on short sequences."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(self.layer, nn.Sequential):
+            self.layer = nn.Sequential(self.layer, nn.ReLU())
+        return self.layer(x).square().mean()
+
+
+@pytest.mark.parametrize("memory", [MemorySource.FAKE, MemorySource.REAL])
+def test_a_model_whose_modules_change_in_its_step_is_a_clear_error(memory: MemorySource) -> None:
+    """A plan names the modules a model is built with, and apply_plan finds them before
+    training: one whose step adds modules is refused where it is profiled, saying which and
+    what to do (it was "this plan was made for another model", from the plan's first
+    application, with nothing the user could change)."""
+    from planner.core.errors import ModelFileError
+    from planner.pipeline import profile_model_file
+
+    source = model_file(SwapsAtFirstForward, lambda: torch.randn(4, 8), name="swapping")
+    with pytest.raises(ModelFileError) as error:
+        profile_model_file(source, memory=memory)
+    message = str(error.value)
+    assert "modules changed during its training step (layer.0 added; layer.1 added)" in message
+    assert "build it in the form it trains in" in message
+
+
 ITEM_IN_FORWARD = """
 import torch
 from torch import nn

@@ -55,7 +55,7 @@ from planner.measure.ddp import (
     gradients_into_buckets,
 )
 from planner.measure.model_file import ModelFile
-from planner.measure.workload import Workload, build_optimizer
+from planner.measure.workload import Workload, build_optimizer, module_names
 
 if TYPE_CHECKING:
     from planner.measure.profiler import ProgressCallback
@@ -191,6 +191,7 @@ def parallelized(
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) and simulated:
         model.register_comm_hook(None, _no_communication_hook)
     workload.model = model
+    workload.module_names = module_names(model)  # DDP's "module." prefix, as laid out
     workload.optimizer = build_optimizer(model_file, model)
     return workload
 

@@ -62,6 +62,7 @@ from planner.measure.workload import (
     Workload,
     build_optimizer,
     map_tensors,
+    module_names,
     switch_off_own_checkpointing,
 )
 from planner.model_switches import switch_off_caches
@@ -410,6 +411,14 @@ def build_fake_workload(
     batch = _fake_batch(model_file, session, seed)
     optimizer = _fake_optimizer(model_file, model, session)
     workload = Workload(
-        model_file, model, batch, optimizer, torch.device(tensor_device), notes, loop, caches_off
+        model_file,
+        model,
+        batch,
+        optimizer,
+        torch.device(tensor_device),
+        notes,
+        loop,
+        caches_off,
+        module_names=module_names(model),
     )
     return workload, session

@@ -49,7 +49,7 @@ from planner.measure.stage_split import (
     make_stage,
     stage_blocks,
 )
-from planner.measure.workload import Workload, build_optimizer
+from planner.measure.workload import Workload, build_optimizer, module_names
 
 __all__ = [
     "StageStep",
@@ -263,6 +263,7 @@ def split_into_stage(
     :func:`pipeline_stage`, as training does."""
     boundaries = boundary_metas(workload.model, workload.model_file, workload.batch, pipeline)
     make_stage(workload.model, workload.model_file, pipeline, stage)
+    workload.module_names = module_names(workload.model)  # the stage's, as applied
     workload.optimizer = build_optimizer(workload.model_file, workload.model)
     return boundaries
 

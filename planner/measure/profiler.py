@@ -66,7 +66,7 @@ from planner.measure.tracking import (
     PeakMemoryTracker,
     workload_tensors,
 )
-from planner.measure.workload import Workload, run_training_step
+from planner.measure.workload import Workload, check_modules_unchanged, run_training_step
 from planner.plan.memory_model import NESTED, MemoryModel
 from planner.plan.policies import nested_recompute_ms
 
@@ -358,6 +358,7 @@ def _profile_from_timeline(
     assumptions: tuple[Note, ...],
     switches: StepSwitches | None = None,
 ) -> Profile:
+    check_modules_unchanged(workload)
     storages = timeline.storages
     memory = MemoryModel(timeline)
     replayed_peak = memory.peak_bytes()

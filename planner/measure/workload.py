@@ -69,6 +69,36 @@ class Workload:
     loop: LoopShape = PLAIN_LOOP
     caches_off: tuple[str, ...] = ()
     step: Callable[[Callable[[Phase], None] | None], torch.Tensor] | None = None
+    # The model's module names as built (before any step), which a plan names and
+    # apply_plan finds before training: see check_modules_unchanged. Empty: not checked.
+    module_names: tuple[str, ...] = ()
+
+
+def module_names(model: torch.nn.Module) -> tuple[str, ...]:
+    """The names of ``model``'s modules, the root's (``""``) included."""
+    return tuple(name for name, _ in model.named_modules())
+
+
+def check_modules_unchanged(workload: Workload) -> None:
+    """Raise :class:`ModelFileError` where the model's modules are not those it was built
+    with: a model that adds or replaces modules during its step (BigBird's block-sparse
+    attention, at sequences too short for it, swaps in full attention at the first
+    forward) gets a plan naming modules the model it is applied to does not have yet."""
+    if not workload.module_names:
+        return
+    before, after = set(workload.module_names), set(module_names(workload.model))
+    if before == after:
+        return
+    changes = [f"{name} added" for name in sorted(after - before)]
+    changes += [f"{name} removed" for name in sorted(before - after)]
+    shown = "; ".join(changes[:2]) + (f" (and {len(changes) - 2} more)" if len(changes) > 2 else "")
+    raise ModelFileError(
+        f"{workload.model_file.name}: the model's modules changed during its training step "
+        f"({shown}): a plan names the modules a model is built with, so build it in the form "
+        "it trains in (a model that swaps its layers at its first forward usually has a "
+        'setting for that form, e.g. BigBird\'s attention_type="original_full" for '
+        "sequences too short for block-sparse attention)"
+    )
 
 
 def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[Note, ...]:
@@ -175,7 +205,17 @@ def build_workload(
         torch.manual_seed(seed + 1)
         batch = _to_device(model_file.sample_batch(), target)
     optimizer = build_optimizer(model_file, model)
-    return Workload(model_file, model, batch, optimizer, target, notes, loop, caches_off)
+    return Workload(
+        model_file,
+        model,
+        batch,
+        optimizer,
+        target,
+        notes,
+        loop,
+        caches_off,
+        module_names=module_names(model),
+    )
 
 
 def build_optimizer(model_file: ModelFile, model: torch.nn.Module) -> torch.optim.Optimizer:
