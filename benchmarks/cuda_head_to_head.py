@@ -275,22 +275,32 @@ def main(argv: list[str] | None = None) -> int:
             f"Written by `benchmarks/cuda_head_to_head.py` on {device_name}, torch "
             f"{torch.__version__}, model `{_shown_path(arguments.model)}`, "
             f"{arguments.repeats} timed steps per strategy (median), each strategy in a fresh "
-            f"process; {time.perf_counter() - started:.0f} s in all. "
-            + (
-                "Peaks: `max_memory_allocated` and `max_memory_reserved` under "
-                f"`PYTORCH_CUDA_ALLOC_CONF={os.environ['PYTORCH_CUDA_ALLOC_CONF']}`."
-                if cuda
-                else "On CPU: live tensor storages of one tracked step; a check of the "
-                "script, not the GPU claim."
-            ),
+            f"process; {time.perf_counter() - started:.0f} s in all. " + peaks_sentence(cuda),
             report(budgets, measured, cuda),
         ]
     )
-    name = "cuda_head_to_head.md" if cuda else "cpu_head_to_head.md"
-    arguments.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(arguments.out / name, text + "\n")
-    print(text)
+    write_markdown(arguments.out, "head_to_head", cuda, text)
     return 0
+
+
+def peaks_sentence(cuda: bool) -> str:
+    """How a report's peaks were measured (on CPU: what the run checks)."""
+    if cuda:
+        return (
+            "Peaks: `max_memory_allocated` and `max_memory_reserved` under "
+            f"`PYTORCH_CUDA_ALLOC_CONF={os.environ['PYTORCH_CUDA_ALLOC_CONF']}`."
+        )
+    return (
+        "On CPU: live tensor storages of one tracked step; a check of the script, not the GPU "
+        "claim."
+    )
+
+
+def write_markdown(folder: Path, stem: str, cuda: bool, text: str) -> None:
+    """Write ``text`` to ``folder``/cuda_STEM.md (cpu_STEM.md off CUDA), atomically; print it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / f"{'cuda' if cuda else 'cpu'}_{stem}.md", text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

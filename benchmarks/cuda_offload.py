@@ -54,8 +54,11 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import pandas as pd  # noqa: E402
 
 from benchmarks.common import markdown_table  # noqa: E402
-from benchmarks.cuda_head_to_head import measure_in_child  # noqa: E402
-from planner.core.fileio import atomic_write_text  # noqa: E402
+from benchmarks.cuda_head_to_head import (  # noqa: E402
+    measure_in_child,
+    peaks_sentence,
+    write_markdown,
+)
 
 MIB = 2**20
 MODEL = ROOT / "benchmarks" / "models" / "llama_1b.py"
@@ -221,20 +224,11 @@ def main(argv: list[str] | None = None) -> int:
             f"unplanned peak {profile.measured_peak_bytes / MIB:,.1f} MiB (predicted), "
             f"unplanned step {none_ms:.1f} ms (median); {arguments.repeats} timed steps per "
             f"plan, each in a fresh process; {time.perf_counter() - started:.0f} s in all. "
-            + (
-                "Peaks: `max_memory_allocated` and `max_memory_reserved` under "
-                f"`PYTORCH_CUDA_ALLOC_CONF={os.environ['PYTORCH_CUDA_ALLOC_CONF']}`."
-                if cuda
-                else "On CPU: live tensor storages of one tracked step; a check of the "
-                "script, not the GPU claim."
-            ),
+            + peaks_sentence(cuda),
             report(runs, cuda),
         ]
     )
-    name = "cuda_offload.md" if cuda else "cpu_offload.md"
-    arguments.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(arguments.out / name, text + "\n")
-    print(text)
+    write_markdown(arguments.out, "offload", cuda, text)
     return 0
 
 
