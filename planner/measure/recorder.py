@@ -216,7 +216,12 @@ class TimelineRecorder(StorageWatcher):
             self._calls[call]["saved"].append(index)
         if index is not None and casts_a_leaf(tensor):
             self._leaf_casts.add(index)
-        return pack_id, tensor
+        # Held detached: an op's saved output holds, through its grad_fn, the node that
+        # holds this pack; a node backward never reaches (a branch with no gradient, as an
+        # index computed by topk) would then keep its saved tensors to the end of the step,
+        # which it does not without the recorder.
+        with torch.utils._python_dispatch._disable_current_modes():
+            return pack_id, tensor.detach()
 
     def _unpack(self, packed: tuple[int, torch.Tensor]) -> torch.Tensor:
         pack_id, tensor = packed
