@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from planner.core.records import Unit
 from planner.measure.model_file import ModelFile
 from planner.measure.source import WorkloadSource
 
@@ -73,6 +74,15 @@ class BatchNormNet(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(images).mean(dim=(2, 3)))
+
+
+def units_of(names: tuple[str, ...]) -> list[Unit]:
+    """Units from their printed names: ``"blocks.1"``, ``"blocks.1@offload"``."""
+    units = []
+    for name in names:
+        module, _, option = name.partition("@")
+        units.append(Unit(module, option=option or None))
+    return units
 
 
 def model_file(build: Any, batch: Any, **functions: Any) -> ModelFile:

@@ -166,18 +166,16 @@ def test_checkpointed_blocks_under_autocast_peak_as_predicted(
     peak is the prediction to the byte (it was 2-5 MiB above it before), training
     bit-identical."""
     from planner.apply import apply_plan
-    from planner.core.records import Unit
     from planner.measure.step import measure_step
     from planner.solve.planning import build_plan
-    from tests.models import amp_file
+    from tests.models import amp_file, units_of
 
     workload, session = build_fake_workload(amp_file(), "cpu", seed=0)
     profile = record_memory(workload, session=session)
     session.release()
     assert len(profile.timeline.autocast_cache_clears) == 1  # one region, exited once
     unplanned = measure_step(build_workload(amp_file(), seed=0), seed=0)
-    units = [Unit(name.partition("@")[0], option=name.partition("@")[2] or None) for name in names]
-    plan = build_plan(profile, units, 0, strategy="test")
+    plan = build_plan(profile, units_of(names), 0, strategy="test")
     real = build_workload(amp_file(), seed=0)
     apply_plan(real.model, plan, guard=False)
     measured = measure_step(real, seed=0)

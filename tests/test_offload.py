@@ -37,7 +37,7 @@ from planner.plan.plan_file import (
 from planner.plan.targets import DeviceSpec, op_time_ms, roofline_costs
 from planner.solve import Solver
 from planner.solve.planning import build_plan
-from tests.models import amp_file, model_file
+from tests.models import amp_file, model_file, units_of
 
 WIDTH = 64
 ROWS = 1024  # a (ROWS, 4 * WIDTH) fp32 activation is 1 MiB: the default threshold
@@ -651,14 +651,6 @@ PLANS = [
     (("blocks.0@offload", "blocks.1@offload", "blocks.2@offload"), 0),
     (("blocks.0@offload", "blocks.1@offload", "blocks.2@offload-at-use"), 0),
 ]
-
-
-def units_of(names: tuple[str, ...]) -> list[Unit]:
-    units = []
-    for name in names:
-        module, _, option = name.partition("@")
-        units.append(Unit(module, option=option or None))
-    return units
 
 
 @pytest.fixture(scope="module")
