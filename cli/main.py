@@ -7,6 +7,7 @@ one line and an exit code from :data:`EXIT_CODES`; a traceback appears only with
 
 from __future__ import annotations
 
+import functools
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -53,6 +54,7 @@ from .options import (
     VerboseOption,
     WorldSizeOption,
     ZeroGradOption,
+    given_host_budget,
     host_budget,
     parallel_layout,
     parse_budget,
@@ -486,12 +488,16 @@ def report(
     memory of those that do is on the chart's right axis and in summary.md."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget) if budget is not None else None
-    host_budget(host_budget_text, offload, None)  # a bad --host-budget fails first
+    given_host_budget(host_budget_text, offload)  # a bad --host-budget fails first
     with errors_to_exit_codes(verbose):
         from planner.report import load_report_inputs, write_report
 
+        @functools.cache
+        def host_budget_of_job(world_size: int) -> int | None:  # the default read once
+            return host_budget(host_budget_text, offload, None, world_size)
+
         def host_budget_of(profile: Profile) -> int | None:
-            return host_budget(host_budget_text, offload, None, _world_size(profile.parallel))
+            return host_budget_of_job(_world_size(profile.parallel))
 
         loaded, plan = load_report_inputs(
             source,
@@ -549,7 +555,7 @@ def solve(
     """Re-plan for another BUDGET from a saved profile, without profiling again."""
     configure_logging(verbose)
     budget_bytes = parse_budget(budget)
-    host_budget(host_budget_text, offload, None)  # a bad --host-budget fails first
+    given_host_budget(host_budget_text, offload)  # a bad --host-budget fails first
     with errors_to_exit_codes(verbose):
         from planner.checked_plan import CheckedPlan
         from planner.plan.plan_file import save_plan
@@ -625,7 +631,7 @@ def tradeoff(
     offload where the profile offers it (--target), within --host-budget; where any does,
     the table has a host_peak_mib column."""
     configure_logging(verbose)
-    host_budget(host_budget_text, offload, None)  # a bad --host-budget fails first
+    given_host_budget(host_budget_text, offload)  # a bad --host-budget fails first
     with errors_to_exit_codes(verbose):
         import time
 

@@ -41,6 +41,7 @@ __all__ = [
     "VerboseOption",
     "WorldSizeOption",
     "ZeroGradOption",
+    "given_host_budget",
     "host_budget",
     "parallel_layout",
     "parse_budget",
@@ -330,18 +331,26 @@ def parse_budget(text: str, option: str = "--budget") -> int:
         fail(f"{option}: {error}", EXIT_CODES[errors.BudgetError])
 
 
+def given_host_budget(text: str | None, offload: bool) -> int | None:
+    """``--host-budget`` in bytes, None where it is not given; a usage error (exit 2) where
+    it does not parse or goes with --no-offload. Commands that learn the job's ranks later
+    call it first, so that a bad option fails before any work."""
+    if text is None:
+        return None
+    if not offload:
+        fail("--host-budget goes with --offload (the default), not --no-offload", 2)
+    return parse_budget(text, "--host-budget")
+
+
 def host_budget(
     text: str | None, offload: bool, spec: DeviceSpec | None, world_size: int = 1
 ) -> int | None:
     """The host budget in bytes of one process (of one rank of a job of ``world_size``):
     ``--host-budget``, else the default (see
     :func:`planner.plan.targets.default_host_budget`); None where nothing offloads."""
-    if not offload:
-        if text is not None:
-            fail("--host-budget goes with --offload (the default), not --no-offload", 2)
-        return None
-    if text is not None:
-        return parse_budget(text, "--host-budget")
+    given = given_host_budget(text, offload)
+    if given is not None or not offload:
+        return given
     from planner.plan.targets import default_host_budget
 
     return default_host_budget(spec, world_size)[0]
