@@ -243,11 +243,12 @@ class TimelineRecorder(StorageWatcher):
             )
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
+        super().__enter__()
         # torch.autocast's __exit__ calls torch.clear_autocast_cache() when the outermost
-        # region ends: recorded, it is where casts the cache held can die.
+        # region ends: recorded, it is where casts the cache held can die. Swapped in last,
+        # so that nothing after it can fail and leave torch's own function replaced.
         self._clear_cache = torch.clear_autocast_cache
         torch.clear_autocast_cache = self._clear_autocast_cache
-        super().__enter__()
         return self
 
     def _clear_autocast_cache(self) -> None:
