@@ -180,3 +180,13 @@ def test_a_checkpoint_sequential_unit_pays_checkpointing_once_per_segment() -> N
         h100.checkpoint_call_s * 1000
     )
     assert roofline_costs(profile, load_spec("a100-80gb")).checkpoint_call_ms == 0.0
+
+
+def test_selective_options_are_timed_on_the_path_a_recomputation_takes() -> None:
+    """A body that skips layers at random (LayerDrop) runs the same layers in each of the
+    three runs an option is timed with, as a recomputation replays its forward's RNG:
+    otherwise the recomputing run is handed the outputs of other ops and raises."""
+    profile = profile_model_file(load_model_file(DATA / "layerdrop.py"))
+    body = profile.module("body")
+    assert {option.option for option in body.options} >= {"save-matmuls"}
+    assert all(option.recompute_ms > 0 for option in body.options)

@@ -158,7 +158,9 @@ def _option_ratios(
                 for round_ in range(repeats + 1):  # the first round warms caches up
                     try:
                         with _held_within(workload, inputs, limit if not round_ else None):
-                            times = _policy_round(clock, decision, forward, args, kwargs)
+                            times = _policy_round(
+                                clock, decision, forward, args, kwargs, workload.device
+                            )
                     except MemoryLimitExceeded:
                         logger.info("option %s of %s not timed: over the budget", option, name)
                         break
@@ -180,21 +182,34 @@ def _policy_round(
     forward: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    device: torch.device,
 ) -> dict[str, float]:
     """One round of :func:`_option_ratios`: ms of the forward plain, under the policy's
     caching context and under its cached one. Its own function so that the contexts (and
-    the outputs the caching one saved) are gone when it returns, before the next round."""
+    the outputs the caching one saved) are gone when it returns, before the next round.
+
+    Each run starts from the same RNG state, as a recomputation replays the forward's
+    (``preserve_rng_state``): a forward that draws to choose its path (LayerDrop skips
+    layers at random) must take the same path, or the cached run is handed the outputs of
+    other ops and fails. The step's RNG state is left as it was."""
     caching, cached = selective_contexts(decision)
     times = {}
-    for label, context in (
-        ("plain", contextlib.nullcontext()),
-        ("caching", caching),
-        ("cached", cached),
-    ):
-        begin = clock.mark()
-        with context:
-            forward(*args, **kwargs)
-        times[label] = clock.elapsed_ms(begin, clock.mark())
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []):
+        cpu_state = torch.get_rng_state()
+        device_state = torch.cuda.get_rng_state(device) if cuda else None
+        for label, context in (
+            ("plain", contextlib.nullcontext()),
+            ("caching", caching),
+            ("cached", cached),
+        ):
+            torch.set_rng_state(cpu_state)
+            if device_state is not None:
+                torch.cuda.set_rng_state(device_state, device)
+            begin = clock.mark()
+            with context:
+                forward(*args, **kwargs)
+            times[label] = clock.elapsed_ms(begin, clock.mark())
     return times
 
 
