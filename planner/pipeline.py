@@ -430,6 +430,14 @@ def with_times(
     return dataclasses.replace(estimated, assumptions=(*estimated.assumptions, note))
 
 
+def _both(first: bool | None, second: bool | None) -> bool | None:
+    """Two comparisons' verdict: False if either differs, True if both are equal, else None
+    (not compared)."""
+    if first is False or second is False:
+        return False
+    return True if first and second else None
+
+
 def plan_checked(
     profile: Profile,
     budget_bytes: int,
@@ -448,6 +456,11 @@ def plan_checked(
     ``offload``: whether modules may offload their saved tensors to host memory (where
     the profile offers it: times for a device with a host link), holding at most
     ``host_budget_bytes`` there together (None: no bound).
+
+    Against the unplanned step, a step that differs (or two unplanned steps that differ, so
+    nothing was compared) is run again against the recomputation: the modules whose
+    recomputation differs from their forward (values fake tensors cannot see) are excluded
+    and the plan is made again, as for the probe's.
 
     A profile without times (``cost_source`` ``none``: saved by ``profile`` when no plan fit
     its budget) is timed first, within ``budget_bytes``, on ``model_path`` or else the model
@@ -514,6 +527,30 @@ def plan_checked(
                 seed=seed,
                 reference=reference,
                 limit_bytes=budget_bytes if device == "cpu" else None,
+            )
+        undecided = check.loss_equal is None and check.recomputation_equal is None
+        against_unplanned = reference is CheckReference.UNPLANNED and plan.parallel is None
+        if against_unplanned and (not check.training_unchanged or undecided):
+            # The steps differ, or could not be compared (two unplanned steps differ: the
+            # model draws its own seeds). Comparing each recomputation with its forward
+            # names the modules to blame, so they are excluded as below; a difference it
+            # cannot pin on one is still an error.
+            diagnosis = check_plan(
+                model_path,
+                plan,
+                device=device,
+                seed=seed,
+                reference=CheckReference.RECOMPUTATION,
+                limit_bytes=budget_bytes if device == "cpu" else None,
+            )
+            check = dataclasses.replace(
+                check,
+                recomputation_equal=diagnosis.recomputation_equal,
+                recomputed_ops=diagnosis.recomputed_ops,
+                buffers_equal=_both(check.buffers_equal, diagnosis.buffers_equal),
+                recompute_mismatches=diagnosis.recompute_mismatches,
+                mismatch_reasons=diagnosis.mismatch_reasons,
+                differences=(*check.differences, *diagnosis.differences),
             )
         if check.recompute_mismatches:
             reasons = dict(

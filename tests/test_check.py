@@ -10,7 +10,7 @@ import pytest
 from planner.check.compare import CheckReference, check_plan, run_check
 from planner.core.records import Profile, Unit
 from planner.measure.workload import load_model_file
-from planner.pipeline import profile_model_file
+from planner.pipeline import plan_checked, profile_model_file
 from planner.solve.planning import baseline_every_block, build_plan
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -113,5 +113,12 @@ def test_an_unplanned_step_that_does_not_reproduce_itself_is_no_bit_exact_refere
     plan = baseline_every_block(profile, budget_bytes=profile.measured_peak_bytes)
     check = run_check(path, plan, reference=CheckReference.UNPLANNED)
     assert check.loss_equal is None and check.gradients_equal is None
+    assert check.buffers_equal is None  # they differ between two unplanned steps too
     assert str(check.differences[0]).startswith("not compared bit for bit: two unplanned steps")
     assert check.passed and check.training_unchanged
+    # The tool's own loop then compares each recomputation with its forward instead.
+    result = plan_checked(
+        profile, plan.predicted_peak_bytes, model_path=path, reference=CheckReference.UNPLANNED
+    )
+    assert result.check is not None and result.check.loss_equal is None
+    assert result.check.recomputation_equal and result.check.recomputed_ops > 0

@@ -31,7 +31,7 @@ from planner.measure.workload import (
     load_model_file,
     run_training_step,
 )
-from planner.pipeline import plan_checked
+from planner.pipeline import plan_checked, profile_model_file
 from planner.plan.memory_model import MemoryModel
 from planner.plan.plan_file import Plan
 from planner.solve import Solver
@@ -269,6 +269,84 @@ def test_a_rerun_that_changes_a_tensor_in_place_is_excluded(resize: bool) -> Non
     with pytest.raises(RuntimeError, match=r"modified by an inplace operation|must match"):
         _step_with(_SavesStateFirst, ["bumps"], resize=resize)
     _step_with(_SavesStateFirst, ["plain"], resize=resize)
+
+
+class _TracksItsRange(nn.Module):
+    """I-BERT's ``QuantAct`` in small: a running range of its activations, kept by binding a
+    new tensor to the buffer each forward (``self.x_max = ...``, no in-place write); or, with
+    ``as_attribute``, a plain tensor attribute (RecurrentGemma's recurrent state)."""
+
+    def __init__(self, as_attribute: bool = False) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        if as_attribute:
+            self.x_max = torch.zeros(1)
+        else:
+            self.register_buffer("x_max", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        observed = x.detach().abs().amax().reshape(1)
+        self.x_max = 0.9 * self.x_max + 0.1 * observed  # twice per step if recomputed
+        return torch.tanh(self.linear(x))
+
+
+class _RangedStack(nn.Module):
+    def __init__(self, as_attribute: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 8)
+        self.block = nn.Sequential(nn.Linear(8, 8), _TracksItsRange(as_attribute))
+        self.plain = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.plain(self.block(self.embed(x))).sum()
+
+
+@pytest.mark.parametrize("as_attribute", [False, True], ids=["buffer", "attribute"])
+def test_a_module_that_rebinds_its_state_is_excluded(as_attribute: bool) -> None:
+    source = model_file(lambda: _RangedStack(as_attribute), lambda: torch.randn(16, 8))
+    workload = build_workload(source, seed=0)
+    mismatches = find_recompute_mismatches(workload, ["block", "block.1", "plain"])
+    assert set(mismatches) == {"block", "block.1"}
+    assert mismatches["block"].startswith(
+        "recomputing it replaces the tensor block.1.x_max holds (its forward replaced it too)"
+    )
+    # The probe put back what the forward bound: the step's state is an unplanned step's.
+    unplanned = build_workload(source, seed=0)
+    run_training_step(unplanned, seed=0)
+    before_step = build_workload(source, seed=0).model.block[1].x_max
+    probed = workload.model.block[1].x_max
+    assert torch.equal(probed, unplanned.model.block[1].x_max)
+    assert not torch.equal(probed, before_step)
+    # Ground truth: checkpointed for real, the range moves twice in one step.
+    checkpointed = build_workload(source, seed=0)
+    apply_plan(
+        checkpointed.model, build_plan(_profile(source)[0], [Unit("block")], 10**9, strategy="test")
+    )
+    run_training_step(checkpointed, seed=0)
+    assert not torch.equal(checkpointed.model.block[1].x_max, probed)
+
+
+def test_a_recomputation_that_differs_only_in_values_is_excluded_by_the_unplanned_check() -> None:
+    """Fake tensors cannot see a scan restart from the state its forward left (same ops and
+    shapes); the plan's check against the unplanned step sees the loss differ, and each
+    recomputation compared with its forward names the scan: it is excluded and the plan
+    made again, not reported as the tool's bug."""
+    path = DATA / "recurrent_state.py"
+    profile = profile_model_file(load_model_file(path))
+    memory = MemoryModel.for_profile(profile)
+    budget = memory.peak_bytes([Unit("blocks.0.scan")])  # the cheapest: the solver's pick
+    result = plan_checked(profile, budget, model_path=path, reference=CheckReference.UNPLANNED)
+    assert result.check is not None
+    assert result.check.loss_equal and result.check.gradients_equal
+    chosen = {decision.module_name for decision in result.plan.modules}
+    assert chosen and not any(name.endswith("scan") for name in chosen)
+    reason = result.profile.module("blocks.0.scan").excluded_reason
+    assert reason.startswith("recomputation of blocks.0.scan differs from its forward at op 0")
+    # Its block, which resets the state first, the probe caught on fake tensors already.
+    assert (
+        "replaces the tensor blocks.0.scan.state"
+        in result.profile.module("blocks.0").excluded_reason
+    )
 
 
 class _CountsCalls(nn.Module):

@@ -25,15 +25,19 @@ Design notes
   It restores the RNG state (as ``preserve_rng_state=True`` does), stops once it has saved
   as many tensors as the forward did (as ``checkpoint``'s early stop does), and then puts
   back the module's buffers it changed (as a plan's ``restore_buffers`` does), any other
-  tensor it changed in place, and the step's RNG state, so probes do not disturb each other
-  or the step. Modules' own hooks are not re-run, as under :func:`planner.apply.apply_plan`,
-  which wraps ``forward``.
+  tensor it changed in place, the tensors its modules' names held, and the step's RNG
+  state, so probes do not disturb each other or the step. Modules' own hooks are not
+  re-run, as under :func:`planner.apply.apply_plan`, which wraps ``forward``.
 * **What counts as a mismatch**, first found first:
   1. a positional input changed in place since the call (by the module or later code):
      ``checkpoint`` saves those inputs, and autograd refuses to give them back;
   2. the re-run raises;
   3. the re-run changes in place a tensor it did not make, other than the module's own
-     buffers: a side effect (a counter, a cache) that would happen twice;
+     buffers: a side effect (a counter, a cache) that would happen twice; or it *rebinds*
+     a buffer or tensor attribute of the module or a submodule (``self.x_min = self.x_min
+     + x``: I-BERT's activation ranges; RecurrentGemma's recurrent state): the re-run saw
+     the state the forward left and replaces it again, which a plan cannot put back (it
+     restores buffers' values in place, not which tensor a name holds);
   4. it saves fewer tensors, or a saved tensor's shape, dtype or device differs (each makes
      ``checkpoint`` raise ``CheckpointError``, as its default ``determinism_check`` does);
   5. a saved tensor's values differ: ``checkpoint`` would not notice, and the gradients
@@ -119,6 +123,42 @@ def _compare_saved(original: list[torch.Tensor], recomputed: list[torch.Tensor])
                 f"{_describe(first)}), which would change the gradients"
             )
     return ""
+
+
+def _tensor_bindings(module: torch.nn.Module) -> dict[tuple[str, str], torch.Tensor]:
+    """``(submodule name, attribute) -> tensor`` for the buffers and the plain tensor
+    attributes of ``module`` and its submodules (``""``: the module itself)."""
+    bindings = {}
+    for name, submodule in module.named_modules(remove_duplicate=False):
+        for attribute, value in submodule._buffers.items():
+            if value is not None:
+                bindings[(name, attribute)] = value
+        for attribute, value in vars(submodule).items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                bindings[(name, attribute)] = value
+    return bindings
+
+
+def _rebind(module: torch.nn.Module, before: Mapping[tuple[str, str], torch.Tensor]) -> list[str]:
+    """Put back the tensors ``module``'s names held before (:func:`_tensor_bindings`) and
+    drop those bound since; returns the names that had changed (``"norm.x_min"``)."""
+    after = _tensor_bindings(module)
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) is not after.get(key)
+    )
+    for name, attribute in changed:
+        submodule = module.get_submodule(name)
+        if (name, attribute) in before:
+            value = before[(name, attribute)]
+            if attribute in submodule._buffers:
+                submodule._buffers[attribute] = value
+            else:
+                object.__setattr__(submodule, attribute, value)
+        elif attribute in submodule._buffers:
+            submodule._buffers[attribute] = None
+        else:
+            object.__delattr__(submodule, attribute)
+    return [f"{name}.{attribute}" if name else attribute for name, attribute in changed]
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
@@ -244,6 +284,7 @@ class _RecomputeProbe:
             return tensor
 
         buffers = [(b, b.detach().clone(), b._version) for b in call.module.buffers()]
+        bindings = _tensor_bindings(call.module)
         writes = _ForeignWrites()
         changed_inputs = [t for t, version in call.input_versions if t._version != version]
         raised = ""
@@ -267,6 +308,7 @@ class _RecomputeProbe:
         finally:
             self.recomputing -= 1
             writes.undo()  # the step goes on as if the re-run had not happened
+            rebound = _rebind(call.module, bindings)
             with torch.no_grad():
                 for buffer, before, version in buffers:
                     # Only those that changed: writing bumps the version counter, and a
@@ -289,6 +331,12 @@ class _RecomputeProbe:
             )
         elif raised:
             reason = f"recomputing it raises {raised}"
+        elif rebound:
+            reason = (
+                f"recomputing it replaces the tensor {call.module_name}.{rebound[0]} holds "
+                "(its forward replaced it too): the recomputation sees the state the forward "
+                "left and changes it again"
+            )
         elif foreign:
             reason = (
                 f"recomputing it changes in place a tensor it did not make "
