@@ -97,6 +97,19 @@ def test_the_recomputation_reference_catches_dropout_recomputed_without_its_rng_
     assert not unplanned.gradients_equal and not unplanned.passed
 
 
+def test_the_rng_state_a_models_own_backward_moves_is_no_plan_difference() -> None:
+    path = DATA / "reseeding_backward.py"
+    profile = profile_model_file(load_model_file(path), timing_steps=1)
+    plan = build_plan(
+        profile, [Unit("blocks.0"), Unit("blocks.1")], profile.measured_peak_bytes, strategy="t"
+    )
+    assert not any(decision.preserve_rng_state for decision in plan.modules)  # draws nothing
+    check = run_check(path, plan, reference=CheckReference.RECOMPUTATION)
+    assert check.passed and check.recomputation_equal and check.buffers_equal
+    # (A recomputation that draws without the forward's RNG state is still named: the
+    # dropout test above.)
+
+
 def test_a_check_stops_a_step_that_passes_its_memory_limit(cnn_profile: Profile) -> None:
     profile = cnn_profile
     limit = profile.measured_peak_bytes - 1

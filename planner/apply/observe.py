@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Region", "observed", "observing_recomputation"]
@@ -24,11 +24,14 @@ class Region:
     """One checkpointed function: the forward of the module named ``module``, or, with
     ``start`` and ``stop``, the segment of that ``nn.Sequential``'s children ``start`` up to
     ``stop`` (exclusive) that ``checkpoint_sequential`` runs as one. ``str()`` names it as
-    messages do: ``layers``, ``layers[0:4]``."""
+    messages do: ``layers``, ``layers[0:4]``. ``preserves_rng``: whether its recomputation
+    replays the forward's RNG state and then puts the step's back (``checkpoint``'s
+    ``preserve_rng_state``), so that it cannot move the step's RNG; not part of its name."""
 
     module: str
     start: int | None = None
     stop: int | None = None
+    preserves_rng: bool = field(default=True, compare=False)
 
     def __str__(self) -> str:
         if self.start is None:

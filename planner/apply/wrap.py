@@ -132,7 +132,8 @@ def _checkpointed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) ->
     if decision.method is CheckpointMethod.CHECKPOINT_SEQUENTIAL:
         assert not kwargs and len(args) == 1, "checkpoint_sequential takes one input"
         return _checkpoint_sequential(module, decision, args[0])
-    function = observed(Region(decision.module_name), original, _cached_ops(decision))
+    region = Region(decision.module_name, preserves_rng=decision.preserve_rng_state)
+    function = observed(region, original, _cached_ops(decision))
     if decision.restore_buffers:
         function = _restoring_buffers_on_recompute(module, function, decision.restore_buffers)
     function = fire_at_recomputation(_under_forward_modes(function))
@@ -223,7 +224,15 @@ def _checkpoint_sequential(module: torch.nn.Module, decision: ModuleDecision, va
         value = checkpoint(
             fire_at_recomputation(
                 _under_forward_modes(
-                    observed(Region(decision.module_name, start, end + 1), segment)
+                    observed(
+                        Region(
+                            decision.module_name,
+                            start,
+                            end + 1,
+                            preserves_rng=decision.preserve_rng_state,
+                        ),
+                        segment,
+                    )
                 )
             ),
             value,

@@ -6,8 +6,11 @@ when a checkpointed function first runs and again when backward recomputes it; a
 recomputation whose ops or hashes differ from its forward's is named with the module it
 belongs to. Buffers and the RNG state are hashed when backward starts and compared once it
 is done: a recomputation must not update BatchNorm statistics twice, or draw random numbers
-the next step would have drawn. Ops whose outputs are uninitialized memory (``empty``) are
-not compared.
+the next step would have drawn. The RNG state's change is the plan's only where a
+recomputation that does not put the step's RNG state back (``preserve_rng_state`` off)
+drew random numbers: that recomputation is named. Otherwise the model's own backward moved
+it (Reformer's reversible layers reseed as they recompute), as it does without a plan. Ops
+whose outputs are uninitialized memory (``empty``) are not compared.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ class RecomputeComparison:
             tuple[Region, frozenset[str], list[list[tuple[str, tuple[Any, ...]]]]]
         ] = []
         self._open: list[list[tuple[str, tuple[Any, ...]]]] = []
+        self._drawing_runs: set[int] = set()  # id() of the runs that ran a seeded op
         self._state_after_forward: tuple[Any, ...] | None = None
 
     # -- what the planned step shows us ---------------------------------------------------
@@ -112,6 +116,8 @@ class RecomputeComparison:
         # left uninitialized by some kernels when no dropout is drawn; its floating outputs
         # show any difference in what it drew.
         seeded = torch.Tag.nondeterministic_seeded in func.tags
+        if seeded:
+            self._drawing_runs.add(id(self._open[-1]))
         digests = tuple(
             _digest(tensor)
             for tensor in iter_tensors(out)
@@ -209,11 +215,26 @@ class RecomputeComparison:
                         )
                     )
             if (rng_before, cuda_before) != (rng_after, cuda_after):
-                state.append(
-                    Difference(
-                        DifferenceKind.RNG_STATE, detail="a recomputation drew random numbers"
-                    )
-                )
+                # Only a recomputation that leaves the RNG where it drew moves it (module
+                # docstring); with none, backward itself did, as in the unplanned step.
+                for region, _, runs in self.regions:
+                    drew = any(id(run) in self._drawing_runs for run in runs[1:])
+                    if drew and not region.preserves_rng and region.module not in mismatched:
+                        mismatched.append(region.module)
+                        reasons.append(
+                            Difference(
+                                DifferenceKind.RECOMPUTATION,
+                                str(region),
+                                "draws random numbers without the forward's RNG state "
+                                "(preserve_rng_state off): it moves the step's RNG",
+                            )
+                        )
+                        state.append(
+                            Difference(
+                                DifferenceKind.RNG_STATE,
+                                detail=f"the recomputation of {region} drew random numbers",
+                            )
+                        )
         return RecomputeVerdict(compared, tuple(mismatched), tuple(reasons), tuple(state))
 
 
