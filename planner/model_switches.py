@@ -30,6 +30,7 @@ __all__ = [
     "routing_as_planned",
     "routing_for_choice",
     "switch_off_caches",
+    "switch_off_layerdrop",
 ]
 
 
@@ -65,6 +66,41 @@ def switch_off_caches(model: torch.nn.Module) -> tuple[str, ...]:
     for _, config in owners:
         config.use_cache = False
     return tuple(name for name, _ in owners)
+
+
+# -- LayerDrop ------------------------------------------------------------------------------
+# In training, LayerDrop skips each layer with some probability, drawn in the forward of the
+# module that loops over the layers (`if self.training and self.layerdrop > 0.0: ...` in
+# Hugging Face's M2M-100, NLLB-MoE, SeamlessM4T; `config.layerdrop` read in the forward in
+# wav2vec 2.0). A step's memory then depends on what was drawn; the most is with no layer
+# skipped. Set to 0, the step draws nothing there, and fake tensors can run it.
+LAYERDROP_FIELDS = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def switch_off_layerdrop(model: torch.nn.Module) -> tuple[str, ...]:
+    """Set every LayerDrop probability in ``model`` to 0 (a module's ``layerdrop``
+    attribute, and the ``layerdrop`` fields of each module's config, one per config
+    object); returns what was set (``encoder.layerdrop``, ``config.encoder_layerdrop``)."""
+    switched = []
+    configs: set[int] = set()
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if _positive_number(vars(module).get("layerdrop")):
+            module.layerdrop = 0.0
+            switched.append(f"{prefix}layerdrop")
+        config = vars(module).get("config")
+        if config is None or id(config) in configs:
+            continue
+        configs.add(id(config))
+        for field in LAYERDROP_FIELDS:
+            if _positive_number(getattr(config, field, None)):
+                setattr(config, field, 0.0)
+                switched.append(f"{prefix}config.{field}")
+    return tuple(switched)
 
 
 # -- the model's own checkpointing --------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from planner.core.switches import StepSwitches, switches_from_dict, switches_to_dict
 from planner.model_switches import (
@@ -36,10 +37,13 @@ def test_assumed_routing_gives_the_busiest_expert_its_load_and_distinct_picks(
 
 
 def test_switches_round_trip_and_absent_means_none() -> None:
-    switches = StepSwitches(caches_off=("", "model.decoder"), expert_load=1.5)
+    switches = StepSwitches(
+        caches_off=("", "model.decoder"), expert_load=1.5, layerdrop_off=("encoder.layerdrop",)
+    )
     assert switches_from_dict(switches_to_dict(switches)) == switches
     assert switches_from_dict(None) == StepSwitches()
-    assert len(switches.describe()) == 2 and StepSwitches().describe() == ()
+    assert switches_from_dict({"caches_off": [""]}).layerdrop_off == ()  # older files
+    assert len(switches.describe()) == 3 and StepSwitches().describe() == ()
 
 
 def test_routing_as_planned_routes_a_real_topk_and_keeps_values_consistent() -> None:
@@ -293,3 +297,74 @@ def test_eager_experts_are_timed_under_the_assumed_routing_within_the_budget(
     budget = lowest + (memory.measured_peak_bytes - lowest) // 8
     timed = measure_profile_costs(model_file, memory, budget_bytes=budget, timing_steps=1)
     assert timed.cost_source is CostSource.MEASURED
+
+
+class _LayerDropBody(nn.Module):
+    """Hugging Face's LayerDrop: in training, each layer is skipped with probability
+    ``layerdrop``, drawn in this forward (``config.encoder_layerdrop`` in M2M-100)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(32, 128), nn.Tanh(), nn.Linear(128, 32)) for _ in range(4)
+        )
+        self.layerdrop = 0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            if self.training and self.layerdrop > 0.0 and torch.rand([]) < self.layerdrop:
+                continue
+            x = x + layer(x)
+        return x
+
+
+class _LayerDropModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _LayerDropBody()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x).pow(2).mean()
+
+
+def test_layerdrop_is_planned_off_and_recomputations_skip_what_their_forward_skipped() -> None:
+    from planner.apply import apply_plan
+    from planner.core.records import MemorySource, Unit
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
+    from planner.solve.planning import build_plan
+    from tests.models import model_file
+
+    source = model_file(_LayerDropModel, lambda: torch.randn(64, 32), loss_fn=lambda o, b: o)
+    workload, session = build_fake_workload(source)
+    profile = record_memory(workload, session=session)
+    # Planned with every layer run (the most a step holds), on fake tensors: with LayerDrop
+    # on, the draw's comparison needs values fake tensors do not have.
+    assert profile.memory_source is MemorySource.FAKE
+    assert profile.switches.layerdrop_off == ("body.layerdrop",)
+    assert all(profile.module(f"body.layers.{i}").call_count == 1 for i in range(4))
+    assert any("LayerDrop planned as if no layer" in note.text for note in profile.assumptions)
+    units = [Unit("body"), Unit("body.layers.0"), Unit("body.layers.2")]
+    plan = build_plan(profile, units, profile.measured_peak_bytes, strategy="test")
+    # With LayerDrop off nothing draws, yet every recomputation replays the RNG:
+    assert all(decision.preserve_rng_state for decision in plan.modules)
+    # Training keeps LayerDrop: planned and unplanned steps from one seed skip the same
+    # layers, and the recomputations skip what their forward skipped: bit-identical.
+    gradients = []
+    for planned in (False, True):
+        torch.manual_seed(0)
+        model = _LayerDropModel()
+        if planned:
+            apply_plan(model, plan)
+        assert model.body.layerdrop == 0.5
+        torch.manual_seed(1)
+        batch = torch.randn(64, 32)
+        model(batch).backward()
+        gradients.append([parameter.grad for parameter in model.parameters()])
+    unplanned, planned_gradients = gradients
+    skipped = sum(gradient is None for gradient in unplanned)
+    assert 0 < skipped < len(unplanned)  # this seed skips some layers, not all
+    assert all(
+        (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+        for a, b in zip(unplanned, planned_gradients, strict=True)
+    )

@@ -183,10 +183,10 @@ def test_a_checkpoint_sequential_unit_pays_checkpointing_once_per_segment() -> N
 
 
 def test_selective_options_are_timed_on_the_path_a_recomputation_takes() -> None:
-    """A body that skips layers at random (LayerDrop) runs the same layers in each of the
+    """A body that skips layers at random (as LayerDrop) runs the same layers in each of the
     three runs an option is timed with, as a recomputation replays its forward's RNG:
     otherwise the recomputing run is handed the outputs of other ops and raises."""
-    profile = profile_model_file(load_model_file(DATA / "layerdrop.py"))
+    profile = profile_model_file(load_model_file(DATA / "random_path.py"))
     body = profile.module("body")
     assert {option.option for option in body.options} >= {"save-matmuls"}
     assert all(option.recompute_ms > 0 for option in body.options)

@@ -8,6 +8,12 @@ field, never a sentence:
   generation; in training it holds every layer's keys and values until the step's output is
   dropped, so no layer could be checkpointed. The step is planned with the cache off, as
   Hugging Face's own gradient checkpointing does, and ``apply_plan`` turns it off.
+* ``layerdrop_off``: LayerDrop settings that were on (``encoder.layerdrop``,
+  ``config.encoder_layerdrop``): a step that skips each layer at random holds the most
+  memory when it skips none, so the step is planned with none skipped (LayerDrop off while
+  profiling and checking), and every checkpointed module replays the forward's RNG state
+  when recomputed, so it skips the layers its forward skipped. ``apply_plan`` leaves
+  LayerDrop on: training drops layers as before.
 * ``expert_load``: the routing a mixture-of-experts step was planned for, where its memory
   depends on routing (experts run on the tokens routed to them, one at a time): the most
   tokens any expert gets, as a multiple of the balanced share (tokens x top-k / experts).
@@ -27,6 +33,7 @@ __all__ = ["NO_SWITCHES", "StepSwitches", "switches_from_dict", "switches_to_dic
 class StepSwitches:
     caches_off: tuple[str, ...] = ()
     expert_load: float | None = None
+    layerdrop_off: tuple[str, ...] = ()
 
     def describe(self) -> tuple[str, ...]:
         """One line per switch, for assumption lists and summaries."""
@@ -36,6 +43,12 @@ class StepSwitches:
                 f"Hugging Face cache off in training (config.use_cache was on in "
                 f"{', '.join(name or 'the model' for name in self.caches_off)}): apply_plan "
                 "turns it off, as gradient_checkpointing_enable() does"
+            )
+        if self.layerdrop_off:
+            lines.append(
+                f"LayerDrop planned as if no layer were skipped ({', '.join(self.layerdrop_off)} "
+                "set to 0 while profiling; a step that skips layers holds less): training "
+                "keeps it, and recomputations replay the forward's RNG to skip the same layers"
             )
         if self.expert_load is not None:
             share = (
@@ -55,7 +68,11 @@ NO_SWITCHES = StepSwitches()
 
 
 def switches_to_dict(switches: StepSwitches) -> dict[str, Any]:
-    return {"caches_off": list(switches.caches_off), "expert_load": switches.expert_load}
+    return {
+        "caches_off": list(switches.caches_off),
+        "expert_load": switches.expert_load,
+        "layerdrop_off": list(switches.layerdrop_off),
+    }
 
 
 def switches_from_dict(data: Any) -> StepSwitches:
@@ -68,4 +85,5 @@ def switches_from_dict(data: Any) -> StepSwitches:
     return StepSwitches(
         caches_off=tuple(str(name) for name in data.get("caches_off", ())),
         expert_load=None if load is None else float(load),
+        layerdrop_off=tuple(str(name) for name in data.get("layerdrop_off", ())),
     )

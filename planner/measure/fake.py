@@ -65,7 +65,7 @@ from planner.measure.workload import (
     module_names,
     switch_off_own_checkpointing,
 )
-from planner.model_switches import switch_off_caches
+from planner.model_switches import switch_off_caches, switch_off_layerdrop
 
 __all__ = [
     "FakeExecutionError",
@@ -408,6 +408,7 @@ def build_fake_workload(
     with _user_code("switching off the model's own checkpointing", model_file.path):
         notes = (*general_notes(model_file.assumptions), *switch_off_own_checkpointing(model))
     caches_off = switch_off_caches(model)
+    layerdrop_off = switch_off_layerdrop(model)
     batch = _fake_batch(model_file, session, seed)
     optimizer = _fake_optimizer(model_file, model, session)
     workload = Workload(
@@ -419,6 +420,7 @@ def build_fake_workload(
         notes,
         loop,
         caches_off,
+        layerdrop_off=layerdrop_off,
         module_names=module_names(model),
     )
     return workload, session

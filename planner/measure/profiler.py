@@ -97,7 +97,12 @@ def _module_profiles(
     timeline: MemoryTimeline,
     forward_ms: dict[str, float],
     memory: MemoryModel | None = None,
+    *,
+    replay_rng: bool = False,
 ) -> tuple[ModuleProfile, ...]:
+    """One record per module. ``replay_rng``: every module replays the forward's RNG state
+    when recomputed (``uses_rng``), as a step profiled with LayerDrop off needs in training,
+    where LayerDrop draws (:func:`planner.model_switches.switch_off_layerdrop`)."""
     memory = memory or MemoryModel(timeline)
     storages = timeline.storages
     call_flops = forward_totals_by_call(timeline, lambda op: op.flops)
@@ -110,7 +115,7 @@ def _module_profiles(
         saving = sum(effect.retained_bytes for effect in effects)
         inputs = {i for call in call_records for i in call.input_storages}
         outputs = {i for call in call_records for i in call.output_storages}
-        uses_rng = any(call.uses_rng for call in call_records)
+        uses_rng = replay_rng or any(call.uses_rng for call in call_records)
         mutated = sorted({b for call in call_records for b in call.mutated_buffers})
         devices = {d for call in call_records for d in call.devices}
         if not name:
@@ -291,6 +296,7 @@ def record_memory(
         switches=StepSwitches(
             caches_off=workload.caches_off,
             expert_load=session.expert_load_used if session is not None else None,
+            layerdrop_off=workload.layerdrop_off,
         ),
     )
 
@@ -375,7 +381,9 @@ def _profile_from_timeline(
             if s.kind == kind and s.free_event == timeline.event_count
         )
 
-    switches = switches or StepSwitches(caches_off=workload.caches_off)
+    switches = switches or StepSwitches(
+        caches_off=workload.caches_off, layerdrop_off=workload.layerdrop_off
+    )
     notes = (
         *workload.notes,
         *general_notes(switches.describe()),
@@ -399,7 +407,9 @@ def _profile_from_timeline(
         buffer_bytes=kind_bytes(StorageKind.BUFFER),
         gradient_bytes=kind_bytes(StorageKind.GRADIENT),
         optimizer_state_bytes=kind_bytes(StorageKind.OPTIMIZER_STATE),
-        modules=_module_profiles(model, timeline, forward_ms, memory),
+        modules=_module_profiles(
+            model, timeline, forward_ms, memory, replay_rng=bool(switches.layerdrop_off)
+        ),
         timeline=timeline,
         block_names=tuple(block for stack in stacks for block in stack),
         block_stacks=tuple(len(stack) for stack in stacks) if len(stacks) > 1 else (),

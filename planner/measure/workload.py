@@ -31,7 +31,12 @@ from planner.measure.model_file import (
     optimizer_takes_model,
 )
 from planner.measure.source import WorkloadSource
-from planner.model_switches import flag_names, own_checkpointing_flags, switch_off_caches
+from planner.model_switches import (
+    flag_names,
+    own_checkpointing_flags,
+    switch_off_caches,
+    switch_off_layerdrop,
+)
 
 __all__ = [
     "Workload",
@@ -56,7 +61,9 @@ class Workload:
     :func:`switch_off_own_checkpointing`), one line each. ``loop``: the training loop's
     shape its steps run in (:func:`run_training_step`). ``caches_off``: the Hugging Face
     models in it whose cache was switched off for training
-    (:func:`planner.model_switches.switch_off_caches`). ``step``: a step of its own that
+    (:func:`planner.model_switches.switch_off_caches`). ``layerdrop_off``: the LayerDrop
+    settings set to 0 for the profile (:func:`planner.model_switches.switch_off_layerdrop`;
+    training keeps them). ``step``: a step of its own that
     :func:`run_training_step` runs instead, given ``phase_ended`` (a pipeline stage's
     schedule: :mod:`planner.measure.pipeline_stage`)."""
 
@@ -68,6 +75,7 @@ class Workload:
     notes: tuple[Note, ...] = ()
     loop: LoopShape = PLAIN_LOOP
     caches_off: tuple[str, ...] = ()
+    layerdrop_off: tuple[str, ...] = ()
     step: Callable[[Callable[[Phase], None] | None], torch.Tensor] | None = None
     # The model's module names as built (before any step), which a plan names and
     # apply_plan finds before training: see check_modules_unchanged. Empty: not checked.
@@ -201,6 +209,7 @@ def build_workload(
     with _user_code("switching off the model's own checkpointing", model_file.path):
         notes = (*general_notes(model_file.assumptions), *switch_off_own_checkpointing(model))
     caches_off = switch_off_caches(model)
+    layerdrop_off = switch_off_layerdrop(model)
     with _user_code("sample_batch()", model_file.path):
         torch.manual_seed(seed + 1)
         batch = _to_device(model_file.sample_batch(), target)
@@ -214,6 +223,7 @@ def build_workload(
         notes,
         loop,
         caches_off,
+        layerdrop_off=layerdrop_off,
         module_names=module_names(model),
     )
 

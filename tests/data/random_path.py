@@ -1,6 +1,7 @@
-"""LayerDrop (M2M-100, NLLB-MoE, SeamlessM4T by default): in training, the body skips each
-layer with probability 0.5, drawn from torch's RNG in its forward, so what a forward of the
-body runs depends on the RNG state it starts from (a recomputation replays it)."""
+"""A forward that draws its path: in training, the body skips each layer with probability
+0.5, drawn from torch's RNG in its forward (as LayerDrop does, under a name ckpt-plan does
+not switch off), so what a forward of the body runs depends on the RNG state it starts from
+(a recomputation replays it)."""
 
 import torch
 from torch import nn
@@ -24,11 +25,11 @@ class Body(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.layers = nn.ModuleList(Attention() for _ in range(LAYERS))
-        self.layerdrop = 0.5
+        self.skip_probability = 0.5
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            if self.training and torch.rand([]) < self.layerdrop:
+            if self.training and torch.rand([]) < self.skip_probability:
                 continue
             x = layer(x)
         return x
