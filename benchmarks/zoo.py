@@ -7,7 +7,9 @@ loop (:func:`planner.pipeline.plan_checked`: solved, every candidate's recomputa
 fake tensors, the plan run in a separate process after ``apply_plan``, re-planned if it
 measures over the budget):
 
-* ``mid``: halfway between the floor (the smallest feasible budget) and the unplanned peak;
+* ``mid``: halfway between the floor (the smallest feasible budget) and the unplanned peak
+  (where the tool then excludes modules whose recomputation differs, so the floor rises
+  past it: halfway from the floor without them);
 * ``every-block``: the predicted peak with every repeated block checkpointed (the usual
   manual choice, counted even for blocks the tool cannot checkpoint: the budget a user who
   checkpoints every block expects to reach).
@@ -50,10 +52,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import markdown_table  # noqa: E402
 from benchmarks.zoo_models import ZOO, write_model_file  # noqa: E402
 from planner.check.compare import CheckReference, check_plan  # noqa: E402
-from planner.core.errors import PlannerError  # noqa: E402
+from planner.core.errors import InfeasibleBudgetError, PlannerError  # noqa: E402
 from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.core.loop import PLAIN_LOOP  # noqa: E402
-from planner.core.records import MemorySource, Unit  # noqa: E402
+from planner.core.records import MemorySource, Profile, Unit  # noqa: E402
 from planner.measure.model_file import ModelFile  # noqa: E402
 from planner.measure.workload import load_model_file  # noqa: E402
 from planner.pipeline import plan_checked, profile_model_file, record_step_memory  # noqa: E402
@@ -121,13 +123,25 @@ def budget_profile_error(model_file: ModelFile, budget_bytes: int) -> str | None
     return None
 
 
+BUDGETS = ("mid", "every-block")
+"""The budgets each architecture is planned at (module docstring)."""
+
+
 def plan_architecture(name: str, folder: Path) -> list[dict[str, object]]:
     """Profile ``name`` on fake tensors, plan it at the two budgets (module docstring) and
     check each plan against the unplanned step: one row per budget, or one row with the
     error where it cannot be profiled."""
     zoo_model = ZOO[name]
     path = write_model_file(zoo_model, folder)
-    base: dict[str, object] = {"architecture": name, "family": zoo_model.family}
+    return plan_model_file(path, {"architecture": name, "family": zoo_model.family})
+
+
+def plan_model_file(
+    path: Path, base: dict[str, object], budgets: tuple[str, ...] = BUDGETS
+) -> list[dict[str, object]]:
+    """:func:`plan_architecture` for any model file, at some of :data:`BUDGETS`: rows
+    holding ``base`` and what was measured."""
+    base = dict(base)
     started = time.perf_counter()
     with planner_warnings() as warnings:
         try:
@@ -158,7 +172,9 @@ def plan_architecture(name: str, folder: Path) -> list[dict[str, object]]:
     )
     profile_notes = list(warnings)
     rows = []
-    for budget_name, budget in (("mid", (floor + unplanned) // 2), ("every-block", every_block)):
+    budget_bytes = {"mid": (floor + unplanned) // 2, "every-block": every_block}
+    for budget_name in budgets:
+        budget = budget_bytes[budget_name]
         row = {**base, "budget": budget_name, "budget_mib": _mib(budget)}
         started = time.perf_counter()
         with planner_warnings() as warnings:
@@ -167,9 +183,23 @@ def plan_architecture(name: str, folder: Path) -> list[dict[str, object]]:
                 # one may refuse. The plan below is then what --memory real would give.
                 row["profile_error"] = budget_profile_error(model_file, budget)
             try:
-                result = plan_checked(
-                    profile, budget, model_path=path, reference=CheckReference.UNPLANNED
-                )
+                try:
+                    result = plan_checked(
+                        profile, budget, model_path=path, reference=CheckReference.UNPLANNED
+                    )
+                except InfeasibleBudgetError as error:
+                    if budget_name != "mid" or not isinstance(error.profile, Profile):
+                        raise
+                    # The probe excluded modules the floor counted on (their recomputation
+                    # differs): halfway again, from the floor without them.
+                    profile = error.profile
+                    budget = (error.min_budget_bytes + unplanned) // 2
+                    row.update(floor_mib=_mib(error.min_budget_bytes), budget_mib=_mib(budget))
+                    if profile.memory_source is MemorySource.REAL:
+                        row["profile_error"] = budget_profile_error(model_file, budget)
+                    result = plan_checked(
+                        profile, budget, model_path=path, reference=CheckReference.UNPLANNED
+                    )
             except Exception as error:
                 row["error"] = one_line(error)
             else:

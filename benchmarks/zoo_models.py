@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ZOO", "ZooModel", "write_model_file"]
+__all__ = ["ZOO", "ZooModel", "sample_batch", "write_model_file"]
 
 VOCAB_SIZE = 1000
 HIDDEN_SIZE = 64
@@ -72,24 +72,32 @@ class ZooModel:
 
     def sample_batch(self) -> dict[str, Any]:
         """One training batch (module docstring), from torch's global RNG."""
-        import torch
+        return sample_batch(self.batch_kind)
 
-        if self.batch_kind == "image":
-            pixel_values = torch.randn(BATCH_SIZE, 3, IMAGE_SIZE, IMAGE_SIZE)  # (B, C, H, W)
-            labels = torch.randint(0, NUM_CLASSES, (BATCH_SIZE,))
-            return {"pixel_values": pixel_values, "labels": labels}
-        # Ids from 4 up: the small ids are the configs' special tokens (pad, bos, eos, ...).
-        input_ids = torch.randint(4, VOCAB_SIZE, (BATCH_SIZE, SEQ_LEN))  # (B, T)
-        if self.batch_kind == "causal-lm":
-            return {"input_ids": input_ids, "labels": input_ids.clone()}
-        if self.batch_kind == "masked-lm":
-            masked = torch.rand(BATCH_SIZE, SEQ_LEN) < MASKED_FRACTION
-            labels = torch.where(masked, input_ids, torch.full_like(input_ids, -100))
-            return {"input_ids": input_ids, "labels": labels}
-        if self.batch_kind == "seq2seq":
-            labels = torch.randint(4, VOCAB_SIZE, (BATCH_SIZE, TARGET_LEN))  # (B, T')
-            return {"input_ids": input_ids, "labels": labels}
-        raise ValueError(f"unknown batch kind {self.batch_kind!r}")
+
+def sample_batch(
+    batch_kind: str, image_shape: tuple[int, int, int] = (3, IMAGE_SIZE, IMAGE_SIZE)
+) -> dict[str, Any]:
+    """One training batch of ``batch_kind`` (module docstring), from torch's global RNG;
+    images of ``image_shape`` (channels, height, width)."""
+    import torch
+
+    if batch_kind == "image":
+        pixel_values = torch.randn(BATCH_SIZE, *image_shape)  # (B, C, H, W)
+        labels = torch.randint(0, NUM_CLASSES, (BATCH_SIZE,))
+        return {"pixel_values": pixel_values, "labels": labels}
+    # Ids from 4 up: the small ids are the configs' special tokens (pad, bos, eos, ...).
+    input_ids = torch.randint(4, VOCAB_SIZE, (BATCH_SIZE, SEQ_LEN))  # (B, T)
+    if batch_kind == "causal-lm":
+        return {"input_ids": input_ids, "labels": input_ids.clone()}
+    if batch_kind == "masked-lm":
+        masked = torch.rand(BATCH_SIZE, SEQ_LEN) < MASKED_FRACTION
+        labels = torch.where(masked, input_ids, torch.full_like(input_ids, -100))
+        return {"input_ids": input_ids, "labels": labels}
+    if batch_kind == "seq2seq":
+        labels = torch.randint(4, VOCAB_SIZE, (BATCH_SIZE, TARGET_LEN))  # (B, T')
+        return {"input_ids": input_ids, "labels": labels}
+    raise ValueError(f"unknown batch kind {batch_kind!r}")
 
 
 def _model(

@@ -1,0 +1,476 @@
+"""Every Hugging Face architecture of a task, from its config's defaults with only the sizes
+made small, as ckpt-plan model files (for benchmarks/hf_sweep.py).
+
+The zoo (benchmarks/zoo_models.py) writes 24 configs by hand. This module builds the rest of a
+``transformers`` task mapping (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` and its siblings) without
+writing each: ``AutoConfig.for_model(type)`` gives the config as users ship it (``use_cache``,
+tying, attention and expert implementations, dropout, layer patterns), and only the fields
+that set sizes are replaced where the config has them (:data:`SIZES`, the zoo's sizes: 2
+layers, width 64, FFN 128, 4 heads with 2 for keys and values, head width 16, 4 experts with
+2 active, a vocabulary of 1000, 128 positions). Beyond that:
+
+* a per-layer list (``layer_types``, ``block_types``) is cut to 2 entries holding two kinds
+  where the default has several, so that 2 layers still show every kind of layer the model
+  mixes (sliding and full attention, linear attention, state space);
+* a default token id the small vocabulary cannot hold (pad 32000) is moved into it;
+* sub-configs are shrunk too: text ones (``text_config``, ``decoder``) with every size field,
+  vision and audio towers with their widths, depths and heads only;
+* multi-head latent attention (DeepSeek) gets as many key/value heads as query heads, as the
+  zoo's DeepSeek-V3;
+* the few types whose defaults do not validate, or need a field the rules above miss, get it
+  from :data:`EXTRA`, each with why.
+
+Nothing here imports ``planner``: :func:`write_model_file` writes the two-function model file
+every ckpt-plan stage loads, importing this module by its absolute path.
+
+    from benchmarks.hf_sweep_models import TASKS, model_types, write_model_file
+    for model_type in model_types("masked-lm"):
+        path = write_model_file("masked-lm", model_type, folder)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from pathlib import Path
+from typing import Any
+
+from benchmarks.zoo_models import (
+    EXPERT_SIZE,
+    EXPERTS_PER_TOKEN,
+    HEAD_DIM,
+    HIDDEN_SIZE,
+    IMAGE_SIZE,
+    INTERMEDIATE_SIZE,
+    MAX_POSITIONS,
+    NUM_CLASSES,
+    NUM_EXPERTS,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    NUM_LAYERS,
+    VOCAB_SIZE,
+    ZOO,
+)
+from benchmarks.zoo_models import sample_batch as zoo_sample_batch
+
+__all__ = ["TASKS", "build_model", "make_config", "model_types", "sample_batch", "write_model_file"]
+
+TASKS = {
+    "causal-lm": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "causal-lm"),
+    "masked-lm": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "masked-lm"),
+    "seq2seq": ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "seq2seq"),
+    "image": ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "image"),
+}
+"""Task -> (the ``transformers.models.auto.modeling_auto`` mapping of its model classes, the
+zoo's batch kind: :func:`benchmarks.zoo_models.sample_batch`)."""
+
+ZOO_TYPES = {
+    "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
+    "phi3", "olmo2", "mixtral", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v3", "mamba", "jamba",
+    "bert", "modernbert", "t5", "bart", "vit", "convnext",
+}  # fmt: skip
+"""The zoo's model types (benchmarks/zoo_models.py), left out: the zoo checks them at two
+budgets with configs written by hand."""
+assert len(ZOO_TYPES) == len(ZOO)
+
+_POSITIONS = (
+    "max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "context_length",
+    "max_target_positions", "model_max_length", "original_max_position_embeddings",
+)  # fmt: skip
+
+SIZES: dict[str, Any] = {
+    # widths
+    **dict.fromkeys(
+        ("hidden_size", "n_embd", "d_model", "emb_dim", "embedding_dim", "embedding_size",
+         "word_embed_proj_dim", "input_embedding_size", "output_embedding_size", "lru_width",
+         "attention_hidden_size", "backbone_hidden_size"),
+        HIDDEN_SIZE,
+    ),
+    "router_hidden_size": 32, "pronunciation_embed_dim": 32, "shape_embed_dim": 32,
+    "laurel_rank": 16, "hidden_size_per_layer_input": 16, "prompt_mid_dim": 32,
+    "o_lora_rank": 32, "hc_lowrank": 16, "ple_embed_dim": 32, "loop_gate_rank": 16,
+    "gated_norm_rank": 16, "adapter_rank": 16, "time_step_rank": 8, "mamba_dt_rank": 8,
+    "num_centroids": 16,
+    # feed-forward
+    **dict.fromkeys(
+        ("intermediate_size", "ffn_hidden_size", "ffn_dim", "d_inner", "dff", "dim_ff",
+         "feed_forward_size", "decoder_ffn_dim", "encoder_ffn_dim", "intermediate_size_mlp",
+         "dense_intermediate_size"),
+        INTERMEDIATE_SIZE,
+    ),
+    # layers
+    **dict.fromkeys(
+        ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers",
+         "encoder_layers", "num_decoder_layers", "num_encoder_layers", "num_blocks",
+         "num_layers_per_stack"),
+        NUM_LAYERS,
+    ),
+    # heads
+    **dict.fromkeys(
+        ("num_attention_heads", "n_head", "n_heads", "num_heads", "attention_heads",
+         "decoder_attention_heads", "encoder_attention_heads", "num_decoder_attention_heads",
+         "num_encoder_attention_heads", "swa_num_attention_heads", "index_n_heads",
+         "linear_num_heads", "linear_num_value_heads"),
+        NUM_HEADS,
+    ),
+    **dict.fromkeys(
+        ("num_key_value_heads", "num_kv_heads", "swa_num_key_value_heads",
+         "linear_num_key_heads"),
+        NUM_KV_HEADS,
+    ),
+    **dict.fromkeys(
+        ("head_dim", "dim_head", "d_head", "attention_head_size", "kv_channels",
+         "attention_head_dim", "d_kv", "swa_head_dim", "index_head_dim", "linear_head_dim",
+         "linear_key_head_dim", "linear_value_head_dim"),
+        HEAD_DIM,
+    ),
+    # multi-head latent attention (as the zoo's DeepSeek-V3)
+    "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+    "v_head_dim": 16, "qk_head_dim": 24,
+    # experts
+    **dict.fromkeys(
+        ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts"), NUM_EXPERTS
+    ),
+    **dict.fromkeys(
+        ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k"), EXPERTS_PER_TOKEN
+    ),
+    "n_group": 1, "topk_group": 1, "num_expert_group": 1,
+    **dict.fromkeys(
+        ("moe_intermediate_size", "expert_ffn_hidden_size", "shared_expert_intermediate_size",
+         "shared_experts_intermediate_size", "moe_shared_expert_intermediate_size"),
+        EXPERT_SIZE,
+    ),
+    "first_k_dense_replace": 1, "num_dense_layers": 1, "zero_expert_num": 2,
+    # state space
+    "mamba_d_state": 16, "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_ssm": 128,
+    "ssm_state_size": 16, "mamba_num_heads": 4, "mamba_head_dim": 32, "mamba_headdim": 32,
+    "state_size": 16,
+    # positions and vocabularies
+    **dict.fromkeys(_POSITIONS, MAX_POSITIONS),
+    **dict.fromkeys(
+        ("vocab_size", "decoder_vocab_size", "unpadded_vocab_size", "vocab_size_per_layer_input",
+         "encoder_hash_byte_group_vocab"),
+        VOCAB_SIZE,
+    ),
+    # partial rotary widths given in dims (GPT-J, CodeGen: 64 of 256)
+    "rotary_dim": 4,
+}  # fmt: skip
+"""Size field -> its small value, set where a config (or its ``attribute_map``) has the field."""
+
+_TOWER_FIELDS = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_layers", "num_attention_heads",
+    "num_heads", "num_key_value_heads", "head_dim", "d_model", "encoder_layers", "encoder_ffn_dim",
+    "encoder_attention_heads", "n_layer", "n_head", "n_embd", "vocab_size",
+)  # fmt: skip
+TOWER_SIZES = {
+    **{field: SIZES[field] for field in _TOWER_FIELDS},
+    **dict.fromkeys(("out_hidden_size", "projection_dim", "embed_dim", "output_dim"), HIDDEN_SIZE),
+    "depth": NUM_LAYERS,
+}
+"""The size fields of a vision or audio tower inside a composite config."""
+IMAGE_SIZES = {"image_size": IMAGE_SIZE}
+"""For image classifiers only (the zoo's 32 x 32 pixels), in the model and its towers: a text
+model's vision tower is never run on a text batch, and its patch size may not divide 32."""
+
+TEXT_SUBCONFIGS = {
+    "text_config", "decoder", "decoder_config", "global_config", "encoder_config",
+    "depth_decoder_config", "text_encoder", "patcher_config", "attn_config", "ffn_config",
+}  # fmt: skip
+"""Sub-configs shrunk with every size field (the others are towers: :data:`TOWER_SIZES`)."""
+_DICT_SUBCONFIGS = {"attn_config", "ffn_config", "per_layer_config"}  # plain dicts, not configs
+
+EXTRA: dict[str, dict[str, Any]] = {
+    # GPT-Neo's pattern is [[kinds, repeats]]: one of each kind
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    # its default shares K/V from layer 15 of 35: with 2 layers none would compute its own
+    "gemma3n_text": {"num_kv_shared_layers": 0},
+    "gemma4_assistant": {"hidden_size_per_layer_input": 0},  # its default does not validate
+    "mamba2": {"num_heads": 4, "head_dim": 32, "n_groups": 1},  # heads x head_dim = 2 x width
+    "zaya": {"num_experts_per_tok": 1},  # "supports num_experts_per_tok=1 only"
+    # the axial positions multiply to the sequence (64 = 8 x 8) and add up to the width
+    "reformer": {"is_decoder": True, "axial_pos_shape": [8, 8], "axial_pos_embds_dim": [16, 48]},
+    "nemotron_h": {"n_groups": 1},
+    "longcat_flash": {"head_dim": 8},  # its head_dim is the rotary part (qk_rope_head_dim)
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},  # default: 2 of 3 recurrent
+    "dots3_note_text": {"head_dim": 24},  # sliding-window head_dim = nope + rope parts
+    "dots3_note": {"text_config": {"head_dim": 24}},
+    # the default attention layers sit past layer 2: one of the 2 layers holds one
+    "bamba": {"attn_layer_indices": [1]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "attention"]},
+    # image classifiers: windows of 7 need the last of 4 stages (1/32 of the image) at 7 x 7;
+    # at that size, a third of the default width (96) and heads to match keep it quick
+    "swin": {"image_size": 224, "embed_dim": 32, "num_heads": [1, 2, 4, 8]},
+    "donut-swin": {"image_size": 224, "embed_dim": 32, "num_heads": [1, 2, 4, 8]},
+    "mobilevitv2": {"image_size": 64},  # at 32 its last stage is 1 x 1, too small to unfold
+    # its drop-path rates index each stage's list (one per layer) by the stage's number
+    "cvt": {"depth": [1, 2, 3]},
+}
+"""Per-type fields set last, each found by building the type (why, beside each)."""
+TASK_EXTRA: dict[tuple[str, str], dict[str, Any]] = {
+    ("masked-lm", "reformer"): {"is_decoder": False},  # bidirectional: its masked-LM head asks
+    ("masked-lm", "esmc"): {"num_key_value_heads": NUM_HEADS},  # "does not support GQA"
+}
+"""Fields for one task's model of a type, set after :data:`EXTRA`."""
+
+_STAGE_DEPTHS = {"depths", "depth"}
+"""Layers per stage of a vision model (Swin's [2, 2, 6, 2]): at most 2 each; the stages'
+widths and heads stay as the config has them."""
+
+_TOKEN_PRIORITY = ("pad", "bos", "eos", "decoder_start", "unk", "sep", "cls", "mask")
+_FIRST_IDS = {"pad": 0, "bos": 1, "eos": 2}
+
+
+def _mapping(task: str) -> dict[str, str]:
+    modeling_auto = importlib.import_module("transformers.models.auto.modeling_auto")
+    return dict(getattr(modeling_auto, TASKS[task][0]))
+
+
+def model_types(task: str) -> list[str]:
+    """The model types of ``task``'s mapping, in its order, less the zoo's."""
+    return [model_type for model_type in _mapping(task) if model_type not in ZOO_TYPES]
+
+
+def _own(config: Any, name: str, default: Any = None) -> Any:
+    """A field as the config stores it (no ``attribute_map`` or property in the way)."""
+    return object.__getattribute__(config, "__dict__").get(name, default)
+
+
+def _fields(config: Any) -> set[str]:
+    if dataclasses.is_dataclass(config):
+        return {field.name for field in dataclasses.fields(config)}
+    return set(vars(config))
+
+
+def _is_config(value: Any) -> bool:
+    configured = hasattr(value, "to_dict") and hasattr(value, "model_type")
+    return configured or (dataclasses.is_dataclass(value) and not isinstance(value, type))
+
+
+def _layer_count(config: Any) -> int | None:
+    for name in ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers"):
+        value = _own(config, name)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _token_ids(config: Any, overrides: dict[str, Any]) -> None:
+    """Move the token ids the small vocabulary cannot hold into it (pad, bos and eos to 0, 1
+    and 2 where free, the others from 3), the same id to the same new one."""
+    names = sorted(
+        (
+            name
+            for name in _fields(config)
+            if name.endswith(("_token_id", "_token_index", "_token_ids"))
+        ),
+        key=lambda name: next(
+            (i for i, prefix in enumerate(_TOKEN_PRIORITY) if name.startswith(prefix)), 99
+        ),
+    )
+    moved: dict[int, int] = {}
+    next_id = 3
+    for name in names:
+        value = _own(config, name)
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            continue
+        new = []
+        for old in values:
+            if old >= VOCAB_SIZE and old not in moved:
+                first = _FIRST_IDS.get(name.split("_")[0])
+                if first is not None and first not in moved.values():
+                    moved[old] = first
+                else:
+                    moved[old] = next_id
+                    next_id += 1
+            new.append(moved.get(old, old))
+        if new != values:
+            overrides[name] = new if isinstance(value, list) else new[0]
+
+
+def _shrunk(
+    config: Any, sizes: dict[str, Any], tower: bool, extra_sizes: dict[str, Any]
+) -> dict[str, Any]:
+    """Field -> small value for one config (``sizes`` and ``extra_sizes``); its sub-configs
+    as nested dicts."""
+    sizes = {**sizes, **extra_sizes}
+    fields = _fields(config)
+    aliases = getattr(config, "attribute_map", None) or {}
+    overrides: dict[str, Any] = {}
+    for key, value in sizes.items():
+        target = key if key in fields else aliases.get(key)
+        if target not in fields or target in overrides or target == "num_stages":
+            continue  # (a vision model's stages: one per entry of its per-stage lists)
+        old = _own(config, target)
+        if isinstance(old, (bool, list, tuple)):
+            continue  # a list: one value per stage of a vision model, left as it is
+        if key in _POSITIONS and isinstance(old, int) and old < MAX_POSITIONS:
+            continue  # already small
+        dense_layers = key in ("first_k_dense_replace", "num_dense_layers")
+        if dense_layers and isinstance(old, int) and old < 1:
+            continue  # no dense layers by default: keep none
+        if old is None and key not in ("head_dim", "num_key_value_heads", "num_experts_per_tok"):
+            continue  # a field the default leaves unset stays unset (but these derive from it)
+        overrides[target] = value
+    for name in _STAGE_DEPTHS & fields:
+        depths = _own(config, name)
+        if isinstance(depths, (list, tuple)):
+            overrides[name] = [min(depth, NUM_LAYERS) for depth in depths]
+    if not tower:
+        _token_ids(config, overrides)
+    if "kv_lora_rank" in overrides and "num_key_value_heads" in overrides:
+        overrides["num_key_value_heads"] = NUM_HEADS
+    for name in fields:
+        value = _own(config, name)
+        if _is_config(value):
+            text = name in TEXT_SUBCONFIGS
+            overrides[name] = _shrunk(
+                value, SIZES if text else TOWER_SIZES, tower=not text, extra_sizes=extra_sizes
+            )
+    return overrides
+
+
+def _two_of_each(value: list[Any]) -> list[int]:
+    """The indices of 2 entries of a per-layer list: the first and the first of another kind."""
+    other = next((i for i, entry in enumerate(value) if entry != value[0]), None)
+    return [0, other] if other is not None and isinstance(value[0], str) else [0, 1]
+
+
+def _overrides(config: Any, extra: dict[str, Any], extra_sizes: dict[str, Any]) -> dict[str, Any]:
+    overrides = _shrunk(config, SIZES, tower=False, extra_sizes=extra_sizes)
+    for name in TEXT_SUBCONFIGS:
+        sub = _own(config, name)
+        if isinstance(overrides.get(name), dict) and sub is not None and hasattr(sub, "to_dict"):
+            overrides[name] = _overrides(sub, extra.get(name, {}), extra_sizes)
+    layers = _layer_count(config)
+    if layers and layers > NUM_LAYERS:
+        # Per-layer lists, layer_types first: its kinds choose which 2 layers stay.
+        per_layer = {
+            name: _own(config, name)
+            for name in sorted(_fields(config), key=lambda name: name != "layer_types")
+            if isinstance(_own(config, name), list)
+            and len(_own(config, name)) == layers
+            and name not in extra
+        }
+        kept = next(
+            (
+                _two_of_each(value)
+                for value in per_layer.values()
+                if isinstance(value[0], str) and len(set(value)) > 1
+            ),
+            [0, 1],
+        )
+        for name, value in per_layer.items():
+            overrides[name] = [value[i] for i in kept]
+        per_layer_config = config.to_dict().get("per_layer_config")
+        if per_layer_config and "per_layer_config" not in extra:
+            # One entry per kept layer, its sizes scaled as the config's were.
+            new = {}
+            for position, index in enumerate(kept):
+                entry = per_layer_config.get(f"{index:02d}")
+                if entry:
+                    new[f"{position:02d}"] = {
+                        key: max(1, round(value * overrides.get(key, value) / _own(config, key)))
+                        if isinstance(value, int) and isinstance(_own(config, key), int)
+                        else value
+                        for key, value in entry.items()
+                    }
+            overrides["per_layer_config"] = new
+    overrides.update(
+        {k: v for k, v in extra.items() if not isinstance(v, dict) or k == "per_layer_config"}
+    )
+    return overrides
+
+
+def make_config(task: str, model_type: str) -> Any:
+    """``model_type``'s default config with the sizes above (module docstring)."""
+    auto_config = importlib.import_module("transformers").AutoConfig
+    default = auto_config.for_model(model_type)
+    image = task == "image"
+    extra = {**EXTRA.get(model_type, {}), **TASK_EXTRA.get((task, model_type), {})}
+    overrides = _overrides(default, extra, IMAGE_SIZES if image else {})
+    if image:
+        overrides["num_labels"] = NUM_CLASSES
+    arguments = {}
+    for name, value in overrides.items():
+        if isinstance(value, dict) and not isinstance(_own(default, name), dict):
+            if name in _DICT_SUBCONFIGS:
+                arguments[name] = dict(value)
+            else:  # the sub-config's own class: its defaults and these sizes
+                arguments[name] = type(_own(default, name))(**value)
+        else:
+            arguments[name] = value
+    return type(default)(**arguments)
+
+
+def build_model(task: str, model_type: str) -> Any:
+    """The model ``task``'s mapping names for ``model_type``, random weights from torch's
+    global RNG (the caller seeds it)."""
+    transformers = importlib.import_module("transformers")
+    config = make_config(task, model_type)
+    class_name = _mapping(task)[model_type]
+    if isinstance(class_name, tuple):  # DeiT: the plain head first, then "WithTeacher"
+        class_name = class_name[0]
+    model_class = getattr(transformers, class_name)
+    if type(config) is not getattr(model_class, "config_class", None):
+        # A text config whose model class is named for the composite (the mapping's class
+        # takes another config): the auto class picks the one for this config.
+        auto_class = {
+            "causal-lm": "AutoModelForCausalLM",
+            "masked-lm": "AutoModelForMaskedLM",
+            "seq2seq": "AutoModelForSeq2SeqLM",
+            "image": "AutoModelForImageClassification",
+        }[task]
+        return getattr(transformers, auto_class).from_config(config)
+    return model_class(config)
+
+
+def sample_batch(task: str, model_type: str) -> dict[str, Any]:
+    """The zoo's batch for ``task``; images of the size and channels the config asks."""
+    if task != "image":
+        return zoo_sample_batch(TASKS[task][1])
+    config = make_config(task, model_type)
+    size = getattr(config, "image_size", IMAGE_SIZE)
+    height, width = (size, size) if isinstance(size, int) else size
+    channels = getattr(config, "num_channels", 3)
+    return zoo_sample_batch("image", image_shape=(channels, height, width))
+
+
+_MODEL_FILE = '''"""ckpt-plan Hugging Face sweep: {model_type} ({task}), written by
+benchmarks/hf_sweep_models.py; the config is that file's."""
+import sys
+
+sys.path.insert(0, {root!r})
+from benchmarks import hf_sweep_models  # noqa: E402
+
+
+def build_model():
+    return hf_sweep_models.build_model({task!r}, {model_type!r})
+
+
+def sample_batch():
+    return hf_sweep_models.sample_batch({task!r}, {model_type!r})
+'''
+
+
+def write_model_file(task: str, model_type: str, folder: Path) -> Path:
+    """Write ``folder/hf_TASK_TYPE.py``, a model file building ``model_type`` for ``task``
+    and the zoo's batch for the task."""
+    root = str(Path(__file__).resolve().parent.parent)
+    safe = f"{task}_{model_type}".replace("-", "_")
+    path = Path(folder) / f"hf_{safe}.py"
+    source = _MODEL_FILE.format(task=task, model_type=model_type, root=root)
+    path.write_text(source, encoding="utf-8")
+    return path
+
+
+def _main() -> None:  # a quick look: python -m benchmarks.hf_sweep_models TASK [TYPE]
+    import sys
+
+    task = sys.argv[1]
+    for model_type in sys.argv[2:] or model_types(task):
+        print(model_type, make_config(task, model_type))
+
+
+if __name__ == "__main__":
+    _main()
