@@ -68,6 +68,7 @@ from planner.apply.tensors import iter_tensors
 from planner.core.errors import ProfilingError
 from planner.core.records import Profile
 from planner.measure.fake import FakeSession
+from planner.measure.rng import RngState
 from planner.measure.shadows import is_fake
 from planner.measure.tracking import written_arguments
 from planner.measure.workload import Workload, compute_loss, user_code_errors
@@ -85,8 +86,7 @@ class _ProbedCall:
     module: torch.nn.Module
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    cpu_rng_state: torch.Tensor
-    device_rng_state: torch.Tensor | None
+    rng: RngState  # at the call's start
     # Version counters of the positional tensor inputs, which checkpoint saves (and checks).
     input_versions: tuple[tuple[torch.Tensor, int], ...] = ()
     saved: list[torch.Tensor] = field(default_factory=list)
@@ -236,7 +236,6 @@ class _RecomputeProbe:
         self.recomputing = 0
         self.last_probed: str | None = None
         self.mismatches: dict[str, str] = {}
-        self.cuda = workload.device.type == "cuda"
 
     # -- forward: remember each candidate call and what it saves ---------------------------
     def _before(self, module: torch.nn.Module, args: Any, kwargs: Any, name: str) -> None:
@@ -247,8 +246,7 @@ class _RecomputeProbe:
             module=module,
             args=args,
             kwargs=kwargs,
-            cpu_rng_state=torch.get_rng_state(),
-            device_rng_state=torch.cuda.get_rng_state(self.workload.device) if self.cuda else None,
+            rng=RngState.now(self.workload.device),
             input_versions=tuple((a, a._version) for a in args if isinstance(a, torch.Tensor)),
         )
         self.open_calls.append(call)
@@ -290,11 +288,8 @@ class _RecomputeProbe:
         raised = ""
         self.recomputing += 1
         try:
-            devices = [self.workload.device] if self.cuda else []
-            with torch.random.fork_rng(devices=devices):
-                torch.set_rng_state(call.cpu_rng_state)
-                if call.device_rng_state is not None:
-                    torch.cuda.set_rng_state(call.device_rng_state, self.workload.device)
+            with RngState.forked(self.workload.device):
+                call.rng.restore()
                 with (
                     torch.enable_grad(),
                     torch.autograd.graph.saved_tensors_hooks(record, lambda tensor: tensor),

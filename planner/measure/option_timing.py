@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from planner.apply import selective_contexts
 from planner.core.records import ModuleProfile, Profile, StorageKind
 from planner.measure.clock import Clock
+from planner.measure.rng import RngState
 from planner.measure.tracking import MemoryLimitExceeded, PeakMemoryTracker, workload_tensors
 from planner.measure.workload import Workload, compute_loss, user_code_errors
 from planner.plan.memory_model import MemoryModel
@@ -194,18 +195,14 @@ def _policy_round(
     other ops and fails. The step's RNG state is left as it was."""
     caching, cached = selective_contexts(decision)
     times = {}
-    cuda = device.type == "cuda"
-    with torch.random.fork_rng(devices=[device] if cuda else []):
-        cpu_state = torch.get_rng_state()
-        device_state = torch.cuda.get_rng_state(device) if cuda else None
+    with RngState.forked(device):
+        start = RngState.now(device)
         for label, context in (
             ("plain", contextlib.nullcontext()),
             ("caching", caching),
             ("cached", cached),
         ):
-            torch.set_rng_state(cpu_state)
-            if device_state is not None:
-                torch.cuda.set_rng_state(device_state, device)
+            start.restore()
             begin = clock.mark()
             with context:
                 forward(*args, **kwargs)
