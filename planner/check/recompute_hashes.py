@@ -219,7 +219,15 @@ class RecomputeComparison:
                 # docstring); with none, backward itself did, as in the unplanned step.
                 for region, _, runs in self.regions:
                     drew = any(id(run) in self._drawing_runs for run in runs[1:])
-                    if drew and not region.preserves_rng and region.module not in mismatched:
+                    if not drew or region.preserves_rng:
+                        continue
+                    state.append(
+                        Difference(
+                            DifferenceKind.RNG_STATE,
+                            detail=f"the recomputation of {region} drew random numbers",
+                        )
+                    )
+                    if region.module not in mismatched:
                         mismatched.append(region.module)
                         reasons.append(
                             Difference(
@@ -227,12 +235,6 @@ class RecomputeComparison:
                                 str(region),
                                 "draws random numbers without the forward's RNG state "
                                 "(preserve_rng_state off): it moves the step's RNG",
-                            )
-                        )
-                        state.append(
-                            Difference(
-                                DifferenceKind.RNG_STATE,
-                                detail=f"the recomputation of {region} drew random numbers",
                             )
                         )
         return RecomputeVerdict(compared, tuple(mismatched), tuple(reasons), tuple(state))
