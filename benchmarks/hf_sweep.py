@@ -204,7 +204,7 @@ def report(task: str, frame: pd.DataFrame) -> str:
     counts = frame["outcome"].value_counts()
     ok = frame[frame["outcome"] == "ok"]
     lines = [
-        f"# Hugging Face sweep: {task} ({TASKS[task][0]})",
+        f"# Hugging Face sweep: {task} ({TASKS[task].mapping})",
         "",
         f"Written by `python benchmarks/hf_sweep.py --task {task}` ({versions}); the zoo's "
         "types are left out (benchmarks/zoo.py checks them).",

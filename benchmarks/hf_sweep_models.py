@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchmarks.zoo_models import (
     EXPERT_SIZE,
@@ -53,16 +53,32 @@ from benchmarks.zoo_models import (
 )
 from benchmarks.zoo_models import sample_batch as zoo_sample_batch
 
-__all__ = ["TASKS", "build_model", "make_config", "model_types", "sample_batch", "write_model_file"]
+__all__ = [
+    "TASKS",
+    "Task",
+    "build_model",
+    "make_config",
+    "model_types",
+    "sample_batch",
+    "write_model_file",
+]
+
+
+class Task(NamedTuple):
+    mapping: str  # in transformers.models.auto.modeling_auto: model type -> class name
+    auto_class: str  # the class that builds a model of the task from any config
+
 
 TASKS = {
-    "causal-lm": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "causal-lm"),
-    "masked-lm": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "masked-lm"),
-    "seq2seq": ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "seq2seq"),
-    "image": ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "image"),
+    "causal-lm": Task("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
+    "masked-lm": Task("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM"),
+    "seq2seq": Task("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM"),
+    "image": Task(
+        "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification"
+    ),
 }
-"""Task -> (the ``transformers.models.auto.modeling_auto`` mapping of its model classes, the
-zoo's batch kind: :func:`benchmarks.zoo_models.sample_batch`)."""
+"""The tasks, each named as the zoo's batch kind it trains on
+(:func:`benchmarks.zoo_models.sample_batch`)."""
 
 ZOO_TYPES = {
     "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
@@ -222,7 +238,7 @@ _FIRST_IDS = {"pad": 0, "bos": 1, "eos": 2}
 
 def _mapping(task: str) -> dict[str, str]:
     modeling_auto = importlib.import_module("transformers.models.auto.modeling_auto")
-    return dict(getattr(modeling_auto, TASKS[task][0]))
+    return dict(getattr(modeling_auto, TASKS[task].mapping))
 
 
 def model_types(task: str) -> list[str]:
@@ -415,20 +431,14 @@ def build_model(task: str, model_type: str) -> Any:
     if type(config) is not getattr(model_class, "config_class", None):
         # A text config whose model class is named for the composite (the mapping's class
         # takes another config): the auto class picks the one for this config.
-        auto_class = {
-            "causal-lm": "AutoModelForCausalLM",
-            "masked-lm": "AutoModelForMaskedLM",
-            "seq2seq": "AutoModelForSeq2SeqLM",
-            "image": "AutoModelForImageClassification",
-        }[task]
-        return getattr(transformers, auto_class).from_config(config)
+        return getattr(transformers, TASKS[task].auto_class).from_config(config)
     return model_class(config)
 
 
 def sample_batch(task: str, model_type: str) -> dict[str, Any]:
     """The zoo's batch for ``task``; images of the size and channels the config asks."""
     if task != "image":
-        return zoo_sample_batch(TASKS[task][1])
+        return zoo_sample_batch(task)
     config = make_config(task, model_type)
     size = getattr(config, "image_size", IMAGE_SIZE)
     height, width = (size, size) if isinstance(size, int) else size
