@@ -60,8 +60,17 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         DATA / "small_cnn.py",
         DATA / "small_gpt.py",
         DATA / "cache_decoder.py",
+        DATA / "kernel_layouts.py",
     ],
-    ids=["stack", "tricky_adamw", "tricky_sgd", "small_cnn", "small_gpt", "cache_decoder"],
+    ids=[
+        "stack",
+        "tricky_adamw",
+        "tricky_sgd",
+        "small_cnn",
+        "small_gpt",
+        "cache_decoder",
+        "layout",
+    ],
 )
 def test_a_fake_profile_records_the_real_step_exactly(source) -> None:  # type: ignore[no-untyped-def]
     fake, real = _fake_profile(source), _real_profile(source)

@@ -56,6 +56,7 @@ from planner.measure.cuda_emulation import (
     _device_kernel_dtypes,
     fake_tensor_device,
 )
+from planner.measure.kernel_layouts import KernelLayouts
 from planner.measure.model_file import ModelFile, _error_location, _user_code, checked_model
 from planner.measure.shadows import _VALUE_ERRORS, _ValueShadows, is_fake
 from planner.measure.workload import (
@@ -165,6 +166,7 @@ class FakeSession:
             stack.enter_context(_quiet("torch._subclasses.fake_tensor"))
             stack.enter_context(_libraries_see_eager_tensors(self))
             stack.enter_context(self.mode)
+            stack.enter_context(KernelLayouts(self._replaced))
             stack.enter_context(self.shadows)
             stack.enter_context(_device_kernel_dtypes(self._replaced))
             stack.enter_context(_waits_return_their_tensor())

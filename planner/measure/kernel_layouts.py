@@ -1,0 +1,278 @@
+"""Lay out the fake step's outputs as the real kernels do, where torch's fake kernels do not.
+
+A fake tensor's strides come from the op's fake (meta) kernel. For most ops that is the
+real kernel's own layout rule (structured kernels share it); for some it is a Python
+decomposition into elementwise ops, whose outputs follow their inputs' strides while the
+real kernel allocates its output in a layout of its own choosing. The sizes are the same,
+but a later ``reshape``/``contiguous`` then copies on one side only, and the fake step
+records storages the real step never allocates (or misses ones it does). Swin's last stage
+was 0.14% over-predicted so: ``native_layer_norm_backward`` returned its gradient in the
+incoming gradient's transposed strides on fake tensors, the real kernel returns it
+contiguous, and five reshapes of it copied on fake tensors only.
+
+``benchmarks/fake_fidelity.py`` records a real and a fake step of each model, compares their
+storages, and names the ops whose outputs were laid out otherwise given inputs laid out
+alike. Over the zoo and the Hugging Face sweep's 300 types (torch 2.13) it found the ops
+below; each rule is the real kernels' (CPU and CUDA alike: the same allocation in both, or a
+structured kernel's shared meta function). ``tests/test_kernel_layouts.py`` checks each
+against the CPU kernel at the layouts that set torch's fake kernel apart (and against the
+CUDA kernel where there is one).
+
+* ``native_layer_norm`` and its backward: the output, and the input's gradient, contiguous
+  (both kernels make the input contiguous and allocate like it; the fake kernels follow the
+  input's, or the incoming gradient's, strides).
+* ``native_batch_norm_backward``: the input's gradient in the input's memory format (the
+  fake kernel follows the incoming gradient's).
+* ``softplus_backward``: a TensorIterator op of (grad_output, self), which orders its output
+  by its operands' strides in that order; the decomposition's ``where`` puts a contiguous
+  condition first (Qwen3-Next's and Qwen3.5's gates).
+* ``upsample_{nearest,bilinear,bicubic}2d``: the output in the input's memory format as ATen
+  reads it, where a size-1 dimension's stride counts (the fake kernel's Python test skips
+  those, and ``.contiguous(memory_format=...)`` keeps strides a size-1 dimension leaves
+  ambiguous).
+* ``col2im`` (``nn.Fold``, ConvBERT's span convolution): both kernels allocate the output
+  like the input and resize it to the output's shape, so a smaller output keeps the input's
+  storage (9 times its own size in ConvBERT); the fake kernel allocates the output alone.
+* ``view``/``_unsafe_view``: a size-1 dimension's stride as ATen's ``computeStride`` gives
+  it (torch's Python view gives another). It moves nothing, but ATen's memory-format tests
+  read it: PVT's stages ``upsample`` a view whose batch of 1 has such a stride, and their
+  backward then copied on one side only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._prims_common import compute_elementwise_output_strides
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["KernelLayouts", "aten_memory_format"]
+
+aten = torch.ops.aten
+Strides = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """An output as the real kernel makes it: its strides, and where the kernel's storage
+    holds more than the tensor spans, the storage's size in elements."""
+
+    strides: Strides
+    storage_elements: int | None = None
+
+
+def _contiguous_strides(shape: Sequence[int]) -> Strides:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _format_strides(shape: Sequence[int], memory_format: torch.memory_format) -> Strides:
+    if memory_format is torch.contiguous_format:
+        return _contiguous_strides(shape)
+    order = (1, 3, 2, 0) if memory_format is torch.channels_last else (1, 4, 3, 2, 0)
+    strides = [0] * len(shape)
+    step = 1
+    for dim in order:
+        strides[dim] = step
+        step *= max(shape[dim], 1)
+    return tuple(strides)
+
+
+def _channels_last_strides(
+    shape: Sequence[int], strides: Sequence[int], order: Sequence[int]
+) -> bool:
+    """ATen's ``is_channels_last_strides_{2,3}d``: strides increasing in channels-last order,
+    a size-1 dimension's stride included, ambiguous cases read as contiguous."""
+    if strides[1] == 0:
+        return False
+    smallest = 0
+    for dim in order:
+        if shape[dim] == 0 or strides[dim] < smallest:
+            return False
+        if dim == 0 and smallest == strides[1]:
+            return False
+        smallest = strides[dim] * (shape[dim] if shape[dim] > 1 else 1)
+    return True
+
+
+def aten_memory_format(tensor: torch.Tensor) -> torch.memory_format:
+    """``Tensor::suggest_memory_format()`` as ATen computes it in C++ (torch's Python
+    ``suggest_memory_format`` skips size-1 dimensions, ATen does not)."""
+    shape, strides = tuple(tensor.shape), tuple(tensor.stride())
+    if tensor.dim() == 4 and _channels_last_strides(shape, strides, (1, 3, 2, 0)):
+        return torch.channels_last
+    if tensor.dim() == 5 and _channels_last_strides(shape, strides, (1, 4, 3, 2, 0)):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def aten_view_strides(
+    old_shape: Sequence[int], old_strides: Sequence[int], new_shape: Sequence[int]
+) -> Strides | None:
+    """ATen's ``computeStride``: the strides of a view of a tensor as ``new_shape``, or None
+    where no view can have it. Torch's Python view (the fake kernel) gives a size-1
+    dimension another stride, which ATen's memory-format tests read."""
+    if not old_shape:
+        return tuple(1 for _ in new_shape)
+    new_strides = [0] * len(new_shape)
+    if math.prod(old_shape) == 0:
+        if tuple(old_shape) == tuple(new_shape):
+            return tuple(old_strides)
+        return _contiguous_strides(new_shape)
+    view_dim = len(new_shape) - 1
+    chunk_stride = old_strides[-1]
+    tensor_numel = view_numel = 1
+    for dim in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[dim]
+        chunk_ends = dim == 0 or (
+            old_shape[dim - 1] != 1 and old_strides[dim - 1] != tensor_numel * chunk_stride
+        )
+        if not chunk_ends:
+            continue
+        while view_dim >= 0 and (view_numel < tensor_numel or new_shape[view_dim] == 1):
+            new_strides[view_dim] = view_numel * chunk_stride
+            view_numel *= new_shape[view_dim]
+            view_dim -= 1
+        if view_numel != tensor_numel:
+            return None
+        if dim > 0:
+            chunk_stride = old_strides[dim - 1]
+            tensor_numel = view_numel = 1
+    return tuple(new_strides) if view_dim == -1 else None
+
+
+def _view(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    source, shape = args[0], args[1]
+    shape = _inferred(shape, source.numel())
+    strides = aten_view_strides(tuple(source.shape), tuple(source.stride()), shape)
+    return {} if strides is None else {0: Allocation(strides)}
+
+
+def _inferred(shape: Sequence[int], numel: int) -> tuple[int, ...]:
+    """``shape`` with its -1 (if any) worked out."""
+    sizes = [int(size) for size in shape]
+    if -1 in sizes:
+        known = math.prod(size for size in sizes if size != -1)
+        sizes[sizes.index(-1)] = numel // known if known else 0
+    return tuple(sizes)
+
+
+def _layer_norm(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    return {0: Allocation(_contiguous_strides(args[0].shape))}
+
+
+def _layer_norm_backward(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    return {0: Allocation(_contiguous_strides(args[1].shape))}
+
+
+def _batch_norm_backward(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    source = args[1]
+    return {0: Allocation(_format_strides(source.shape, aten_memory_format(source)))}
+
+
+def _softplus_backward(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    return {0: Allocation(tuple(compute_elementwise_output_strides(args[0], args[1])))}
+
+
+_VIEWS = {aten.view.default, aten._unsafe_view.default}
+"""Ops whose outputs alias their input: re-strided as views of it, not allocated."""
+
+
+def _upsample(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    return {0: Allocation(_format_strides(outputs[0].shape, aten_memory_format(args[0])))}
+
+
+def _col2im(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    """Both kernels allocate the output like the input, then resize it to the output's
+    shape: a smaller output keeps the input's storage."""
+    output = outputs[0]
+    elements = max(args[0].numel(), output.numel())
+    return {0: Allocation(_contiguous_strides(output.shape), elements)}
+
+
+_Rule = Callable[[Sequence[Any], Sequence[Any]], dict[int, Allocation]]
+
+_RULES: dict[Any, tuple[_Rule, str]] = {
+    aten.view.default: (_view, "view"),
+    aten._unsafe_view.default: (_view, "_unsafe_view"),
+    aten.native_layer_norm.default: (_layer_norm, "native_layer_norm"),
+    aten.native_layer_norm_backward.default: (_layer_norm_backward, "native_layer_norm_backward"),
+    aten.native_batch_norm_backward.default: (_batch_norm_backward, "native_batch_norm_backward"),
+    aten.softplus_backward.default: (_softplus_backward, "softplus_backward"),
+    aten.col2im.default: (_col2im, "col2im"),
+    **{
+        getattr(aten, name).default: (_upsample, name)
+        for name in ("upsample_nearest2d", "upsample_bilinear2d", "upsample_bicubic2d")
+    },
+}
+
+
+def _as_made(tensor: torch.Tensor, allocation: Allocation) -> bool:
+    if tuple(tensor.stride()) != allocation.strides:
+        return False
+    elements = allocation.storage_elements
+    return elements is None or tensor.untyped_storage().nbytes() == elements * tensor.element_size()
+
+
+def _positional(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The op's arguments by position (keywords folded in, by the schema's order)."""
+    values = list(args)
+    for argument in func._schema.arguments[len(args) :]:
+        if argument.name in kwargs:
+            values.append(kwargs[argument.name])
+        elif argument.has_default_value():
+            values.append(argument.default_value)
+        else:
+            break
+    return values
+
+
+class KernelLayouts(TorchDispatchMode):
+    """Above the fake mode: runs each op's fake kernel, then, for the ops in :data:`_RULES`,
+    gives back outputs laid out as the real kernel lays them out (a fresh fake tensor of
+    the same shape and dtype, the fake kernel's dropped before anything records it). Each
+    op corrected is added to ``used`` (the session's assumptions)."""
+
+    def __init__(self, used: set[str]) -> None:
+        super().__init__()
+        self.used = used
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        output = func(*args, **kwargs)
+        rule = _RULES.get(func)
+        if rule is None:
+            return output
+        layout, name = rule
+        outputs = list(output) if isinstance(output, (tuple, list)) else [output]
+        wanted = layout(_positional(func, args, kwargs), outputs)
+        changed = False
+        for index, allocation in wanted.items():
+            tensor = outputs[index]
+            if not isinstance(tensor, torch.Tensor) or _as_made(tensor, allocation):
+                continue
+            strides = allocation.strides
+            if func in _VIEWS:
+                outputs[index] = tensor.as_strided(tensor.shape, strides, tensor.storage_offset())
+            elif allocation.storage_elements is not None:
+                storage = torch.empty(
+                    allocation.storage_elements, dtype=tensor.dtype, device=tensor.device
+                )
+                outputs[index] = storage.as_strided(tensor.shape, strides, 0)
+            else:
+                outputs[index] = torch.empty_strided(
+                    tensor.shape, strides, dtype=tensor.dtype, device=tensor.device
+                )
+            changed = True
+        if not changed:
+            return output
+        if func not in _VIEWS:  # a view's strides are ATen's arithmetic, no kernel's choice
+            self.used.add(f"{name}: outputs laid out as its real kernel lays them out")
+        return type(output)(outputs) if isinstance(output, (tuple, list)) else outputs[0]
