@@ -218,6 +218,12 @@ EXTRA: dict[str, dict[str, Any]] = {
     "swin": {"image_size": 224, "embed_dim": 32, "num_heads": [1, 2, 4, 8]},
     "donut-swin": {"image_size": 224, "embed_dim": 32, "num_heads": [1, 2, 4, 8]},
     "mobilevitv2": {"image_size": 64},  # at 32 its last stage is 1 x 1, too small to unfold
+    # its width, depth and latent count are fields of its own: 1280 wide, 26 layers deep
+    "perceiver": {
+        "d_latents": HIDDEN_SIZE,
+        "num_self_attends_per_block": NUM_LAYERS,
+        "num_latents": 32,
+    },
     # its drop-path rates index each stage's list (one per layer) by the stage's number
     "cvt": {"depth": [1, 2, 3]},
 }
