@@ -61,6 +61,7 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         DATA / "small_gpt.py",
         DATA / "cache_decoder.py",
         DATA / "kernel_layouts.py",
+        DATA / "speech_ctc.py",
     ],
     ids=[
         "stack",
@@ -70,6 +71,7 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         "small_gpt",
         "cache_decoder",
         "layout",
+        "ctc",
     ],
 )
 def test_a_fake_profile_records_the_real_step_exactly(source) -> None:  # type: ignore[no-untyped-def]

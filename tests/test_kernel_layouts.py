@@ -106,6 +106,19 @@ CASES = {
             ("1x1", torch.empty_strided((1, 8, 1, 1), (8, 1, 8, 8)).normal_(), [1, 1]),
         ]
     },
+    "log_softmax_backward": (
+        aten._log_softmax_backward_data,
+        (
+            _transposed(4, 32, 198).transpose(1, 2).transpose(0, 1),
+            torch.randn(198, 4, 32),
+            -1,
+            torch.float32,
+        ),
+    ),
+    "log_softmax_backward_channels_last": (
+        aten._log_softmax_backward_data,
+        (_channels_last(2, 8, 3, 3), _channels_last(2, 8, 3, 3), 1, torch.float32),
+    ),
     "col2im_smaller": (
         aten.col2im,
         (_transposed(4, 288, 64), [64, 1], [9, 1], [1, 1], [4, 0], [1, 1]),
@@ -139,6 +152,7 @@ def test_torch_fake_kernels_lay_some_of_them_out_otherwise() -> None:
         "batch_norm_backward_channels_last_grad",
         "softplus_backward",
         "upsample_bilinear2d_1x1",
+        "log_softmax_backward_channels_last",
         "col2im_smaller",
         "view_batch1_channels_last",
     ]

@@ -30,6 +30,9 @@ CUDA kernel where there is one).
   reads it, where a size-1 dimension's stride counts (the fake kernel's Python test skips
   those, and ``.contiguous(memory_format=...)`` keeps strides a size-1 dimension leaves
   ambiguous).
+* ``_log_softmax_backward_data``: contiguous (the structured kernel's output; the fake
+  kernel follows the incoming gradient, transposed where a CTC loss took (time, batch,
+  vocabulary) log-probabilities).
 * ``col2im`` (``nn.Fold``, ConvBERT's span convolution): both kernels allocate the output
   like the input and resize it to the output's shape, so a smaller output keeps the input's
   storage (9 times its own size in ConvBERT); the fake kernel allocates the output alone.
@@ -177,6 +180,10 @@ def _batch_norm_backward(args: Sequence[Any], outputs: Sequence[Any]) -> dict[in
     return {0: Allocation(_format_strides(source.shape, aten_memory_format(source)))}
 
 
+def _contiguous_like_first(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    return {0: Allocation(_contiguous_strides(args[0].shape))}
+
+
 def _softplus_backward(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
     return {0: Allocation(tuple(compute_elementwise_output_strides(args[0], args[1])))}
 
@@ -207,6 +214,10 @@ _RULES: dict[Any, tuple[_Rule, str]] = {
     aten.native_batch_norm_backward.default: (_batch_norm_backward, "native_batch_norm_backward"),
     aten.softplus_backward.default: (_softplus_backward, "softplus_backward"),
     aten.col2im.default: (_col2im, "col2im"),
+    aten._log_softmax_backward_data.default: (
+        _contiguous_like_first,
+        "_log_softmax_backward_data",
+    ),
     **{
         getattr(aten, name).default: (_upsample, name)
         for name in ("upsample_nearest2d", "upsample_bilinear2d", "upsample_bicubic2d")

@@ -23,6 +23,14 @@ Design notes
   routing an assumption of the plan
   (:attr:`~planner.measure.fake.FakeSession.expert_load_used`); grouped experts
   (``grouped_mm`` over all tokens) need none.
+* **Lengths and masks as values.** CTC's loss takes its input and target lengths as tensors
+  and sizes its outputs by the longest target: with the lengths' shadows known it runs with
+  them as lists, as the real kernels convert them. Indexing by a boolean mask (``x[mask]``,
+  SpecAugment's masked frames, in a forward and in its backward) selects as many elements
+  as the mask holds: with the mask's shadow known, it is given as the integer indices it
+  selects, as the real kernel expands it (speech recognition: wav2vec 2.0 and its family).
+* **Aliases share values.** A tensor made where no mode sees it (the recorder holds saved
+  tensors detached) finds the values of a tensor of the same storage laid out alike.
 """
 
 from __future__ import annotations
@@ -40,6 +48,45 @@ from planner.model_switches import is_routing_choice, routing_for_choice
 
 __all__ = ["SHADOW_NUMEL_LIMIT", "is_fake"]
 
+_aten = torch.ops.aten
+
+
+def _ctc_loss(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: list[int],
+    target_lengths: list[int],
+    *rest: Any,
+    **kwargs: Any,
+) -> Any:
+    """CTC's loss on fake tensors, given its lengths: its outputs as both kernels (CPU and
+    CUDA) allocate them, the loss per example and ``log_alpha`` (batch x time x twice the
+    longest target + 1). Torch's fake kernel calls the op's output shape dynamic."""
+    batch, steps = log_probs.shape[1], log_probs.shape[0]
+    width = 2 * max(target_lengths, default=0) + 1
+    return log_probs.new_empty((batch,)), log_probs.new_empty((batch, steps, width))
+
+
+_MASK_INDEXING = {
+    _aten.index.Tensor,
+    _aten.index_put.default,
+    _aten.index_put_.default,
+    _aten._unsafe_index.Tensor,
+}
+"""Indexing ops whose output's shape (or the values they write) follows a boolean mask among
+their indices: with the mask's shadow known, it is given as the integer indices it selects,
+which fake kernels size (``x[mask]`` in a backward, SpecAugment's masked frames)."""
+
+_LENGTHS_AS_LISTS: dict[Any, tuple[Any, tuple[int, int]]] = {
+    _aten._ctc_loss.Tensor: (_ctc_loss, (2, 3)),
+    _aten._ctc_loss_backward.Tensor: (_aten._ctc_loss_backward.default, (3, 4)),
+}
+"""Ops taking lengths as tensors, whose output's shape depends on the lengths' values (CTC's
+``log_alpha`` is as wide as the longest target): with the lengths' shadows known, they run
+with the lengths as lists (as the real kernels convert them): the overload taking lists, or
+where torch's fake kernel will not size it either, the outputs made here. Op -> (what runs,
+the lengths' positions)."""
+
 
 SHADOW_NUMEL_LIMIT = 1 << 20
 """Integer and boolean tensors of at most this many elements keep real values on fake runs
@@ -56,6 +103,16 @@ _VALUE_ERRORS = (
 )
 
 
+def _geometry(tensor: torch.Tensor) -> tuple[Any, ...]:
+    return (
+        id(tensor.untyped_storage()),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.storage_offset(),
+        tensor.dtype,
+    )
+
+
 class _ValueShadows(TorchDispatchMode):
     """Real values (shadows) of small fake tensors, kept through the ops that make them
     (see the module's design notes). Sits above the fake mode: each op runs fake first;
@@ -67,7 +124,13 @@ class _ValueShadows(TorchDispatchMode):
         # id(fake tensor) -> (weak reference to it, its real CPU values, whether the values
         # come from the routing assumption rather than from the batch)
         self._shadows: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor, bool]] = {}
-        self._stale_storages: set[int] = set()
+        # id(storage) -> a weak reference to it: storages written without known values (an
+        # id alone could name a later storage once the first is freed)
+        self._stale_storages: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        # (id(storage), shape, strides, offset, dtype) -> (a weak reference to the storage,
+        # the values, assumed): the same values for an alias made where no mode saw it (the
+        # recorder holds saved tensors detached)
+        self._aliases: dict[tuple[Any, ...], tuple[weakref.ref[Any], torch.Tensor, bool]] = {}
         self.expert_load = expert_load
         self.routing_seen = False  # a router's top-k pick got assumed values
         self.routing_decided = False  # ... and a shape or a value of the step depended on them
@@ -85,15 +148,36 @@ class _ValueShadows(TorchDispatchMode):
         with torch._C._DisableTorchDispatch():
             value = real.detach().to("cpu")
         self._shadows[key] = (weakref.ref(fake, forget), value, assumed)
-        self._stale_storages.discard(id(fake.untyped_storage()))
+        storage = fake.untyped_storage()
+        self._stale_storages.pop(id(storage), None)
+        alias = _geometry(fake)
+
+        def forget_alias(reference: weakref.ref[Any]) -> None:
+            entry = self._aliases.get(alias)
+            if entry is not None and entry[0] is reference:
+                del self._aliases[alias]
+
+        self._aliases[alias] = (weakref.ref(storage, forget_alias), value, assumed)
 
     def release(self) -> None:
         self._shadows.clear()
         self._stale_storages.clear()
+        self._aliases.clear()
+
+    def _entry(self, tensor: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
+        """The values of ``tensor``, or of an alias of it laid out alike, and whether they
+        are assumed; None where none is known."""
+        entry = self._shadows.get(id(tensor))
+        if entry is not None and entry[0]() is tensor:
+            return entry[1], entry[2]
+        alias = self._aliases.get(_geometry(tensor))
+        if alias is not None and alias[0]() is tensor.untyped_storage():
+            return alias[1], alias[2]
+        return None
 
     def shadow(self, tensor: torch.Tensor) -> torch.Tensor | None:
-        entry = self._shadows.get(id(tensor))
-        if entry is None or entry[0]() is not tensor:
+        entry = self._entry(tensor)
+        if entry is None:
             # A real tensor is its own value: ``x[:, [-1, 0]]`` makes its index tensor from
             # Python data and lifts it into the fake mode (``lift_fresh``). Only a plain
             # tensor: a wrapper subclass (DTensor) holds no values of its own.
@@ -106,16 +190,22 @@ class _ValueShadows(TorchDispatchMode):
             ):
                 return tensor
             return None
-        if id(tensor.untyped_storage()) in self._stale_storages:
+        storage = tensor.untyped_storage()
+        stale = self._stale_storages.get(id(storage))
+        if stale is not None and stale() is storage:
             return None
-        return entry[1]
+        return entry[0]
+
+    def _mark_stale(self, written: torch.Tensor) -> None:
+        storage = written.untyped_storage()
+        self._stale_storages[id(storage)] = weakref.ref(storage)
 
     def _assumed(self, flat: list[Any]) -> bool:
         """Whether a tensor among ``flat`` has values from the routing assumption."""
         for value in flat:
             if isinstance(value, torch.Tensor):
-                entry = self._shadows.get(id(value))
-                if entry is not None and entry[2] and entry[0]() is value:
+                entry = self._entry(value)
+                if entry is not None and entry[1]:
                     return True
         return False
 
@@ -154,10 +244,50 @@ class _ValueShadows(TorchDispatchMode):
                 return False
         return True
 
+    def _lengths_as_lists(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """``func`` run as its overload taking lengths as lists (:data:`_LENGTHS_AS_LISTS`),
+        or ``NotImplemented`` where a length tensor has no shadow."""
+        overload, positions = _LENGTHS_AS_LISTS[func]
+        values = list(args)
+        for position in positions:
+            if position >= len(values):
+                return NotImplemented
+            lengths = self.shadow(values[position])
+            if lengths is None:
+                return NotImplemented
+            with torch._C._DisableTorchDispatch():  # real values, read outside the fake mode
+                values[position] = [int(length) for length in lengths.tolist()]
+        return overload(*values, **kwargs)
+
+    def _masks_as_indices(self, args: Any) -> tuple[Any, ...] | None:
+        """``args`` of an indexing op with each boolean mask among its indices that has a
+        shadow replaced by the integer indices it selects (``mask.nonzero()``, one per
+        dimension, as the real kernel expands it), or None where there is none."""
+        indices: list[Any] = []
+        changed = False
+        for index in args[1]:
+            masked = isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
+            mask = self.shadow(index) if masked else None
+            if mask is None:
+                indices.append(index)
+                continue
+            with torch._C._DisableTorchDispatch():  # real values, outside the fake mode
+                indices.extend(mask.bool().nonzero().unbind(1))
+            changed = True
+        return (args[0], indices, *args[2:]) if changed else None
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if func in _MASK_INDEXING and len(args) > 1:
+            expanded = self._masks_as_indices(args)
+            if expanded is not None:
+                return func(*expanded, **kwargs)
         if is_routing_choice(func, args, kwargs) and self.shadow(args[0]) is None:
             return self._routing_choice(func, args, kwargs)
+        if func in _LENGTHS_AS_LISTS:
+            out = self._lengths_as_lists(func, args, kwargs)
+            if out is not NotImplemented:
+                return out
         known = (
             torch.Tag.nondeterministic_seeded not in func.tags
             and self._all_known(args)
@@ -168,7 +298,7 @@ class _ValueShadows(TorchDispatchMode):
             if writes_in_place(func):
                 # Written without known values: the storage's shadows (its views') are stale.
                 for written in written_arguments(func, args, kwargs):
-                    self._stale_storages.add(id(written.untyped_storage()))
+                    self._mark_stale(written)
             return out
         flat, spec = tree_flatten((args, kwargs))
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
@@ -201,5 +331,5 @@ class _ValueShadows(TorchDispatchMode):
                 self.attach(fake, value, assumed=assumed)
         elif writes_in_place(func):
             for written in written_arguments(func, args, kwargs):
-                self._stale_storages.add(id(written.untyped_storage()))
+                self._mark_stale(written)
         return out
