@@ -50,6 +50,7 @@ from torch.utils._pytree import tree_flatten
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.hf_sweep_models import TASKS  # noqa: E402
 from planner.core.fileio import atomic_write_text  # noqa: E402
 from planner.core.records import Profile  # noqa: E402
 from planner.measure.fake import build_fake_workload  # noqa: E402
@@ -236,7 +237,7 @@ def check_model(path: Path, size_one_strides: bool = False) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--zoo", action="store_true", help="the zoo's architectures")
-    parser.add_argument("--task", choices=["causal-lm", "masked-lm", "seq2seq", "image"])
+    parser.add_argument("--task", choices=list(TASKS))
     parser.add_argument("--only", help="comma-separated names")
     parser.add_argument("--model-file", action="append", default=[])
     parser.add_argument(

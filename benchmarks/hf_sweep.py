@@ -2,7 +2,7 @@
 the models users bring, beyond the zoo's 24.
 
 For each model type of a ``transformers`` task mapping (``--task``: causal-lm, masked-lm,
-seq2seq, image) that the zoo does not hold, benchmarks/hf_sweep_models.py builds the model
+seq2seq, image, ctc: speech recognition) that the zoo does not hold, benchmarks/hf_sweep_models.py builds the model
 from its config's defaults with only the sizes made small. Then, in a process of its own
 (a model that hangs or breaks global state takes only itself down; ``--timeout`` each):
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from benchmarks.zoo_models import (
+    BATCH_SIZE,
     EXPERT_SIZE,
     EXPERTS_PER_TOKEN,
     HEAD_DIM,
@@ -76,9 +77,15 @@ TASKS = {
     "image": Task(
         "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification"
     ),
+    "ctc": Task("MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC"),
 }
-"""The tasks, each named as the zoo's batch kind it trains on
-(:func:`benchmarks.zoo_models.sample_batch`)."""
+"""The tasks, each named as the batch kind it trains on: the zoo's
+(:func:`benchmarks.zoo_models.sample_batch`), and speech recognition with a CTC head
+(:func:`sample_batch`)."""
+
+AUDIO_SAMPLES, AUDIO_FRAMES, TRANSCRIPT_LEN = 16_000, 64, 8
+"""A CTC batch: one second of 16 kHz audio per example (wav2vec 2.0's feature encoder makes
+49 frames of it), or 64 frames of features for models that take features; 8 labels each."""
 
 ZOO_TYPES = {
     "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
@@ -413,6 +420,8 @@ def make_config(task: str, model_type: str) -> Any:
     overrides = _overrides(default, extra, IMAGE_SIZES if image else {})
     if image:
         overrides["num_labels"] = NUM_CLASSES
+    if task == "ctc" and default.vocab_size is None:
+        overrides["vocab_size"] = VOCAB_SIZE  # its head's width: users set it from a tokenizer
     arguments = {}
     for name, value in overrides.items():
         if isinstance(value, dict) and not isinstance(_own(default, name), dict):
@@ -442,7 +451,10 @@ def build_model(task: str, model_type: str) -> Any:
 
 
 def sample_batch(task: str, model_type: str) -> dict[str, Any]:
-    """The zoo's batch for ``task``; images of the size and channels the config asks."""
+    """The zoo's batch for ``task``; images of the size and channels the config asks; for
+    ``ctc``, audio (or features) in the model's main input and a transcript each."""
+    if task == "ctc":
+        return _speech_batch(model_type)
     if task != "image":
         return zoo_sample_batch(task)
     config = make_config(task, model_type)
@@ -450,6 +462,34 @@ def sample_batch(task: str, model_type: str) -> dict[str, Any]:
     height, width = (size, size) if isinstance(size, int) else size
     channels = getattr(config, "num_channels", 3)
     return zoo_sample_batch("image", image_shape=(channels, height, width))
+
+
+def _speech_batch(model_type: str) -> dict[str, Any]:
+    """Raw audio (``input_values``: batch x samples) or features (``input_features``: batch
+    x frames x the width the config's feature projection takes, with an all-ones
+    ``attention_mask``), whichever the model's class names as its main input, and labels
+    from 1 up (0 is CTC's blank)."""
+    import torch
+
+    transformers = importlib.import_module("transformers")
+    config = make_config("ctc", model_type)
+    model_class = getattr(transformers, _mapping("ctc")[model_type])
+    main_input = getattr(model_class, "main_input_name", "input_values")
+    if main_input == "input_features":
+        widths = (
+            getattr(owner, name, None)
+            for owner in (config, getattr(config, "encoder_config", None))
+            for name in ("feature_projection_input_dim", "num_mel_bins", "feature_size")
+        )
+        width = next(width for width in widths if isinstance(width, int))
+        features = torch.randn(BATCH_SIZE, AUDIO_FRAMES, width)
+        # as a feature extractor gives it (some models need it: Parakeet, LASR)
+        mask = torch.ones(BATCH_SIZE, AUDIO_FRAMES, dtype=torch.long)
+        batch = {main_input: features, "attention_mask": mask}
+    else:
+        batch = {main_input: torch.randn(BATCH_SIZE, AUDIO_SAMPLES)}
+    labels = torch.randint(1, config.vocab_size, (BATCH_SIZE, TRANSCRIPT_LEN))
+    return {**batch, "labels": labels}
 
 
 _MODEL_FILE = '''"""ckpt-plan Hugging Face sweep: {model_type} ({task}), written by

@@ -62,6 +62,16 @@ def test_a_vision_model_keeps_its_stages_with_fewer_layers() -> None:
     assert tuple(batch["pixel_values"].shape) == (4, 3, 64, 64)
 
 
+def test_a_speech_recognizer_gets_audio_or_features_as_its_class_takes_them() -> None:
+    audio = sample_batch("ctc", "wav2vec2")  # raw audio: input_values
+    assert tuple(audio["input_values"].shape) == (4, 16_000)
+    assert audio["labels"].shape == (4, 8) and int(audio["labels"].min()) >= 1  # 0: blank
+    features = sample_batch("ctc", "parakeet_ctc")  # its encoder's mel bins
+    assert tuple(features["input_features"].shape) == (4, 64, 80)
+    assert tuple(features["attention_mask"].shape) == (4, 64)
+    assert make_config("ctc", "wav2vec2-bert").vocab_size == 1000  # its default has none
+
+
 @pytest.mark.slow
 def test_a_type_is_planned_and_checked(tmp_path: Path) -> None:
     row = hf_sweep.sweep_one("masked-lm", "albert", tmp_path)
