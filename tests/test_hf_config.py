@@ -217,6 +217,14 @@ SHAPE = ["--batch-size", "1", "--seq-len", "8"]
         (["--hf", "unknown.json", *SHAPE], ["does not know model_type 'not-a-model'"]),
         (["--hf", "not-json.json", *SHAPE], ["not a readable JSON config"]),
         (["--hf", "vit.json", *SHAPE], ["no causal language model", "write a model file"]),
+        (
+            ["--hf", "vit-classifier.json", *SHAPE],
+            ["ViTForImageClassification takes pixel_values", "write a model file"],
+        ),
+        (
+            ["--hf", "wav2vec2.json", *SHAPE],
+            ["Wav2Vec2ForCTC takes input_values", "batches of token ids"],
+        ),
         (["--hf", "gpt2.json", "--batch-size", "1", "--seq-len", "65"], ["--seq-len 64 or less"]),
     ],
 )
@@ -229,6 +237,10 @@ def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
     (workdir / "not-json.json").write_text("{", encoding="utf-8")
     _write(workdir / "vit.json", {"model_type": "vit", "hidden_size": 32, "num_attention_heads": 2})
     _write(workdir / "gpt2.json", TINY_GPT2)
+    vit = {"model_type": "vit", "hidden_size": 32, "num_attention_heads": 2}
+    _write(workdir / "vit-classifier.json", {**vit, "architectures": ["ViTForImageClassification"]})
+    speech = {"model_type": "wav2vec2", "vocab_size": 32, "architectures": ["Wav2Vec2ForCTC"]}
+    _write(workdir / "wav2vec2.json", speech)
     before = _files(workdir)
     result = CliRunner().invoke(app, [*PROFILE, *arguments])
     assert result.exit_code == 4, result.output

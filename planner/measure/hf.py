@@ -18,7 +18,9 @@ What is built, and why:
 * **The batch**: ``input_ids`` (``batch_size`` x ``seq_len``, int64, uniform below
   ``vocab_size``, from the seeded RNG), ``attention_mask`` (all ones) and ``labels`` (a copy
   of ``input_ids``: the model shifts them itself, as a causal-LM data collator gives them).
-  The loss is the model's own ``output.loss``.
+  The loss is the model's own ``output.loss``. A class whose main input is not token ids
+  (an image classifier's ``pixel_values``, a speech recognizer's ``input_values``) is an
+  error naming it: its batch needs a model file.
 * **The optimizer**: ``torch.optim.AdamW(fused=True, lr=5e-5)``, the Hugging Face Trainer's
   default (``optim="adamw_torch_fused"``). Its state is in the parameters' dtype.
 * **The dtype**: ``--dtype``, else the config's own (``dtype`` or ``torch_dtype``), else
@@ -225,6 +227,13 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     transformers = _transformers()
     config = _build_config(source)
     model_class = _model_class(source, config)
+    main_input = getattr(model_class, "main_input_name", "input_ids")
+    if main_input != "input_ids":
+        raise ModelFileError(
+            f"--hf {source.path}: {model_class.__name__} takes {main_input}, and --hf builds "
+            f"batches of token ids; write a model file whose sample_batch() gives "
+            f"{main_input} (examples/hf_vit.py does for an image classifier)"
+        )
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
     if not isinstance(vocab_size, int) or vocab_size < 1:
         raise ModelFileError(
