@@ -62,6 +62,7 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         DATA / "cache_decoder.py",
         DATA / "kernel_layouts.py",
         DATA / "speech_ctc.py",
+        DATA / "view_writes.py",
     ],
     ids=[
         "stack",
@@ -72,6 +73,7 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         "cache_decoder",
         "layout",
         "ctc",
+        "view_writes",
     ],
 )
 def test_a_fake_profile_records_the_real_step_exactly(source) -> None:  # type: ignore[no-untyped-def]
