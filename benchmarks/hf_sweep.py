@@ -2,8 +2,9 @@
 the models users bring, beyond the zoo's 24.
 
 For each model type of a ``transformers`` task mapping (``--task``: causal-lm, masked-lm,
-seq2seq, image, ctc: speech recognition) that the zoo does not hold, benchmarks/hf_sweep_models.py builds the model
-from its config's defaults with only the sizes made small. Then, in a process of its own
+seq2seq, image, ctc: speech recognition) that the zoo does not hold,
+benchmarks/hf_sweep_models.py builds the model from its config's defaults with only the
+sizes made small. Then, in a process of its own
 (a model that hangs or breaks global state takes only itself down; ``--timeout`` each):
 
 1. one real training step with no plan: where the default config or this step fails

@@ -376,7 +376,7 @@ def _overrides(config: Any, extra: dict[str, Any], extra_sizes: dict[str, Any]) 
         # Per-layer lists, layer_types first: its kinds choose which 2 layers stay.
         per_layer = {
             name: _own(config, name)
-            for name in sorted(_fields(config), key=lambda name: name != "layer_types")
+            for name in sorted(_fields(config), key=lambda name: (name != "layer_types", name))
             if isinstance(_own(config, name), list)
             and len(_own(config, name)) == layers
             and name not in extra
@@ -481,7 +481,9 @@ def _speech_batch(model_type: str) -> dict[str, Any]:
             for owner in (config, getattr(config, "encoder_config", None))
             for name in ("feature_projection_input_dim", "num_mel_bins", "feature_size")
         )
-        width = next(width for width in widths if isinstance(width, int))
+        width = next((width for width in widths if isinstance(width, int)), None)
+        if width is None:
+            raise ValueError(f"{model_type}: no feature width in its config")
         features = torch.randn(BATCH_SIZE, AUDIO_FRAMES, width)
         # as a feature extractor gives it (some models need it: Parakeet, LASR)
         mask = torch.ones(BATCH_SIZE, AUDIO_FRAMES, dtype=torch.long)

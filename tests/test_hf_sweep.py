@@ -5,6 +5,9 @@ whole sweep is ``python benchmarks/hf_sweep.py --task TASK``."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -42,6 +45,28 @@ def test_two_layers_keep_every_kind_of_layer_the_model_mixes() -> None:
     assert len(set(default.layer_types)) == 2 and default.layer_types[0] == "linear_attention"
     config = make_config("causal-lm", "qwen3_next")
     assert config.layer_types == ["linear_attention", "full_attention"]
+
+
+def test_the_layers_kept_do_not_depend_on_the_processs_hash_seed() -> None:
+    """The profile and its check build the model in separate processes: HY-V4's three
+    per-layer lists once chose its 2 layers in set order, so the two could differ."""
+    script = (
+        "from benchmarks.hf_sweep_models import make_config; "
+        "print(make_config('causal-lm', 'hy_v4').to_json_string())"
+    )
+    root = Path(__file__).resolve().parent.parent
+    configs = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=root,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(configs) == 1
 
 
 def test_token_ids_move_into_the_small_vocabulary() -> None:
