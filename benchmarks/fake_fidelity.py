@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import random
 import sys
 import tempfile
 import traceback
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -105,6 +107,14 @@ class OpLog(TorchDispatchMode):
         return output
 
 
+def _seed_other_rngs() -> None:
+    """Seed Python's and NumPy's generators, which the tool does not (torch's it does):
+    SpecAugment (wav2vec 2.0's masked frames) draws its mask from NumPy, and both steps
+    should draw the same one."""
+    random.seed(0)
+    numpy.random.seed(0)
+
+
 ROUTING = "routing assumed"
 VIEW_WRITES = "in-place writes into views"
 """A known difference (docs/how-it-works.md, "Layouts as the real kernels make them"): for
@@ -118,7 +128,9 @@ def storages_differ(path: Path) -> str:
     real step's ('' where they are the same; :data:`ROUTING` where shapes depend on a
     mixture-of-experts routing, which the fake step assumes)."""
     model_file = load_model_file(path)
+    _seed_other_rngs()
     real = record_memory(build_workload(model_file, "cpu"))
+    _seed_other_rngs()
     fake_workload, session = build_fake_workload(model_file, "cpu")
     fake = record_memory(fake_workload, session=session)
     session.release()
@@ -150,10 +162,12 @@ def logged_steps(
     ops among them that return views; how many ops wrote into a view of a tensor that needs
     a gradient (in the real step)."""
     model_file = load_model_file(path)
+    _seed_other_rngs()
     real = build_workload(model_file, "cpu")
     with OpLog(size_one_strides) as real_log:
         run_training_step(real, seed=0)
     del real
+    _seed_other_rngs()
     fake, session = build_fake_workload(model_file, "cpu")
     with session.running(), OpLog(size_one_strides) as fake_log:
         run_training_step(fake, seed=0)
