@@ -117,7 +117,7 @@ def _seed_other_rngs() -> None:
 
 ROUTING = "routing assumed"
 VIEW_WRITES = "in-place writes into views"
-"""A known difference (docs/how-it-works.md, "Layouts as the real kernels make them"): for
+"""A known difference (docs/results.md, "The fake step against the real step"): for
 real tensors autograd rebuilds such a view's backward as an ``as_strided`` of its base,
 which allocates a zeroed buffer of the base's size; for fake tensors (a tensor subclass) it
 replays the views instead."""

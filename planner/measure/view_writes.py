@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._pytree import tree_flatten
 
 from planner.apply.wrap import RecomputedUnder
 
@@ -78,6 +77,18 @@ def _min_storage(sizes: Sequence[int], strides: Sequence[int], offset: int) -> i
     return offset + sum(stride * (size - 1) for stride, size in _spanned(sizes, strides)) + 1
 
 
+def _tensors(args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The fake tensors among a call's arguments, and in its lists and tuples (a cheap scan:
+    this runs for every torch function of the fake step)."""
+    found: list[torch.Tensor] = []
+    for value in (*args, *kwargs.values()):
+        if type(value) is FakeTensor:
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(item for item in value if type(item) is FakeTensor)
+    return found
+
+
 class ViewWriteBuffers(RecomputedUnder):
     """The fake session's mode (module docstring); a checkpoint's recomputation runs under it
     too. ``written`` counts the writes whose backward got a buffer."""
@@ -90,11 +101,10 @@ class ViewWriteBuffers(RecomputedUnder):
         kwargs = kwargs or {}
         if not torch.is_grad_enabled():
             return func(*args, **kwargs)
-        flat, _ = tree_flatten((args, kwargs))
         views = [
             tensor
-            for tensor in flat
-            if type(tensor) is FakeTensor and tensor.requires_grad and tensor._is_view()
+            for tensor in _tensors(args, kwargs)
+            if tensor.requires_grad and tensor._is_view()
         ]
         if not views:
             return func(*args, **kwargs)
