@@ -305,7 +305,8 @@ class _PaddingAware(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(mask.shape[1]).expand_as(mask)
-        if bool((mask == 0).any()) or int(positions[0, -1]) != mask.shape[1] - 1:
+        kept = positions[mask.bool()]  # a boolean mask's selection keeps its values too
+        if bool((mask == 0).any()) or int(kept.max()) != mask.shape[1] - 1:
             x = x * mask.unsqueeze(-1)  # an extra (B, T, 8) tensor: only with padding
         return self.inner(x).square().mean()
 

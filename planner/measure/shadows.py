@@ -170,6 +170,8 @@ class _ValueShadows(TorchDispatchMode):
         entry = self._shadows.get(id(tensor))
         if entry is not None and entry[0]() is tensor:
             return entry[1], entry[2]
+        if tensor.numel() > self.limit:
+            return None  # none attached (and the lookup runs for every big input of the step)
         alias = self._aliases.get(_geometry(tensor))
         if alias is not None and alias[0]() is tensor.untyped_storage():
             return alias[1], alias[2]
@@ -276,25 +278,30 @@ class _ValueShadows(TorchDispatchMode):
             changed = True
         return (args[0], indices, *args[2:]) if changed else None
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        if func in _MASK_INDEXING and len(args) > 1:
-            expanded = self._masks_as_indices(args)
-            if expanded is not None:
-                return func(*expanded, **kwargs)
-        if is_routing_choice(func, args, kwargs) and self.shadow(args[0]) is None:
-            return self._routing_choice(func, args, kwargs)
+    def _sized_by_values(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """``func`` on inputs not all known, its lengths and boolean masks given as the values
+        their shadows hold where it takes them (:data:`_LENGTHS_AS_LISTS`,
+        :data:`_MASK_INDEXING`): what sizes its output. (With every input known, the known
+        path computes such an output, shadows included.)"""
         if func in _LENGTHS_AS_LISTS:
             out = self._lengths_as_lists(func, args, kwargs)
             if out is not NotImplemented:
                 return out
+        if func in _MASK_INDEXING and len(args) > 1:
+            args = self._masks_as_indices(args) or args
+        return func(*args, **kwargs)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if is_routing_choice(func, args, kwargs) and self.shadow(args[0]) is None:
+            return self._routing_choice(func, args, kwargs)
         known = (
             torch.Tag.nondeterministic_seeded not in func.tags
             and self._all_known(args)
             and self._all_known(kwargs.values())
         )
         if not known:
-            out = func(*args, **kwargs)
+            out = self._sized_by_values(func, args, kwargs)
             if writes_in_place(func):
                 # Written without known values: the storage's shadows (its views') are stale.
                 for written in written_arguments(func, args, kwargs):
