@@ -167,10 +167,6 @@ def _inferred(shape: Sequence[int], numel: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def _layer_norm(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
-    return {0: Allocation(_contiguous_strides(args[0].shape))}
-
-
 def _layer_norm_backward(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
     return {0: Allocation(_contiguous_strides(args[1].shape))}
 
@@ -206,22 +202,18 @@ def _col2im(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation
 
 _Rule = Callable[[Sequence[Any], Sequence[Any]], dict[int, Allocation]]
 
-_RULES: dict[Any, tuple[_Rule, str]] = {
-    aten.view.default: (_view, "view"),
-    aten._unsafe_view.default: (_view, "_unsafe_view"),
-    aten.native_layer_norm.default: (_layer_norm, "native_layer_norm"),
-    aten.native_layer_norm_backward.default: (_layer_norm_backward, "native_layer_norm_backward"),
-    aten.native_batch_norm_backward.default: (_batch_norm_backward, "native_batch_norm_backward"),
-    aten.softplus_backward.default: (_softplus_backward, "softplus_backward"),
-    aten.col2im.default: (_col2im, "col2im"),
-    aten._log_softmax_backward_data.default: (
-        _contiguous_like_first,
-        "_log_softmax_backward_data",
-    ),
-    **{
-        getattr(aten, name).default: (_upsample, name)
-        for name in ("upsample_nearest2d", "upsample_bilinear2d", "upsample_bicubic2d")
-    },
+_RULES: dict[Any, _Rule] = {
+    aten.view.default: _view,
+    aten._unsafe_view.default: _view,
+    aten.native_layer_norm.default: _contiguous_like_first,
+    aten.native_layer_norm_backward.default: _layer_norm_backward,
+    aten.native_batch_norm_backward.default: _batch_norm_backward,
+    aten.softplus_backward.default: _softplus_backward,
+    aten.col2im.default: _col2im,
+    aten._log_softmax_backward_data.default: _contiguous_like_first,
+    aten.upsample_nearest2d.default: _upsample,
+    aten.upsample_bilinear2d.default: _upsample,
+    aten.upsample_bicubic2d.default: _upsample,
 }
 
 
@@ -258,10 +250,9 @@ class KernelLayouts(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         output = func(*args, **kwargs)
-        rule = _RULES.get(func)
-        if rule is None:
+        layout = _RULES.get(func)
+        if layout is None:
             return output
-        layout, name = rule
         outputs = list(output) if isinstance(output, (tuple, list)) else [output]
         wanted = layout(_positional(func, args, kwargs), outputs)
         changed = False
@@ -285,5 +276,6 @@ class KernelLayouts(TorchDispatchMode):
         if not changed:
             return output
         if func not in _VIEWS:  # a view's strides are ATen's arithmetic, no kernel's choice
+            name = func.overloadpacket.__name__
             self.used.add(f"{name}: outputs laid out as its real kernel lays them out")
         return type(output)(outputs) if isinstance(output, (tuple, list)) else outputs[0]

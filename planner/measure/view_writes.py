@@ -91,11 +91,7 @@ def _tensors(args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
 
 class ViewWriteBuffers(RecomputedUnder):
     """The fake session's mode (module docstring); a checkpoint's recomputation runs under it
-    too. ``written`` counts the writes whose backward got a buffer."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = 0
+    too."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -152,4 +148,3 @@ class ViewWriteBuffers(RecomputedUnder):
             return (buffer, *grad_inputs[1:])
 
         last.register_hook(as_strided_backward)
-        self.written += 1
