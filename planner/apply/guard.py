@@ -65,8 +65,16 @@ class FirstForwardGuard:
         guard = cls(plan)
         guard.handle = model.register_forward_pre_hook(guard, with_kwargs=True)
 
-    @torch.compiler.disable
     def __call__(self, model: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        if torch.compiler.is_compiling():
+            # Traced by torch.compile: the check runs eagerly, outside the graph. Disabled
+            # here, not by a decorator: that imports TorchDynamo with this module, 1.1 s of
+            # every process's start (each rank, each check), compiling or not.
+            check = torch.compiler.disable(self._check, reason="ckpt-plan's one-time check")
+            return check(model, args, kwargs)
+        return self._check(model, args, kwargs)
+
+    def _check(self, model: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if not torch.is_grad_enabled():
             return None  # evaluation: nothing is saved, so nothing the plan decided matters
         self.handle.remove()
