@@ -4,7 +4,10 @@ the models users bring, beyond the zoo's 24.
 For each model type of a ``transformers`` task mapping (``--task``: causal-lm, masked-lm,
 seq2seq, image, ctc: speech recognition) that the zoo does not hold,
 benchmarks/hf_sweep_models.py builds the model from its config's defaults with only the
-sizes made small. Then, in a process of its own
+sizes made small. The fine-tuning heads (sequence-classification, token-classification,
+question-answering) take every type, the zoo's too, and go through ``--hf``: the small config
+is written as a config.json naming the head's class, and ckpt-plan builds the model and its
+batch from it (step 1 then runs that model on that batch). Then, in a process of its own
 (a model that hangs or breaks global state takes only itself down; ``--timeout`` each):
 
 1. one real training step with no plan: where the default config or this step fails
@@ -57,10 +60,12 @@ from benchmarks.hf_sweep_models import (  # noqa: E402
     build_model,
     model_types,
     sample_batch,
+    write_hf_config,
     write_model_file,
 )
 from benchmarks.zoo import COLUMNS, failed, plan_model_file  # noqa: E402
 from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
+from planner.measure.workload import load_model_file  # noqa: E402
 
 DEFAULT_TIMEOUT_S = 180.0
 REFUSALS = ("the model's modules changed during its training step",)
@@ -114,11 +119,18 @@ def sweep_one(task: str, model_type: str, folder: Path) -> dict[str, object]:
 
     row: dict[str, object] = {"task": task, "model_type": model_type}
     started = time.perf_counter()
+    path: Path | str
     try:
         torch.manual_seed(0)
-        model = build_model(task, model_type)
+        if TASKS[task].via_hf:  # the model and batch `--hf` builds from the config
+            path = write_hf_config(task, model_type, folder)
+            hf_file = load_model_file(path)
+            model, batch = hf_file.build_model(), hf_file.sample_batch()
+        else:
+            path = write_model_file(task, model_type, folder)
+            model, batch = build_model(task, model_type), sample_batch(task, model_type)
         model.train()
-        model(**sample_batch(task, model_type)).loss.backward()
+        model(**batch).loss.backward()
         row["parameters"] = sum(parameter.numel() for parameter in model.parameters())
         del model
     except Exception as error:
@@ -128,7 +140,6 @@ def sweep_one(task: str, model_type: str, folder: Path) -> dict[str, object]:
             seconds=round(time.perf_counter() - started, 1),
         )
         return row
-    path = write_model_file(task, model_type, folder)
     (planned,) = plan_model_file(path, {}, budgets=("mid",))
     row.update({key: value for key, value in planned.items() if key not in _ZOO_ONLY})
     outcome, detail = verdict(planned)
@@ -204,11 +215,16 @@ def report(task: str, frame: pd.DataFrame) -> str:
     )
     counts = frame["outcome"].value_counts()
     ok = frame[frame["outcome"] == "ok"]
+    how = (
+        "every type planned through `--hf` on its config (the batch is ckpt-plan's own), "
+        "the zoo's included"
+        if TASKS[task].via_hf
+        else "the zoo's types are left out (benchmarks/zoo.py checks them)"
+    )
     lines = [
         f"# Hugging Face sweep: {task} ({TASKS[task].mapping})",
         "",
-        f"Written by `python benchmarks/hf_sweep.py --task {task}` ({versions}); the zoo's "
-        "types are left out (benchmarks/zoo.py checks them).",
+        f"Written by `python benchmarks/hf_sweep.py --task {task}` ({versions}); {how}.",
         "",
         ", ".join(f"**{count} {outcome}**" for outcome, count in counts.items())
         + f" of {len(frame)} types.",

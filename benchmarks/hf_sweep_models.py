@@ -49,6 +49,7 @@ from benchmarks.zoo_models import (
     NUM_HEADS,
     NUM_KV_HEADS,
     NUM_LAYERS,
+    SEQ_LEN,
     VOCAB_SIZE,
     ZOO,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "make_config",
     "model_types",
     "sample_batch",
+    "write_hf_config",
     "write_model_file",
 ]
 
@@ -68,6 +70,7 @@ __all__ = [
 class Task(NamedTuple):
     mapping: str  # in transformers.models.auto.modeling_auto: model type -> class name
     auto_class: str  # the class that builds a model of the task from any config
+    via_hf: bool = False  # planned through `--hf CONFIG` (its batch), not a model file
 
 
 TASKS = {
@@ -78,10 +81,25 @@ TASKS = {
         "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification"
     ),
     "ctc": Task("MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC"),
+    "sequence-classification": Task(
+        "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+        "AutoModelForSequenceClassification",
+        via_hf=True,
+    ),
+    "token-classification": Task(
+        "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+        "AutoModelForTokenClassification",
+        via_hf=True,
+    ),
+    "question-answering": Task(
+        "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "AutoModelForQuestionAnswering", via_hf=True
+    ),
 }
 """The tasks, each named as the batch kind it trains on: the zoo's
-(:func:`benchmarks.zoo_models.sample_batch`), and speech recognition with a CTC head
-(:func:`sample_batch`)."""
+(:func:`benchmarks.zoo_models.sample_batch`), speech recognition with a CTC head
+(:func:`sample_batch`), and the heads fine-tuning puts on a text model, planned as a user
+plans them: ``--hf`` on the config (:func:`write_hf_config`), whose batch is ckpt-plan's own
+(``planner/measure/hf.py``). Those include the zoo's types: the zoo has none of these heads."""
 
 AUDIO_SAMPLES, AUDIO_FRAMES, TRANSCRIPT_LEN = 16_000, 64, 8
 """A CTC batch: one second of 16 kHz audio per example (wav2vec 2.0's feature encoder makes
@@ -255,8 +273,10 @@ def _mapping(task: str) -> dict[str, str]:
 
 
 def model_types(task: str) -> list[str]:
-    """The model types of ``task``'s mapping, in its order, less the zoo's."""
-    return [model_type for model_type in _mapping(task) if model_type not in ZOO_TYPES]
+    """The model types of ``task``'s mapping, in its order, less the zoo's (which has no
+    ``--hf`` heads: those tasks keep them)."""
+    keep_zoo = TASKS[task].via_hf
+    return [model_type for model_type in _mapping(task) if keep_zoo or model_type not in ZOO_TYPES]
 
 
 def _own(config: Any, name: str, default: Any = None) -> Any:
@@ -520,6 +540,19 @@ def write_model_file(task: str, model_type: str, folder: Path) -> Path:
     source = _MODEL_FILE.format(task=task, model_type=model_type, root=root)
     path.write_text(source, encoding="utf-8")
     return path
+
+
+def write_hf_config(task: str, model_type: str, folder: Path) -> str:
+    """Write ``model_type``'s small config (:func:`make_config`) naming ``task``'s class in
+    ``architectures`` as ``folder/TYPE/config.json``: the ``--hf`` source that plans it, as a
+    string (the zoo's batch size and sequence length, float32)."""
+    config = make_config(task, model_type)
+    class_name = _mapping(task)[model_type]
+    config.architectures = [class_name]
+    path = Path(folder) / model_type / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    config.to_json_file(str(path), use_diff=False)
+    return f"hf:{path.resolve()}?batch_size={BATCH_SIZE}&seq_len={SEQ_LEN}&dtype=float32"
 
 
 def _main() -> None:  # a quick look: python -m benchmarks.hf_sweep_models TASK [TYPE]

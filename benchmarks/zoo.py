@@ -137,7 +137,7 @@ def plan_architecture(name: str, folder: Path) -> list[dict[str, object]]:
 
 
 def plan_model_file(
-    path: Path, base: dict[str, object], budgets: tuple[str, ...] = BUDGETS
+    path: Path | str, base: dict[str, object], budgets: tuple[str, ...] = BUDGETS
 ) -> list[dict[str, object]]:
     """:func:`plan_architecture` for any model file, at some of :data:`BUDGETS`: rows
     holding ``base`` and what was measured."""

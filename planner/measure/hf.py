@@ -16,11 +16,18 @@ What is built, and why:
   model file's is, so an 8B config plans on a laptop. ``use_cache`` is set to False: a
   training step keeps no key/value cache (a model that fills one is not checkpointable).
 * **The batch**: ``input_ids`` (``batch_size`` x ``seq_len``, int64, uniform below
-  ``vocab_size``, from the seeded RNG), ``attention_mask`` (all ones) and ``labels`` (a copy
-  of ``input_ids``: the model shifts them itself, as a causal-LM data collator gives them).
-  The loss is the model's own ``output.loss``. A class whose main input is not token ids
-  (an image classifier's ``pixel_values``, a speech recognizer's ``input_values``) is an
-  error naming it: its batch needs a model file.
+  ``vocab_size``, from the seeded RNG), ``attention_mask`` (all ones) and the targets the
+  class's head takes, as its data collator gives them (:func:`_targets`): for a language
+  model (causal, masked, sequence-to-sequence) ``labels``, a copy of ``input_ids`` (the model
+  shifts them itself); for a sequence classifier one label per sequence (below
+  ``num_labels``; floats for regression and multi-label problems); for a token classifier
+  one per token; for extractive question answering ``start_positions`` and
+  ``end_positions``. A sequence classifier whose config names no ``pad_token_id`` gets its
+  ``eos_token_id`` as one (what fine-tuning scripts set: decoder-only classifiers find each
+  sequence's last token by it and refuse batches of more than one without it). The loss is
+  the model's own ``output.loss``. A class whose main input is not token ids (an image
+  classifier's ``pixel_values``, a speech recognizer's ``input_values``), or a multiple-choice
+  head (a batch of choices per example), is an error naming it: its batch needs a model file.
 * **The optimizer**: ``torch.optim.AdamW(fused=True, lr=5e-5)``, the Hugging Face Trainer's
   default (``optim="adamw_torch_fused"``). Its state is in the parameters' dtype.
 * **The dtype**: ``--dtype``, else the config's own (``dtype`` or ``torch_dtype``), else
@@ -196,6 +203,67 @@ def _model_class(source: WorkloadSource, config: Any) -> Any:
     )
 
 
+_HEADS = {
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES": "sequence-classification",
+    "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES": "token-classification",
+    "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES": "question-answering",
+    "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES": "multiple-choice",
+}
+"""The heads whose targets are not the tokens, by the ``transformers`` auto mapping that
+names their classes."""
+
+_TARGETS_SAID = {
+    None: "labels (the tokens)",
+    "sequence-classification": "a label per sequence",
+    "token-classification": "a label per token",
+    "question-answering": "start_positions and end_positions",
+}
+
+
+def _head(model_class: type) -> str | None:
+    """Which of :data:`_HEADS` ``model_class`` is, or None (a language model's head)."""
+    from transformers.models.auto import modeling_auto
+
+    for mapping, head in _HEADS.items():
+        for names in getattr(modeling_auto, mapping, {}).values():
+            if model_class.__name__ in ((names,) if isinstance(names, str) else names):
+                return head
+    return None
+
+
+def _first(token_id: Any) -> Any:
+    """A config's token id, the first where it lists several (``eos_token_id``)."""
+    return token_id[0] if isinstance(token_id, list) and token_id else token_id
+
+
+def _targets(
+    head: str | None, config: Any, input_ids: torch.Tensor, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """What the head's loss takes besides the tokens, drawn from the seeded RNG as a data
+    collator would give it (module docstring). Float targets are in the parameters' dtype
+    (the classifier's logits are, and its loss takes both alike)."""
+    import torch
+
+    batch_size, seq_len = input_ids.shape
+    if head is None:
+        return {"labels": input_ids.clone()}  # the model shifts them by one position itself
+    if head == "question-answering":
+        return {
+            "start_positions": torch.randint(0, seq_len, (batch_size,)),
+            "end_positions": torch.randint(0, seq_len, (batch_size,)),
+        }
+    classes = int(config.num_labels)
+    if head == "token-classification":
+        return {"labels": torch.randint(0, classes, (batch_size, seq_len))}
+    problem = getattr(config, "problem_type", None)
+    if problem == "regression" or (problem is None and classes == 1):
+        shape = (batch_size,) if classes == 1 else (batch_size, classes)
+        return {"labels": torch.randn(shape).to(dtype)}
+    if problem == "multi_label_classification":
+        return {"labels": torch.randint(0, 2, (batch_size, classes)).to(dtype)}
+    return {"labels": torch.randint(0, classes, (batch_size,))}
+
+
 def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
@@ -234,6 +302,18 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"batches of token ids; write a model file whose sample_batch() gives "
             f"{main_input} (examples/hf_vit.py does for an image classifier)"
         )
+    head = _head(model_class)
+    if head == "multiple-choice":
+        raise ModelFileError(
+            f"--hf {source.path}: {model_class.__name__} takes input_ids of (batch, choices, "
+            "tokens), and --hf builds one sequence per example; write a model file whose "
+            "sample_batch() gives its choices"
+        )
+    pad_note = ""
+    if head == "sequence-classification" and getattr(config, "pad_token_id", None) is None:
+        eos = _first(getattr(config, "eos_token_id", None))
+        if isinstance(eos, int):
+            pad_note = f"; pad_token_id set to the eos_token_id {eos} (the config names none)"
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
     if not isinstance(vocab_size, int) or vocab_size < 1:
         raise ModelFileError(
@@ -245,7 +325,10 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     causal = type(config) in causal_models and causal_models[type(config)] is model_class
 
     def build_model() -> torch.nn.Module:
-        model = model_class._from_config(_build_config(source), dtype=dtype)
+        built_config = _build_config(source)
+        if pad_note:
+            built_config.pad_token_id = _first(built_config.eos_token_id)
+        model = model_class._from_config(built_config, dtype=dtype)
         if causal and model.loss_type is None:
             # transformers picks the loss from the class name, which some causal LMs'
             # ("GPT2LMHeadModel") do not match: it falls back to this same loss with a
@@ -256,11 +339,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     def sample_batch() -> dict[str, torch.Tensor]:
         shape = (batch_size, seq_len)  # (B, T)
         input_ids = torch.randint(0, vocab_size, shape)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": torch.ones_like(input_ids),
-            "labels": input_ids.clone(),  # the model shifts them by one position itself
-        }
+        targets = _targets(head, config, input_ids, dtype)
+        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), **targets}
 
     def build_optimizer(parameters: Any) -> torch.optim.Optimizer:
         return torch.optim.AdamW(parameters, lr=_LEARNING_RATE, fused=True)
@@ -277,7 +357,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         assumptions=(
             f"Hugging Face {model_class.__name__} from {source.path} in "
             f"{dtype_name} (use_cache=False); a synthetic batch of {batch_size} "
-            f"x {seq_len} random token ids with attention_mask and labels; "
+            f"x {seq_len} random token ids with attention_mask and "
+            f"{_TARGETS_SAID[head]}{pad_note}; "
             "AdamW(fused=True, lr=5e-5), the Trainer's default",
         ),
     )
