@@ -138,6 +138,124 @@ def test_the_shipped_configs_name_classes_transformers_builds(
     assert model_file.assumptions[0].startswith(f"Hugging Face {model_class} from ")
 
 
+# -- the heads fine-tuning puts on a text model ------------------------------------------------
+TINY_BERT = {
+    "model_type": "bert",
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "vocab_size": 256,
+    "max_position_embeddings": 64,
+}
+
+
+TINY_BART = {
+    "model_type": "bart",
+    "d_model": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "vocab_size": 100,
+    "max_position_embeddings": 64,
+}
+
+
+def _labels(count: int) -> dict[str, object]:
+    return {
+        "id2label": {str(i): f"L{i}" for i in range(count)},
+        "label2id": {f"L{i}": i for i in range(count)},
+    }
+
+
+@pytest.mark.parametrize(
+    ("config", "targets"),
+    [
+        (  # sentiment: two classes, one label per sequence
+            {**TINY_BERT, "architectures": ["BertForSequenceClassification"], **_labels(2)},
+            {"labels": ((3,), torch.int64, 2)},
+        ),
+        (  # one output: regression, a float per sequence
+            {**TINY_BERT, "architectures": ["BertForSequenceClassification"], "num_labels": 1},
+            {"labels": ((3,), torch.float32, None)},
+        ),
+        (
+            {
+                **TINY_BERT,
+                "architectures": ["BertForSequenceClassification"],
+                "problem_type": "multi_label_classification",
+                **_labels(5),
+            },
+            {"labels": ((3, 5), torch.float32, 2)},
+        ),
+        (  # named entities: a label per token
+            {**TINY_BERT, "architectures": ["BertForTokenClassification"], **_labels(9)},
+            {"labels": ((3, 16), torch.int64, 9)},
+        ),
+        (  # extractive question answering: where the answer starts and ends
+            {**TINY_BERT, "architectures": ["BertForQuestionAnswering"]},
+            {
+                "start_positions": ((3,), torch.int64, 16),
+                "end_positions": ((3,), torch.int64, 16),
+            },
+        ),
+        (  # a decoder-only classifier whose config names no pad token (Llama's do not)
+            {**TINY_LLAMA, "architectures": ["LlamaForSequenceClassification"], **_labels(3)},
+            {"labels": ((3,), torch.int64, 3)},
+        ),
+        (  # an encoder-decoder classifier pools at the eos its tokenizer appends
+            {**TINY_BART, "architectures": ["BartForSequenceClassification"], **_labels(2)},
+            {"labels": ((3,), torch.int64, 2)},
+        ),
+    ],
+)
+def test_a_heads_batch_holds_the_targets_its_loss_takes(
+    tmp_path: Path, config: dict[str, object], targets: dict[str, tuple]
+) -> None:
+    """Before, every class got labels = input_ids: a sequence classifier's step raised
+    (batch 3 against 48 targets), a token classifier's indexed past its classes."""
+    path = _write(tmp_path / "config.json", config)
+    model_file = load_hf_model_file(hf_workload(path, batch_size=3, seq_len=16))
+    built = build_workload(model_file, seed=0)
+    batch = built.batch
+    assert set(batch) == {"input_ids", "attention_mask", *targets}
+    for name, (shape, dtype, below) in targets.items():
+        tensor = batch[name]
+        assert (tuple(tensor.shape), tensor.dtype) == (shape, dtype), name
+        if below is not None:
+            assert int(tensor.min()) >= 0 and int(tensor.max()) < below, name
+    loss = run_training_step(built, seed=0)
+    assert loss.isfinite()
+    if config["model_type"] == "bart":  # one eos a sequence, last (BART raises otherwise)
+        eos = built.model.config.eos_token_id
+        assert (batch["input_ids"] == eos).sum(dim=1).tolist() == [1, 1, 1]
+        assert (batch["input_ids"][:, -1] == eos).all()
+    if config["model_type"] == "llama":
+        assert built.model.config.pad_token_id == TINY_LLAMA["eos_token_id"]
+        assert "pad_token_id set to the eos_token_id 0" in built.notes[0].text
+
+
+@pytest.mark.slow
+def test_profile_a_tiny_sequence_classifier_config(workdir: Path) -> None:
+    """A fine-tuned classifier's config, as its folder ships it: planned, checked, its
+    prediction the measured peak to the byte."""
+    config = {**TINY_BERT, "architectures": ["BertForSequenceClassification"], **_labels(2)}
+    folder = _write(workdir / "bert-sst2" / "config.json", config).parent
+    source = hf_workload(folder, 4, 32)
+    budget = _mid_budget(source)
+    shape = ["--batch-size", "4", "--seq-len", "32", "--budget", str(budget)]
+    result = CliRunner().invoke(app, ["profile", "--hf", str(folder), *shape])
+    assert result.exit_code == 0, result.output
+    plan = load_plan(workdir / "profiles" / "bert-sst2" / "plan.json")
+    assert plan.modules and plan.checked
+    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+    assert plan.batch["labels"] == {"shape": [4], "dtype": "int64"}
+    assert any("a label per sequence" in note.text for note in plan.assumptions)
+
+
 # -- end to end through the CLI -------------------------------------------------------------
 @pytest.mark.slow
 def test_profile_a_tiny_gpt2_config_then_verify_it_with_hf(workdir: Path) -> None:
@@ -222,6 +340,10 @@ SHAPE = ["--batch-size", "1", "--seq-len", "8"]
             ["ViTForImageClassification takes pixel_values", "write a model file"],
         ),
         (
+            ["--hf", "bert-choices.json", *SHAPE],
+            ["BertForMultipleChoice takes input_ids of (batch, choices, tokens)"],
+        ),
+        (
             ["--hf", "wav2vec2.json", *SHAPE],
             ["Wav2Vec2ForCTC takes input_values", "batches of token ids"],
         ),
@@ -241,6 +363,7 @@ def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
     _write(workdir / "vit-classifier.json", {**vit, "architectures": ["ViTForImageClassification"]})
     speech = {"model_type": "wav2vec2", "vocab_size": 32, "architectures": ["Wav2Vec2ForCTC"]}
     _write(workdir / "wav2vec2.json", speech)
+    _write(workdir / "bert-choices.json", {**TINY_BERT, "architectures": ["BertForMultipleChoice"]})
     before = _files(workdir)
     result = CliRunner().invoke(app, [*PROFILE, *arguments])
     assert result.exit_code == 4, result.output

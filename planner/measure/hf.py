@@ -24,7 +24,9 @@ What is built, and why:
   one per token; for extractive question answering ``start_positions`` and
   ``end_positions``. A sequence classifier whose config names no ``pad_token_id`` gets its
   ``eos_token_id`` as one (what fine-tuning scripts set: decoder-only classifiers find each
-  sequence's last token by it and refuse batches of more than one without it). The loss is
+  sequence's last token by it and refuse batches of more than one without it); an
+  encoder-decoder's (BART, T5) has each sequence end in its one eos token, as its tokenizer
+  appends it (the classifier pools there, and raises without it). The loss is
   the model's own ``output.loss``. A class whose main input is not token ids (an image
   classifier's ``pixel_values``, a speech recognizer's ``input_values``), or a multiple-choice
   head (a batch of choices per example), is an error naming it: its batch needs a model file.
@@ -314,6 +316,13 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         eos = _first(getattr(config, "eos_token_id", None))
         if isinstance(eos, int):
             pad_note = f"; pad_token_id set to the eos_token_id {eos} (the config names none)"
+    eos_last = None
+    if head == "sequence-classification" and getattr(config, "is_encoder_decoder", False):
+        # BART's, T5's classifiers pool at the eos token and raise without one per sequence
+        eos = _first(getattr(config, "eos_token_id", None))
+        eos_last = eos if isinstance(eos, int) else None
+        if eos_last is not None:
+            pad_note += "; each sequence ends in the eos token (the classifier pools there)"
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
     if not isinstance(vocab_size, int) or vocab_size < 1:
         raise ModelFileError(
@@ -339,6 +348,9 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     def sample_batch() -> dict[str, torch.Tensor]:
         shape = (batch_size, seq_len)  # (B, T)
         input_ids = torch.randint(0, vocab_size, shape)
+        if eos_last is not None:  # one eos, last, as the tokenizer appends it
+            input_ids[input_ids == eos_last] = (eos_last + 1) % vocab_size
+            input_ids[:, -1] = eos_last
         targets = _targets(head, config, input_ids, dtype)
         return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), **targets}
 
