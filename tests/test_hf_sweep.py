@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from benchmarks import hf_sweep
-from benchmarks.hf_sweep_models import make_config, model_types, sample_batch
+from benchmarks.hf_sweep_models import make_config, model_types, sample_batch, write_hf_config
 
 pytestmark = pytest.mark.hf
 
@@ -24,6 +24,19 @@ def test_the_zoos_types_are_left_out() -> None:
     assert "llama" not in causal and "gpt2" not in causal
     assert "phi" in causal and len(causal) > 100
     assert "bert" not in model_types("masked-lm") and "albert" in model_types("masked-lm")
+    # the zoo has no fine-tuning heads: those tasks keep its types
+    assert "bert" in model_types("sequence-classification")
+
+
+def test_a_head_task_is_planned_through_hf_on_the_config(tmp_path: Path) -> None:
+    from planner.measure.workload import load_model_file
+
+    source = write_hf_config("token-classification", "bert", tmp_path)
+    assert source.startswith("hf:") and source.endswith("batch_size=4&seq_len=64&dtype=float32")
+    model_file = load_model_file(source)
+    assert type(model_file.build_model()).__name__ == "BertForTokenClassification"
+    batch = model_file.sample_batch()
+    assert batch["labels"].shape == batch["input_ids"].shape == (4, 64)
 
 
 def test_a_config_keeps_its_defaults_and_gets_small_sizes() -> None:
