@@ -68,10 +68,16 @@ from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.measure.workload import load_model_file  # noqa: E402
 
 DEFAULT_TIMEOUT_S = 180.0
-REFUSALS = ("the model's modules changed during its training step",)
+REFUSALS = (
+    "the model's modules changed during its training step",
+    "2 of 2 blocks cannot be checkpointed",
+)
 """The tool's deliberate refusals: a model it cannot plan as built, refused with what to do
 (BigBird's default swaps in full attention at its first forward on short sequences; a plan
-naming the modules it trains with would not find them in the model as built)."""
+naming the modules it trains with would not find them in the model as built); and a budget
+below what the model allows once the check finds that none of its blocks can be recomputed
+unchanged (I-BERT rebinds buffers each forward): the sweep's budget is halfway to a floor
+that counted them, and ckpt-plan names the smallest budget that fits and why."""
 SWEEP_COLUMNS = ["task", "model_type", "outcome", "parameters", "detail"]
 _ZOO_ONLY = {"architecture", "family", "budget"}
 REPORT_COLUMNS = [

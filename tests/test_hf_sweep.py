@@ -158,6 +158,10 @@ def test_a_plan_is_ok_refused_or_failed() -> None:
     )
     refusal = "m: the model's modules changed during its training step (a added): build it..."
     assert hf_sweep.verdict({"error": refusal}) == ("refused", refusal)
+    no_block = "no checkpointing plan fits 5 MiB: ...; 2 of 2 blocks cannot be checkpointed (a, b)"
+    assert hf_sweep.verdict({"error": no_block}) == ("refused", no_block)
+    one_block = no_block.replace("2 of 2", "1 of 2")  # the sweep's budget should fit then
+    assert hf_sweep.verdict({"error": one_block}) == ("failed", one_block)
     assert hf_sweep.verdict({"error": "raw KeyError: 'x'"}) == ("failed", "raw KeyError: 'x'")
     # Fake tensors could not run it, and the CLI refuses the real step over the budget:
     # refused where the plan --memory real gives is ok, failed where it is not.
