@@ -231,6 +231,7 @@ def test_a_heads_batch_holds_the_targets_its_loss_takes(
     assert loss.isfinite()
     if config["model_type"] == "bart":  # one eos a sequence, last (BART raises otherwise)
         eos = built.model.config.eos_token_id
+        assert built.model.config.pad_token_id == 1 != eos  # its own pad, kept
         assert (batch["input_ids"] == eos).sum(dim=1).tolist() == [1, 1, 1]
         assert (batch["input_ids"][:, -1] == eos).all()
     if config["model_type"] == "llama":

@@ -311,10 +311,11 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             "tokens), and --hf builds one sequence per example; write a model file whose "
             "sample_batch() gives its choices"
         )
-    pad_note = ""
+    pad_note, pad_from_eos = "", None
     if head == "sequence-classification" and getattr(config, "pad_token_id", None) is None:
         eos = _first(getattr(config, "eos_token_id", None))
         if isinstance(eos, int):
+            pad_from_eos = eos
             pad_note = f"; pad_token_id set to the eos_token_id {eos} (the config names none)"
     eos_last = None
     if head == "sequence-classification" and getattr(config, "is_encoder_decoder", False):
@@ -335,8 +336,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
 
     def build_model() -> torch.nn.Module:
         built_config = _build_config(source)
-        if pad_note:
-            built_config.pad_token_id = _first(built_config.eos_token_id)
+        if pad_from_eos is not None:
+            built_config.pad_token_id = pad_from_eos
         model = model_class._from_config(built_config, dtype=dtype)
         if causal and model.loss_type is None:
             # transformers picks the loss from the class name, which some causal LMs'
