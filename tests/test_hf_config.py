@@ -239,6 +239,24 @@ def test_a_heads_batch_holds_the_targets_its_loss_takes(
         assert "pad_token_id set to the eos_token_id 0" in built.notes[0].text
 
 
+def test_a_decoder_classifier_with_no_pad_or_eos_token_is_told_to_set_one(workdir: Path) -> None:
+    """Qwen2's defaults name neither (its checkpoints name an eos, which --hf then uses)."""
+    config = {
+        **TINY_LLAMA,
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForSequenceClassification"],
+    }
+    del config["bos_token_id"], config["eos_token_id"]
+    _write(workdir / "qwen2-cls.json", config)
+    before = _files(workdir)
+    result = CliRunner().invoke(
+        app, [*PROFILE, "--hf", "qwen2-cls.json", "--batch-size", "2", "--seq-len", "8"]
+    )
+    assert result.exit_code == 4, result.output
+    _error_line(result, "no padding token is defined", "set pad_token_id in the model's config")
+    assert _files(workdir) == before
+
+
 @pytest.mark.slow
 def test_profile_a_tiny_sequence_classifier_config(workdir: Path) -> None:
     """A fine-tuned classifier's config, as its folder ships it: planned, checked, its

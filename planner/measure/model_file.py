@@ -195,6 +195,13 @@ def _user_code(what: str, path: Path) -> Iterator[None]:
         hint = ""
         if what == "build_model()" and _raised_in_torch_distributed(error):
             hint = f"; {_SHARDED_AT_BUILD.format(path=path)}"
+        elif "no padding token is defined" in str(error):
+            # A decoder-only sequence classifier finds each sequence's last token by it;
+            # --hf takes the eos id where the config names one (planner/measure/hf.py).
+            hint = (
+                "; set pad_token_id in the model's config (in config.json for --hf): "
+                "your tokenizer's pad id, or its eos id as fine-tuning scripts do"
+            )
         raise ProfilingError(
             f"{what} raised {type(error).__name__} ({where}): {error}{hint}"
         ) from error
