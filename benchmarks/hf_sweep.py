@@ -7,7 +7,9 @@ benchmarks/hf_sweep_models.py builds the model from its config's defaults with o
 sizes made small. The fine-tuning heads (sequence-classification, token-classification,
 question-answering) take every type, the zoo's too, and go through ``--hf``: the small config
 is written as a config.json naming the head's class, and ckpt-plan builds the model and its
-batch from it (step 1 then runs that model on that batch). Then, in a process of its own
+batch from it (step 1 then runs that model on that batch, so a skip there can be the
+tool's own batch at fault: each is listed with its error, and docs/results.md reviews them).
+Then, in a process of its own
 (a model that hangs or breaks global state takes only itself down; ``--timeout`` each):
 
 1. one real training step with no plan: where the default config or this step fails
