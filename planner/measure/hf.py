@@ -311,19 +311,19 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             "tokens), and --hf builds one sequence per example; write a model file whose "
             "sample_batch() gives its choices"
         )
-    pad_note, pad_from_eos = "", None
-    if head == "sequence-classification" and getattr(config, "pad_token_id", None) is None:
-        eos = _first(getattr(config, "eos_token_id", None))
-        if isinstance(eos, int):
-            pad_from_eos = eos
-            pad_note = f"; pad_token_id set to the eos_token_id {eos} (the config names none)"
-    eos_last = None
-    if head == "sequence-classification" and getattr(config, "is_encoder_decoder", False):
-        # BART's, T5's classifiers pool at the eos token and raise without one per sequence
-        eos = _first(getattr(config, "eos_token_id", None))
-        eos_last = eos if isinstance(eos, int) else None
-        if eos_last is not None:
-            pad_note += "; each sequence ends in the eos token (the classifier pools there)"
+    # A sequence classifier's eos is its pad where the config names none (decoder-only
+    # classifiers find each sequence's last token by the pad), and an encoder-decoder's
+    # (BART's, T5's) ends each sequence (their classifiers pool there, and raise without one).
+    eos = _first(getattr(config, "eos_token_id", None))
+    classifier_eos = eos if head == "sequence-classification" and isinstance(eos, int) else None
+    pad_from_eos = eos_last = None
+    batch_note = ""
+    if classifier_eos is not None and getattr(config, "pad_token_id", None) is None:
+        pad_from_eos = classifier_eos
+        batch_note += f"; pad_token_id set to the eos_token_id {eos} (the config names none)"
+    if classifier_eos is not None and getattr(config, "is_encoder_decoder", False):
+        eos_last = classifier_eos
+        batch_note += "; each sequence ends in the eos token (the classifier pools there)"
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
     if not isinstance(vocab_size, int) or vocab_size < 1:
         raise ModelFileError(
@@ -371,7 +371,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"Hugging Face {model_class.__name__} from {source.path} in "
             f"{dtype_name} (use_cache=False); a synthetic batch of {batch_size} "
             f"x {seq_len} random token ids with attention_mask and "
-            f"{_TARGETS_SAID[head]}{pad_note}; "
+            f"{_TARGETS_SAID[head]}{batch_note}; "
             "AdamW(fused=True, lr=5e-5), the Trainer's default",
         ),
     )
