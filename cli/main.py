@@ -377,7 +377,7 @@ def fit(
     """The largest batch size for which a checkpointing plan fits BUDGET, with its plan, and
     the batch size with the highest predicted samples per second among those that fit.
     With --hf, give --seq-len to fit the batch size, or --batch-size to fit the sequence
-    length.
+    length (an image classifier's: neither; its batch size is fitted).
 
     Sizes are tried on fake tensors (no memory used), doubling and then bisecting; the
     sizes that fit are timed to predict their throughput with their cheapest plan. With
@@ -390,21 +390,34 @@ def fit(
     with errors_to_exit_codes(verbose):
         layout = parallel_layout(world_size, parallel, mesh, tp)
         dimension = "batch_size"
+        give_one = (
+            "with --hf give one of --seq-len (to fit the batch size) or --batch-size "
+            "(to fit the sequence length)"
+        )
         if hf is not None:
-            if (batch_size is None) == (seq_len is None):
-                fail(
-                    "with --hf give one of --seq-len (to fit the batch size) or --batch-size "
-                    "(to fit the sequence length)",
-                    2,
-                )
+            if batch_size is not None and seq_len is not None:
+                fail(give_one, 2)
             dimension = "batch_size" if batch_size is None else "seq_len"
         elif batch_size is not None:
             fail("--batch-size is what fit searches for a model file; leave it out", 2)
         if hf is not None:  # the searched one starts at 1; fit_largest resizes it
-            batch_size, seq_len = batch_size or 1, seq_len or 1
+            batch_size = batch_size or 1
+            seq_len = 1 if dimension == "seq_len" else seq_len
         source = workload_source(model, hf, batch_size, seq_len, dtype)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
+        if hf is not None and (source.seq_len is None or dimension == "seq_len"):
+            from planner.measure.hf import takes_token_ids
+
+            tokens = takes_token_ids(source)
+            if tokens and source.seq_len is None:
+                fail(give_one, 2)
+            if not tokens and dimension == "seq_len":
+                fail(
+                    f"--hf {hf}: the model takes images of its config's size, with no "
+                    "sequence length to fit; leave out --batch-size to fit the batch size",
+                    2,
+                )
         spec, device = target_and_device(target, device)
         host_budget_bytes = host_budget(host_budget_text, offload, spec, _world_size(layout))
         # On a GPU here, offloading is costed at the host link measured now, once.

@@ -232,7 +232,8 @@ HfOption = Annotated[
         help="Plan a Hugging Face model from its config instead of a model file: a local "
         "config.json, or a model folder holding one (nothing is downloaded). Builds the class "
         "its `architectures` names (else AutoModelForCausalLM's) with random weights, on "
-        "--batch-size x --seq-len random token ids with labels; the loss is the model's own.",
+        "--batch-size x --seq-len random token ids with labels (an image classifier: "
+        "--batch-size random images of the config's image_size); the loss is the model's own.",
         metavar="CONFIG",
         show_default=False,
     ),
@@ -242,14 +243,19 @@ BatchSizeOption = Annotated[
     typer.Option(
         "--batch-size",
         min=1,
-        help="With --hf: sequences per batch. With MODEL.py: passed to its "
+        help="With --hf: sequences (or images) per batch. With MODEL.py: passed to its "
         "sample_batch(batch_size=...).",
         show_default=False,
     ),
 ]
 SeqLenOption = Annotated[
     int | None,
-    typer.Option("--seq-len", min=1, help="With --hf: tokens per sequence.", show_default=False),
+    typer.Option(
+        "--seq-len",
+        min=1,
+        help="With --hf: tokens per sequence (none for an image classifier).",
+        show_default=False,
+    ),
 ]
 DtypeOption = Annotated[
     Dtype | None,
@@ -299,8 +305,8 @@ def workload_source(
         batch_size = batch_size or before.batch_size
         seq_len = seq_len or before.seq_len
         dtype_name = dtype_name or before.dtype
-    if batch_size is None or seq_len is None:
-        fail("--hf needs --batch-size and --seq-len (the shape of the token batch)", 2)
+    if batch_size is None:
+        fail("--hf needs --batch-size (and --seq-len, for a model taking token ids)", 2)
     return hf_workload(hf, batch_size, seq_len, dtype_name)
 
 

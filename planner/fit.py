@@ -182,6 +182,11 @@ def fit_largest(
                 "only a Hugging Face workload (--hf CONFIG) has a sequence length to fit; "
                 "fit the batch size of a model file"
             )
+        if model_file.source.seq_len is None:
+            raise ModelFileError(
+                f"{model_file.source.path}: an image classifier's batch has no sequence "
+                "length to fit; fit its batch size"
+            )
         max_size = min(max_size, max_seq_len(model_file.source) or max_size)
     if target is not None:
         if parallel is not None:

@@ -136,6 +136,37 @@ def test_fit_the_sequence_length_of_a_hf_config(tmp_path: Path, monkeypatch) -> 
     assert both.exit_code == 2 and "give one of --seq-len" in both.output
 
 
+@pytest.mark.hf
+@pytest.mark.parametrize(
+    ("config", "shape", "fragment"),
+    [
+        ("tiny-llama", [], "with --hf give one of --seq-len"),  # token ids need one
+        ("vit", ["--batch-size", "2"], "no sequence length to fit; leave out --batch-size"),
+    ],
+)
+def test_fit_with_hf_fits_the_one_size_the_batch_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str, shape: list[str], fragment: str
+) -> None:
+    """An image classifier's batch has no sequence length: fit takes neither option and fits
+    its batch size; a token model's needs one of them."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    vit = {"model_type": "vit", "architectures": ["ViTForImageClassification"]}
+    (tmp_path / "vit.json").write_text(json.dumps(vit), encoding="utf-8")
+    path = EXAMPLES / "configs" / "tiny-llama.json" if config == "tiny-llama" else "vit.json"
+    result = CliRunner().invoke(app, ["fit", "--hf", str(path), *shape, "--budget", "1GB"])
+    assert result.exit_code == 2, result.output
+    assert fragment in result.stderr and "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vit.json"]
+    if config == "vit":
+        from planner.measure.hf import hf_workload
+
+        images = load_model_file(hf_workload(tmp_path / "vit.json", 2, None))
+        with pytest.raises(ModelFileError, match="no sequence length to fit"):
+            fit_largest(images, 2**30, dimension="seq_len")
+
+
 @pytest.mark.slow
 def test_fit_for_a_target_device_leaves_its_plan_unchecked_and_says_so() -> None:
     """A plan for a device that is not here is not run, and is marked so, as `profile`'s."""

@@ -239,6 +239,113 @@ def test_a_heads_batch_holds_the_targets_its_loss_takes(
         assert "pad_token_id set to the eos_token_id 0" in built.notes[0].text
 
 
+# -- image classifiers -------------------------------------------------------------------------
+TINY_VIT = {
+    "model_type": "vit",
+    "architectures": ["ViTForImageClassification"],
+    "image_size": 32,
+    "patch_size": 8,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    **_labels(10),
+}
+TINY_RESNET = {  # ResNet's config names no image size: 224, what it is trained at
+    "model_type": "resnet",
+    "architectures": ["ResNetForImageClassification"],
+    "embedding_size": 8,
+    "hidden_sizes": [8, 16],
+    "depths": [1, 1],
+    "num_labels": 4,
+}
+TINY_CLIP = {  # a composite config: the images are its vision tower's
+    "model_type": "clip",
+    "architectures": ["CLIPForImageClassification"],
+    "vision_config": {
+        "image_size": 48,
+        "patch_size": 16,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+    },
+    "text_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2},
+    "num_labels": 3,
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "dtype", "pixels", "labels"),
+    [
+        (TINY_VIT, None, (3, 3, 32, 32), ((3,), torch.int64, 10)),
+        (TINY_VIT, "bfloat16", (3, 3, 32, 32), ((3,), torch.int64, 10)),
+        ({**TINY_VIT, "num_channels": 1}, None, (3, 1, 32, 32), ((3,), torch.int64, 10)),
+        ({**TINY_VIT, "image_size": [32, 48]}, None, (3, 3, 32, 48), ((3,), torch.int64, 10)),
+        (  # one output: regression, a float per image
+            {**TINY_VIT, "id2label": None, "label2id": None, "num_labels": 1},
+            None,
+            (3, 3, 32, 32),
+            ((3,), torch.float32, None),
+        ),
+        (TINY_RESNET, None, (3, 3, 224, 224), ((3,), torch.int64, 4)),
+        (TINY_CLIP, None, (3, 3, 48, 48), ((3,), torch.int64, 3)),
+    ],
+)
+def test_an_image_classifiers_batch_is_images_of_its_configs_size(
+    tmp_path: Path,
+    config: dict[str, object],
+    dtype: str | None,
+    pixels: tuple[int, ...],
+    labels: tuple,
+) -> None:
+    """Before, --hf refused every class whose main input is pixel_values."""
+    config = {k: v for k, v in config.items() if v is not None}
+    path = _write(tmp_path / "config.json", config)
+    source = hf_workload(path, batch_size=3, seq_len=None, dtype=dtype)
+    assert source.seq_len is None and "seq_len" not in str(source)
+    built = build_workload(load_model_file(str(source)), seed=0)
+    batch = built.batch
+    assert set(batch) == {"pixel_values", "labels"}
+    pixel_dtype = getattr(torch, dtype or "float32")
+    assert (tuple(batch["pixel_values"].shape), batch["pixel_values"].dtype) == (
+        pixels,
+        pixel_dtype,
+    )
+    shape, label_dtype, below = labels
+    label = batch["labels"]
+    assert (tuple(label.shape), label.dtype) == (shape, label_dtype)
+    if below is not None:
+        assert int(label.min()) >= 0 and int(label.max()) < below
+    assert "{} random {} x {} x {} images (pixel_values)".format(*pixels) in built.notes[0].text
+    assert run_training_step(built, seed=0).isfinite()
+
+
+@pytest.mark.slow
+def test_profile_a_tiny_image_classifier_config_then_fit_its_batch(workdir: Path) -> None:
+    """The plan records the images' source (no sequence length), its check runs the images'
+    step, and fit searches the batch size, the one size an image classifier has."""
+    _write(workdir / "vit" / "config.json", TINY_VIT)
+    source = hf_workload(workdir / "vit", 8, None)
+    budget = _mid_budget(source)
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["profile", "--hf", "vit", "--batch-size", "8", "--budget", str(budget)]
+    )
+    assert result.exit_code == 0, result.output
+    plan = load_plan(workdir / "profiles" / "vit" / "plan.json")
+    assert plan.model_file == str(source) and plan.modules and plan.checked
+    assert plan.batch["pixel_values"]["shape"] == [8, 3, 32, 32]  # type: ignore[index]
+    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+    verified = runner.invoke(app, ["verify", str(workdir / "profiles" / "vit" / "plan.json")])
+    assert verified.exit_code == 0, verified.output
+    fitted = runner.invoke(app, ["fit", "--hf", "vit", "--budget", str(budget), "--max-size", "16"])
+    assert fitted.exit_code == 0, fitted.output
+    assert "largest batch size that fits" in fitted.output
+    written = list((workdir / "profiles" / "vit").glob("plan-batch*.json"))
+    assert len(written) == 1 and int(written[0].stem.removeprefix("plan-batch")) >= 8
+
+
 def test_a_decoder_classifier_with_no_pad_or_eos_token_is_told_to_set_one(workdir: Path) -> None:
     """Qwen2's defaults name neither (its checkpoints name an eos, which --hf then uses)."""
     config = {
@@ -356,7 +463,15 @@ SHAPE = ["--batch-size", "1", "--seq-len", "8"]
         (["--hf", "vit.json", *SHAPE], ["no causal language model", "write a model file"]),
         (
             ["--hf", "vit-classifier.json", *SHAPE],
-            ["ViTForImageClassification takes pixel_values", "write a model file"],
+            ["ViTForImageClassification takes images (3 x 224 x 224", "leave out --seq-len"],
+        ),
+        (
+            ["--hf", "segformer.json", *SHAPE],
+            ["SegformerForSemanticSegmentation takes pixel_values", "write a model file"],
+        ),
+        (
+            ["--hf", "gpt2.json", "--batch-size", "1"],
+            ["GPT2LMHeadModel takes token ids; pass --seq-len"],
         ),
         (
             ["--hf", "bert-choices.json", *SHAPE],
@@ -380,6 +495,8 @@ def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
     _write(workdir / "gpt2.json", TINY_GPT2)
     vit = {"model_type": "vit", "hidden_size": 32, "num_attention_heads": 2}
     _write(workdir / "vit-classifier.json", {**vit, "architectures": ["ViTForImageClassification"]})
+    segformer = {"model_type": "segformer", "architectures": ["SegformerForSemanticSegmentation"]}
+    _write(workdir / "segformer.json", segformer)
     speech = {"model_type": "wav2vec2", "vocab_size": 32, "architectures": ["Wav2Vec2ForCTC"]}
     _write(workdir / "wav2vec2.json", speech)
     _write(workdir / "bert-choices.json", {**TINY_BERT, "architectures": ["BertForMultipleChoice"]})
@@ -395,7 +512,7 @@ def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
     [
         (["model.py", "--hf", "tiny.json", *SHAPE], "either MODEL.py or --hf CONFIG, not both"),
         ([], "pass a model file (MODEL.py) or --hf CONFIG"),
-        (["--hf", "tiny.json", "--seq-len", "8"], "--hf needs --batch-size and --seq-len"),
+        (["--hf", "tiny.json", "--seq-len", "8"], "--hf needs --batch-size"),
         (["model.py", *SHAPE], "go with --hf CONFIG"),
     ],
 )

@@ -19,6 +19,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
         "/models/gpt.py",
         "/models/gpt.py?batch_size=8",
         "hf:/models/Meta-Llama-3-8B/config.json?batch_size=1&seq_len=4096&dtype=bfloat16",
+        "hf:/models/vit-base/config.json?batch_size=64&dtype=float32",  # images: no seq_len
     ],
 )
 def test_a_source_reads_back_as_it_was_written(text: str) -> None:
@@ -49,6 +50,8 @@ def test_printed_commands_name_the_workload() -> None:
     assert workload_in_command(hf) == (
         "--hf /m/config.json --batch-size 2 --seq-len 16 --dtype float32"
     )
+    images = WorkloadSource.hugging_face("/m/config.json", 64, None, "bfloat16")
+    assert workload_in_command(images) == "--hf /m/config.json --batch-size 64 --dtype bfloat16"
 
 
 @pytest.mark.parametrize(
@@ -57,6 +60,8 @@ def test_printed_commands_name_the_workload() -> None:
         ("/models/gpt.py?batch_size=0", "must be a whole number"),
         ("/models/gpt.py?batch_size=two", "must be a whole number"),
         ("hf:/m/config.json?batch_size=2&seq_len=16", "not a Hugging Face workload source"),
+        ("hf:/m/config.json?seq_len=16&dtype=float32", "not a Hugging Face workload source"),
+        ("hf:/m/config.json?batch_size=2&seq_len=x&dtype=float32", "not a Hugging Face"),
     ],
 )
 def test_a_malformed_source_is_a_model_file_error(text: str, message: str) -> None:

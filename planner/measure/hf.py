@@ -26,10 +26,15 @@ What is built, and why:
   ``eos_token_id`` as one (what fine-tuning scripts set: decoder-only classifiers find each
   sequence's last token by it and refuse batches of more than one without it); an
   encoder-decoder's (BART, T5) has each sequence end in its one eos token, as its tokenizer
-  appends it (the classifier pools there, and raises without it). The loss is
-  the model's own ``output.loss``. A class whose main input is not token ids (an image
-  classifier's ``pixel_values``, a speech recognizer's ``input_values``), or a multiple-choice
-  head (a batch of choices per example), is an error naming it: its batch needs a model file.
+  appends it (the classifier pools there, and raises without it). An image classifier's
+  batch is ``batch_size`` images instead (``pixel_values``, channels x height x width, from
+  the normal distribution as a processor's normalized pixels are, in the parameters'
+  dtype) of the config's ``image_size`` (or its vision tower's; 224 where it names none,
+  as ResNet's) and ``num_channels`` (else 3), with a label per image as for a sequence
+  classifier; it has no ``seq_len``. The loss is the model's own ``output.loss``. Any other
+  class whose main input is not token ids (a speech recognizer's ``input_values``, a
+  segmentation model's ``pixel_values``), or a multiple-choice head (a batch of choices per
+  example), is an error naming it: its batch needs a model file.
 * **The optimizer**: ``torch.optim.AdamW(fused=True, lr=5e-5)``, the Hugging Face Trainer's
   default (``optim="adamw_torch_fused"``). Its state is in the parameters' dtype.
 * **The dtype**: ``--dtype``, else the config's own (``dtype`` or ``torch_dtype``), else
@@ -126,21 +131,22 @@ def max_seq_len(source: WorkloadSource) -> int | None:
 
 
 def hf_workload(
-    config: str | Path, batch_size: int, seq_len: int, dtype: str | None = None
+    config: str | Path, batch_size: int, seq_len: int | None, dtype: str | None = None
 ) -> WorkloadSource:
     """Check a Hugging Face workload before anything is built: ``config`` is a local
     ``config.json`` or a folder holding one, with a ``model_type``; ``batch_size`` and
-    ``seq_len`` are positive and the sequence fits the config's positions; ``dtype``
-    (default: the config's, else float32) is one of :data:`DTYPES`. Raises
-    :class:`ModelFileError` naming the fix."""
+    ``seq_len`` are positive and the sequence fits the config's positions (``seq_len`` None:
+    an image classifier's, whose images are the config's size; whether the class takes
+    tokens is known when it is loaded); ``dtype`` (default: the config's, else float32) is
+    one of :data:`DTYPES`. Raises :class:`ModelFileError` naming the fix."""
     path = _config_file(config)
     data = _read_config(path)
-    if batch_size < 1 or seq_len < 1:
+    if batch_size < 1 or (seq_len is not None and seq_len < 1):
         raise ModelFileError(
             f"--batch-size {batch_size} --seq-len {seq_len}: both must be at least 1"
         )
     positions = _positions(data)
-    if positions is not None and seq_len > positions:
+    if positions is not None and seq_len is not None and seq_len > positions:
         raise ModelFileError(
             f"--seq-len {seq_len} is longer than the {positions} positions the config "
             f"{path} allows (max_position_embeddings); pass --seq-len {positions} or less"
@@ -210,6 +216,7 @@ _HEADS = {
     "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES": "token-classification",
     "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES": "question-answering",
     "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES": "multiple-choice",
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": "image-classification",
 }
 """The heads whose targets are not the tokens, by the ``transformers`` auto mapping that
 names their classes."""
@@ -219,7 +226,12 @@ _TARGETS_SAID = {
     "sequence-classification": "a label per sequence",
     "token-classification": "a label per token",
     "question-answering": "start_positions and end_positions",
+    "image-classification": "a label per image",
 }
+
+_IMAGE_SIZE = 224
+"""The image size of an image classifier whose config names none (ResNet's, ConvNeXt's
+pretraining and fine-tuning size)."""
 
 
 def _head(model_class: type) -> str | None:
@@ -239,24 +251,26 @@ def _first(token_id: Any) -> Any:
 
 
 def _targets(
-    head: str | None, config: Any, input_ids: torch.Tensor, dtype: torch.dtype
+    head: str | None, config: Any, inputs: torch.Tensor, dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
-    """What the head's loss takes besides the tokens, drawn from the seeded RNG as a data
-    collator would give it (module docstring). Float targets are in the parameters' dtype
-    (the classifier's logits are, and its loss takes both alike)."""
+    """What the head's loss takes besides its ``inputs`` (token ids, or images for an image
+    classifier), drawn from the seeded RNG as a data collator would give it (module
+    docstring). Float targets are in the parameters' dtype (the classifier's logits are,
+    and its loss takes both alike)."""
     import torch
 
-    batch_size, seq_len = input_ids.shape
     if head is None:
-        return {"labels": input_ids.clone()}  # the model shifts them by one position itself
+        return {"labels": inputs.clone()}  # the model shifts them by one position itself
+    batch_size = len(inputs)
     if head == "question-answering":
+        seq_len = inputs.shape[1]
         return {
             "start_positions": torch.randint(0, seq_len, (batch_size,)),
             "end_positions": torch.randint(0, seq_len, (batch_size,)),
         }
     classes = int(config.num_labels)
     if head == "token-classification":
-        return {"labels": torch.randint(0, classes, (batch_size, seq_len))}
+        return {"labels": torch.randint(0, classes, inputs.shape)}
     problem = getattr(config, "problem_type", None)
     if problem == "regression" or (problem is None and classes == 1):
         shape = (batch_size,) if classes == 1 else (batch_size, classes)
@@ -274,13 +288,63 @@ def _torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _shape(source: WorkloadSource) -> tuple[int, int, str]:
-    """A Hugging Face workload's batch size, sequence length and dtype."""
+def _shape(source: WorkloadSource) -> tuple[int, int | None, str]:
+    """A Hugging Face workload's batch size, sequence length (None for images) and dtype."""
     if not source.is_hugging_face:
         raise ValueError(f"not a Hugging Face workload: {source}")
-    assert source.batch_size is not None and source.seq_len is not None
-    assert source.dtype is not None
+    assert source.batch_size is not None and source.dtype is not None
     return source.batch_size, source.seq_len, source.dtype
+
+
+def _image_shape(path: Path, config: Any) -> tuple[int, int, int]:
+    """(channels, height, width) of the images an image classifier's config takes: its
+    ``image_size`` (one size, or height and width), or its vision tower's, else
+    :data:`_IMAGE_SIZE`; its ``num_channels``, else 3."""
+    owners = (config, getattr(config, "vision_config", None))
+    owner = next((o for o in owners if getattr(o, "image_size", None) is not None), config)
+    size = getattr(owner, "image_size", None) or _IMAGE_SIZE
+    sizes = [size, size] if isinstance(size, int) else size
+    if not (
+        isinstance(sizes, list | tuple)
+        and len(sizes) == 2
+        and all(isinstance(side, int) and side > 0 for side in sizes)
+    ):
+        raise ModelFileError(
+            f'--hf {path}: the config\'s "image_size" {size!r} is neither a size nor a '
+            "height and width; set it to the size of the images the model takes"
+        )
+    channels = getattr(owner, "num_channels", None) or getattr(config, "num_channels", None)
+    return int(channels or 3), int(sizes[0]), int(sizes[1])
+
+
+def _classified(source: WorkloadSource) -> tuple[Any, Any, str | None, bool]:
+    """The config (for training), the class, its head (:data:`_HEADS`) and whether it takes
+    images; raises :class:`ModelFileError` for a class whose batch --hf cannot make."""
+    config = _build_config(source)
+    model_class = _model_class(source, config)
+    main_input = getattr(model_class, "main_input_name", "input_ids")
+    head = _head(model_class)
+    images = main_input == "pixel_values" and head == "image-classification"
+    if main_input != "input_ids" and not images:
+        raise ModelFileError(
+            f"--hf {source.path}: {model_class.__name__} takes {main_input}, and --hf builds "
+            f"batches of token ids (or of images, for an image classifier); write a model "
+            f"file whose sample_batch() gives {main_input}"
+        )
+    if head == "multiple-choice":
+        raise ModelFileError(
+            f"--hf {source.path}: {model_class.__name__} takes input_ids of (batch, choices, "
+            "tokens), and --hf builds one sequence per example; write a model file whose "
+            "sample_batch() gives its choices"
+        )
+    return config, model_class, head, images
+
+
+def takes_token_ids(source: WorkloadSource) -> bool:
+    """Whether the Hugging Face workload's class takes token ids (its batch has a sequence
+    length), not images; raises :class:`ModelFileError` as :func:`load_hf_model_file` does
+    for a class whose batch --hf cannot make."""
+    return not _classified(source)[3]
 
 
 def load_hf_model_file(source: WorkloadSource) -> ModelFile:
@@ -295,21 +359,17 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     batch_size, seq_len, dtype_name = _shape(source)
     source = hf_workload(source.path, batch_size, seq_len, dtype_name)
     transformers = _transformers()
-    config = _build_config(source)
-    model_class = _model_class(source, config)
-    main_input = getattr(model_class, "main_input_name", "input_ids")
-    if main_input != "input_ids":
+    config, model_class, head, images = _classified(source)
+    name = model_class.__name__
+    if images and seq_len is not None:
+        channels, height, width = _image_shape(source.path, config)
         raise ModelFileError(
-            f"--hf {source.path}: {model_class.__name__} takes {main_input}, and --hf builds "
-            f"batches of token ids; write a model file whose sample_batch() gives "
-            f"{main_input} (examples/hf_vit.py does for an image classifier)"
+            f"--hf {source.path}: {name} takes images ({channels} x {height} x {width}, the "
+            "config's image_size), not sequences; leave out --seq-len"
         )
-    head = _head(model_class)
-    if head == "multiple-choice":
+    if not images and seq_len is None:
         raise ModelFileError(
-            f"--hf {source.path}: {model_class.__name__} takes input_ids of (batch, choices, "
-            "tokens), and --hf builds one sequence per example; write a model file whose "
-            "sample_batch() gives its choices"
+            f"--hf {source.path}: {name} takes token ids; pass --seq-len, the tokens per sequence"
         )
     # A sequence classifier's eos is its pad where the config names none (decoder-only
     # classifiers find each sequence's last token by the pad), and an encoder-decoder's
@@ -324,8 +384,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     if classifier_eos is not None and getattr(config, "is_encoder_decoder", False):
         eos_last = classifier_eos
         batch_note += "; each sequence ends in the eos token (the classifier pools there)"
-    vocab_size = getattr(config.get_text_config(), "vocab_size", None)
-    if not isinstance(vocab_size, int) or vocab_size < 1:
+    vocab_size = None if images else getattr(config.get_text_config(), "vocab_size", None)
+    if not images and (not isinstance(vocab_size, int) or vocab_size < 1):
         raise ModelFileError(
             f'--hf {source.path}: the config has no "vocab_size"; add it (the '
             "synthetic batch draws token ids below it)"
@@ -346,9 +406,20 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             model.loss_type = "ForCausalLM"
         return model
 
+    image_shape = _image_shape(source.path, config) if images else None
+    if image_shape is not None:
+        inputs_said = "{} random {} x {} x {} images (pixel_values)".format(
+            batch_size, *image_shape
+        )
+    else:
+        inputs_said = f"{batch_size} x {seq_len} random token ids with attention_mask"
+
     def sample_batch() -> dict[str, torch.Tensor]:
-        shape = (batch_size, seq_len)  # (B, T)
-        input_ids = torch.randint(0, vocab_size, shape)
+        if image_shape is not None:  # (B, C, H, W), normalized pixels as a processor gives
+            pixel_values = torch.randn(batch_size, *image_shape).to(dtype)
+            return {"pixel_values": pixel_values, **_targets(head, config, pixel_values, dtype)}
+        assert isinstance(vocab_size, int) and seq_len is not None
+        input_ids = torch.randint(0, vocab_size, (batch_size, seq_len))  # (B, T)
         if eos_last is not None:  # one eos, last, as the tokenizer appends it
             input_ids[input_ids == eos_last] = (eos_last + 1) % vocab_size
             input_ids[:, -1] = eos_last
@@ -368,10 +439,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         build_optimizer=build_optimizer,
         source=source,
         assumptions=(
-            f"Hugging Face {model_class.__name__} from {source.path} in "
-            f"{dtype_name} (use_cache=False); a synthetic batch of {batch_size} "
-            f"x {seq_len} random token ids with attention_mask and "
-            f"{_TARGETS_SAID[head]}{batch_note}; "
+            f"Hugging Face {name} from {source.path} in {dtype_name} (use_cache=False); "
+            f"a synthetic batch of {inputs_said} with {_TARGETS_SAID[head]}{batch_note}; "
             "AdamW(fused=True, lr=5e-5), the Trainer's default",
         ),
     )

@@ -7,7 +7,8 @@ profiles and plans (their ``model_file``) as one line of text, its source:
 * ``/abs/path/model.py?batch_size=8``: a model file whose ``sample_batch(batch_size=8)``
   makes the batch;
 * ``hf:/abs/path/config.json?batch_size=1&seq_len=4096&dtype=bfloat16``: a Hugging Face
-  config and the synthetic batch to plan it for (:mod:`planner.measure.hf`).
+  config and the synthetic batch to plan it for (:mod:`planner.measure.hf`); an image
+  classifier's has no ``seq_len`` (its images are the config's size).
 
 :class:`WorkloadSource` is that line as a record: :meth:`WorkloadSource.parse` reads it where
 text comes in (a path passed to :func:`~planner.measure.workload.load_model_file`, a profile's
@@ -43,7 +44,8 @@ class WorkloadSource:
     """A workload's source (see the module docstring). ``path`` is the model file, or the
     Hugging Face ``config.json``. ``batch_size``: for a model file, the one its
     ``sample_batch(batch_size=...)`` is given (None: its own default); for a Hugging Face
-    workload, with ``seq_len`` and ``dtype`` (the parameters'), the synthetic batch's shape.
+    workload, with ``seq_len`` (None for images) and ``dtype`` (the parameters'), the
+    synthetic batch's shape.
     Build one with :meth:`model_file` or :meth:`hugging_face`; nothing here reads the file."""
 
     kind: SourceKind
@@ -53,9 +55,9 @@ class WorkloadSource:
     dtype: str | None = None
 
     def __post_init__(self) -> None:
-        shape = (self.batch_size, self.seq_len, self.dtype)
+        shape = (self.batch_size, self.dtype)
         if self.kind is SourceKind.HUGGING_FACE and None in shape:
-            raise ValueError(f"a Hugging Face workload needs a batch size, seq_len, dtype: {self}")
+            raise ValueError(f"a Hugging Face workload needs a batch size and dtype: {self}")
         if self.kind is SourceKind.MODEL_FILE and (self.seq_len, self.dtype) != (None, None):
             raise ValueError("a model file's source takes no seq_len or dtype")
 
@@ -67,7 +69,11 @@ class WorkloadSource:
 
     @classmethod
     def hugging_face(
-        cls, config_path: str | os.PathLike[str], batch_size: int, seq_len: int, dtype: str
+        cls,
+        config_path: str | os.PathLike[str],
+        batch_size: int,
+        seq_len: int | None,
+        dtype: str,
     ) -> WorkloadSource:
         return cls(SourceKind.HUGGING_FACE, Path(config_path), batch_size, seq_len, dtype)
 
@@ -81,12 +87,13 @@ class WorkloadSource:
             path, _, query = text.removeprefix(_HF_PREFIX).rpartition("?")
             values = dict(urllib.parse.parse_qsl(query))
             try:
-                batch_size, seq_len = int(values["batch_size"]), int(values["seq_len"])
-                dtype = values["dtype"]
+                batch_size, dtype = int(values["batch_size"]), values["dtype"]
+                seq_len = int(values["seq_len"]) if "seq_len" in values else None
             except (KeyError, ValueError):
                 raise ModelFileError(
                     f"{text!r} is not a Hugging Face workload source (expected "
-                    f"{_HF_PREFIX}CONFIG?batch_size=B&seq_len=S&dtype=D); re-create the profile"
+                    f"{_HF_PREFIX}CONFIG?batch_size=B[&seq_len=S]&dtype=D); re-create the "
+                    "profile"
                 ) from None
             return cls.hugging_face(path, batch_size, seq_len, dtype)
         base, query, count = text.rpartition(_BATCH_SIZE_QUERY)
@@ -105,9 +112,8 @@ class WorkloadSource:
 
     def __str__(self) -> str:
         if self.kind is SourceKind.HUGGING_FACE:
-            query = urllib.parse.urlencode(
-                {"batch_size": self.batch_size, "seq_len": self.seq_len, "dtype": self.dtype}
-            )
+            shape = {"batch_size": self.batch_size, "seq_len": self.seq_len, "dtype": self.dtype}
+            query = urllib.parse.urlencode({k: v for k, v in shape.items() if v is not None})
             return f"{_HF_PREFIX}{self.path}?{query}"
         if self.batch_size is None:
             return str(self.path)
@@ -138,20 +144,14 @@ class WorkloadSource:
 
     def command_arguments(self, model: str | None = None) -> list[str]:
         """The command-line options that name this workload: a Hugging Face workload's
-        ``--hf CONFIG --batch-size B --seq-len S --dtype D``; else the model file (``model``
+        ``--hf CONFIG --batch-size B --seq-len S --dtype D`` (no ``--seq-len`` for images);
+        else the model file (``model``
         in its place where given, e.g. ``MODEL.py`` for a command to run on another machine)
         with ``--batch-size N`` where it has one."""
         if self.is_hugging_face:
-            return [
-                "--hf",
-                str(self.path),
-                "--batch-size",
-                str(self.batch_size),
-                "--seq-len",
-                str(self.seq_len),
-                "--dtype",
-                str(self.dtype),
-            ]
+            seq_len = ["--seq-len", str(self.seq_len)] if self.seq_len is not None else []
+            batch = ["--batch-size", str(self.batch_size), *seq_len]
+            return ["--hf", str(self.path), *batch, "--dtype", str(self.dtype)]
         sized = ["--batch-size", str(self.batch_size)] if self.batch_size is not None else []
         return [model or str(self.path), *sized]
 
