@@ -78,7 +78,9 @@ TASKS = {
     "masked-lm": Task("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM"),
     "seq2seq": Task("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM"),
     "image": Task(
-        "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification"
+        "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+        "AutoModelForImageClassification",
+        via_hf=True,
     ),
     "ctc": Task("MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC"),
     "sequence-classification": Task(
@@ -97,9 +99,10 @@ TASKS = {
 }
 """The tasks, each named as the batch kind it trains on: the zoo's
 (:func:`benchmarks.zoo_models.sample_batch`), speech recognition with a CTC head
-(:func:`sample_batch`), and the heads fine-tuning puts on a text model, planned as a user
-plans them: ``--hf`` on the config (:func:`write_hf_config`), whose batch is ckpt-plan's own
-(``planner/measure/hf.py``). Those include the zoo's types: the zoo has none of these heads."""
+(:func:`sample_batch`), and image classifiers and the heads fine-tuning puts on a text
+model, planned as a user plans them: ``--hf`` on the config (:func:`write_hf_config`),
+whose batch is ckpt-plan's own (``planner/measure/hf.py``). Those include the zoo's types
+(ViT and ConvNeXt among the image classifiers; the zoo has none of the text heads)."""
 
 AUDIO_SAMPLES, AUDIO_FRAMES, TRANSCRIPT_LEN = 16_000, 64, 8
 """A CTC batch: one second of 16 kHz audio per example (wav2vec 2.0's feature encoder makes
@@ -273,8 +276,8 @@ def _mapping(task: str) -> dict[str, str]:
 
 
 def model_types(task: str) -> list[str]:
-    """The model types of ``task``'s mapping, in its order, less the zoo's (which has no
-    ``--hf`` heads: those tasks keep them)."""
+    """The model types of ``task``'s mapping, in its order, less the zoo's where the task is
+    planned by model file (the zoo checks those; the ``--hf`` tasks keep them)."""
     keep_zoo = TASKS[task].via_hf
     return [model_type for model_type in _mapping(task) if keep_zoo or model_type not in ZOO_TYPES]
 
@@ -471,17 +474,13 @@ def build_model(task: str, model_type: str) -> Any:
 
 
 def sample_batch(task: str, model_type: str) -> dict[str, Any]:
-    """The zoo's batch for ``task``; images of the size and channels the config asks; for
-    ``ctc``, audio (or features) in the model's main input and a transcript each."""
+    """The zoo's batch for ``task``; for ``ctc``, audio (or features) in the model's main
+    input and a transcript each. (The ``--hf`` tasks' batches are ckpt-plan's own.)"""
+    if TASKS[task].via_hf:
+        raise ValueError(f"{task}: planned through --hf, whose batch is ckpt-plan's own")
     if task == "ctc":
         return _speech_batch(model_type)
-    if task != "image":
-        return zoo_sample_batch(task)
-    config = make_config(task, model_type)
-    size = getattr(config, "image_size", IMAGE_SIZE)
-    height, width = (size, size) if isinstance(size, int) else size
-    channels = getattr(config, "num_channels", 3)
-    return zoo_sample_batch("image", image_shape=(channels, height, width))
+    return zoo_sample_batch(task)
 
 
 def _speech_batch(model_type: str) -> dict[str, Any]:
@@ -545,14 +544,25 @@ def write_model_file(task: str, model_type: str, folder: Path) -> Path:
 def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     """Write ``model_type``'s small config (:func:`make_config`) naming ``task``'s class in
     ``architectures`` as ``folder/TYPE/config.json``: the ``--hf`` source that plans it, as a
-    string (the zoo's batch size and sequence length, float32)."""
+    string (the zoo's batch size and sequence length, float32; no sequence length for a
+    class taking images, whose size is the config's ``image_size``: the zoo's 32 x 32
+    pixels, written in where the config names no size, as ResNet's)."""
     config = make_config(task, model_type)
     class_name = _mapping(task)[model_type]
+    if isinstance(class_name, tuple):  # DeiT: the plain head first, then "WithTeacher"
+        class_name = class_name[0]
     config.architectures = [class_name]
+    model_class = getattr(importlib.import_module("transformers"), class_name, None)
+    tokens = getattr(model_class, "main_input_name", "input_ids") == "input_ids"
+    if task == "image" and not tokens:
+        towers = (config, getattr(config, "vision_config", None))
+        if all(getattr(tower, "image_size", None) is None for tower in towers):
+            config.image_size = IMAGE_SIZE
     path = Path(folder) / model_type / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     config.to_json_file(str(path), use_diff=False)
-    return f"hf:{path.resolve()}?batch_size={BATCH_SIZE}&seq_len={SEQ_LEN}&dtype=float32"
+    seq_len = f"&seq_len={SEQ_LEN}" if tokens else ""
+    return f"hf:{path.resolve()}?batch_size={BATCH_SIZE}{seq_len}&dtype=float32"
 
 
 def _main() -> None:  # a quick look: python -m benchmarks.hf_sweep_models TASK [TYPE]

@@ -91,13 +91,23 @@ def test_token_ids_move_into_the_small_vocabulary() -> None:
     assert all(token is None or token < 1000 for token in ids)
 
 
-def test_a_vision_model_keeps_its_stages_with_fewer_layers() -> None:
+def test_a_vision_model_keeps_its_stages_with_fewer_layers(tmp_path: Path) -> None:
     config = make_config("image", "resnet")
     assert list(config.depths) == [2, 2, 2, 2]  # from [3, 4, 6, 3]
     assert list(config.hidden_sizes) == [256, 512, 1024, 2048]
     assert config.num_labels == 10
-    batch = sample_batch("image", "mobilevitv2")  # images as large as its config asks
-    assert tuple(batch["pixel_values"].shape) == (4, 3, 64, 64)
+    from planner.measure.workload import load_model_file
+
+    # Planned through --hf: images as large as the config asks (MobileViTv2: 64), the zoo's
+    # 32 where it names no size (ResNet); ImageGPT's pixels are token ids, a sequence.
+    shapes = {}
+    for model_type in ("mobilevitv2", "resnet", "imagegpt"):
+        source = write_hf_config("image", model_type, tmp_path)
+        batch = load_model_file(source).sample_batch()
+        shapes[model_type] = {name: tuple(value.shape) for name, value in batch.items()}
+    assert shapes["mobilevitv2"] == {"pixel_values": (4, 3, 64, 64), "labels": (4,)}
+    assert shapes["resnet"] == {"pixel_values": (4, 3, 32, 32), "labels": (4,)}
+    assert shapes["imagegpt"]["input_ids"] == (4, 64) and shapes["imagegpt"]["labels"] == (4,)
 
 
 def test_a_speech_recognizer_gets_audio_or_features_as_its_class_takes_them() -> None:

@@ -51,6 +51,7 @@ loads either.
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -324,7 +325,10 @@ def _classified(source: WorkloadSource) -> tuple[Any, Any, str | None, bool]:
     model_class = _model_class(source, config)
     main_input = getattr(model_class, "main_input_name", "input_ids")
     head = _head(model_class)
-    images = main_input == "pixel_values" and head == "image-classification"
+    # Perceiver's image classifiers name their input "inputs" and take pixel_values too.
+    forward = inspect.signature(model_class.forward).parameters
+    images = head == "image-classification" and main_input != "input_ids"
+    images = images and "pixel_values" in forward
     if main_input != "input_ids" and not images:
         raise ModelFileError(
             f"--hf {source.path}: {model_class.__name__} takes {main_input}, and --hf builds "
