@@ -82,7 +82,12 @@ TASKS = {
         "AutoModelForImageClassification",
         via_hf=True,
     ),
-    "ctc": Task("MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC"),
+    "ctc": Task("MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC", via_hf=True),
+    "audio-classification": Task(
+        "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+        "AutoModelForAudioClassification",
+        via_hf=True,
+    ),
     "sequence-classification": Task(
         "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
         "AutoModelForSequenceClassification",
@@ -97,16 +102,17 @@ TASKS = {
         "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "AutoModelForQuestionAnswering", via_hf=True
     ),
 }
-"""The tasks, each named as the batch kind it trains on: the zoo's
-(:func:`benchmarks.zoo_models.sample_batch`), speech recognition with a CTC head
-(:func:`sample_batch`), and image classifiers and the heads fine-tuning puts on a text
-model, planned as a user plans them: ``--hf`` on the config (:func:`write_hf_config`),
-whose batch is ckpt-plan's own (``planner/measure/hf.py``). Those include the zoo's types
-(ViT and ConvNeXt among the image classifiers; the zoo has none of the text heads)."""
+"""The tasks, each named as the batch kind it trains on: the zoo's language models
+(:func:`benchmarks.zoo_models.sample_batch`), and image classifiers, speech recognition
+with a CTC head, audio classifiers and the heads fine-tuning puts on a text model, planned
+as a user plans them: ``--hf`` on the config (:func:`write_hf_config`), whose batch is
+ckpt-plan's own (``planner/measure/hf.py``). Those include the zoo's types (ViT and
+ConvNeXt among the image classifiers; the zoo has none of the other heads)."""
 
-AUDIO_SAMPLES, AUDIO_FRAMES, TRANSCRIPT_LEN = 16_000, 64, 8
-"""A CTC batch: one second of 16 kHz audio per example (wav2vec 2.0's feature encoder makes
-49 frames of it), or 64 frames of features for models that take features; 8 labels each."""
+AUDIO_SAMPLES, AUDIO_FRAMES = 16_000, 64
+"""An audio batch's length (``--seq-len``): one second of 16 kHz audio per example (wav2vec
+2.0's feature encoder makes 49 frames of it), or 64 frames for models that take features
+(``--hf`` gives a CTC head's transcripts 8 labels for either)."""
 
 ZOO_TYPES = {
     "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
@@ -474,43 +480,11 @@ def build_model(task: str, model_type: str) -> Any:
 
 
 def sample_batch(task: str, model_type: str) -> dict[str, Any]:
-    """The zoo's batch for ``task``; for ``ctc``, audio (or features) in the model's main
-    input and a transcript each. (The ``--hf`` tasks' batches are ckpt-plan's own.)"""
+    """The zoo's batch for ``task``, a language model's. (The ``--hf`` tasks' batches are
+    ckpt-plan's own.)"""
     if TASKS[task].via_hf:
         raise ValueError(f"{task}: planned through --hf, whose batch is ckpt-plan's own")
-    if task == "ctc":
-        return _speech_batch(model_type)
     return zoo_sample_batch(task)
-
-
-def _speech_batch(model_type: str) -> dict[str, Any]:
-    """Raw audio (``input_values``: batch x samples) or features (``input_features``: batch
-    x frames x the width the config's feature projection takes, with an all-ones
-    ``attention_mask``), whichever the model's class names as its main input, and labels
-    from 1 up (0 is CTC's blank)."""
-    import torch
-
-    transformers = importlib.import_module("transformers")
-    config = make_config("ctc", model_type)
-    model_class = getattr(transformers, _mapping("ctc")[model_type])
-    main_input = getattr(model_class, "main_input_name", "input_values")
-    if main_input == "input_features":
-        widths = (
-            getattr(owner, name, None)
-            for owner in (config, getattr(config, "encoder_config", None))
-            for name in ("feature_projection_input_dim", "num_mel_bins", "feature_size")
-        )
-        width = next((width for width in widths if isinstance(width, int)), None)
-        if width is None:
-            raise ValueError(f"{model_type}: no feature width in its config")
-        features = torch.randn(BATCH_SIZE, AUDIO_FRAMES, width)
-        # as a feature extractor gives it (some models need it: Parakeet, LASR)
-        mask = torch.ones(BATCH_SIZE, AUDIO_FRAMES, dtype=torch.long)
-        batch = {main_input: features, "attention_mask": mask}
-    else:
-        batch = {main_input: torch.randn(BATCH_SIZE, AUDIO_SAMPLES)}
-    labels = torch.randint(1, config.vocab_size, (BATCH_SIZE, TRANSCRIPT_LEN))
-    return {**batch, "labels": labels}
 
 
 _MODEL_FILE = '''"""ckpt-plan Hugging Face sweep: {model_type} ({task}), written by
@@ -546,14 +520,16 @@ def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     ``architectures`` as ``folder/TYPE/config.json``: the ``--hf`` source that plans it, as a
     string (the zoo's batch size and sequence length, float32; no sequence length for a
     class taking images, whose size is the config's ``image_size``: the zoo's 32 x 32
-    pixels, written in where the config names no size, as ResNet's)."""
+    pixels, written in where the config names no size, as ResNet's; for audio, the length
+    of :data:`AUDIO_SAMPLES` or :data:`AUDIO_FRAMES`)."""
     config = make_config(task, model_type)
     class_name = _mapping(task)[model_type]
     if isinstance(class_name, tuple):  # DeiT: the plain head first, then "WithTeacher"
         class_name = class_name[0]
     config.architectures = [class_name]
     model_class = getattr(importlib.import_module("transformers"), class_name, None)
-    tokens = getattr(model_class, "main_input_name", "input_ids") == "input_ids"
+    main_input = getattr(model_class, "main_input_name", "input_ids")
+    tokens = main_input == "input_ids"
     if task == "image" and not tokens:
         towers = (config, getattr(config, "vision_config", None))
         if all(getattr(tower, "image_size", None) is None for tower in towers):
@@ -561,7 +537,8 @@ def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     path = Path(folder) / model_type / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     config.to_json_file(str(path), use_diff=False)
-    seq_len = f"&seq_len={SEQ_LEN}" if tokens else ""
+    lengths = {"input_ids": SEQ_LEN, "input_values": AUDIO_SAMPLES, "input_features": AUDIO_FRAMES}
+    seq_len = f"&seq_len={lengths[main_input]}" if main_input in lengths else ""
     return f"hf:{path.resolve()}?batch_size={BATCH_SIZE}{seq_len}&dtype=float32"
 
 

@@ -407,15 +407,16 @@ def fit(
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         if hf is not None and (source.seq_len is None or dimension == "seq_len"):
-            from planner.measure.hf import takes_token_ids
+            from planner.measure.hf import input_kind
 
-            tokens = takes_token_ids(source)
-            if tokens and source.seq_len is None:
+            kind = input_kind(source)
+            if kind == "token ids" and source.seq_len is None:
                 fail(give_one, 2)
-            if not tokens and dimension == "seq_len":
+            clip = " and give --seq-len, the clips' length," if kind == "audio" else ""
+            if kind != "token ids" and (dimension == "seq_len" or clip):
                 fail(
-                    f"--hf {hf}: the model takes images of its config's size, with no "
-                    "sequence length to fit; leave out --batch-size to fit the batch size",
+                    f"--hf {hf}: the model takes {kind}, and fit fits its batch size only; "
+                    f"leave out --batch-size{clip} to fit it",
                     2,
                 )
         spec, device = target_and_device(target, device)

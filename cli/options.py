@@ -233,7 +233,8 @@ HfOption = Annotated[
         "config.json, or a model folder holding one (nothing is downloaded). Builds the class "
         "its `architectures` names (else AutoModelForCausalLM's) with random weights, on "
         "--batch-size x --seq-len random token ids with labels (an image classifier: "
-        "--batch-size random images of the config's image_size); the loss is the model's own.",
+        "--batch-size random images of the config's image_size; a speech model: clips of "
+        "--seq-len samples or frames); the loss is the model's own.",
         metavar="CONFIG",
         show_default=False,
     ),
@@ -243,7 +244,7 @@ BatchSizeOption = Annotated[
     typer.Option(
         "--batch-size",
         min=1,
-        help="With --hf: sequences (or images) per batch. With MODEL.py: passed to its "
+        help="With --hf: sequences (images, clips) per batch. With MODEL.py: passed to its "
         "sample_batch(batch_size=...).",
         show_default=False,
     ),
@@ -253,7 +254,8 @@ SeqLenOption = Annotated[
     typer.Option(
         "--seq-len",
         min=1,
-        help="With --hf: tokens per sequence (none for an image classifier).",
+        help="With --hf: tokens per sequence; for a speech model, audio samples (or feature "
+        "frames) per clip; none for an image classifier.",
         show_default=False,
     ),
 ]

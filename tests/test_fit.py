@@ -141,30 +141,35 @@ def test_fit_the_sequence_length_of_a_hf_config(tmp_path: Path, monkeypatch) -> 
     ("config", "shape", "fragment"),
     [
         ("tiny-llama", [], "with --hf give one of --seq-len"),  # token ids need one
-        ("vit", ["--batch-size", "2"], "no sequence length to fit; leave out --batch-size"),
+        ("vit", ["--batch-size", "2"], "takes images, and fit fits its batch size only"),
+        ("wav2vec2", [], "takes audio, and fit fits its batch size only; leave out"),
     ],
 )
 def test_fit_with_hf_fits_the_one_size_the_batch_has(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str, shape: list[str], fragment: str
 ) -> None:
     """An image classifier's batch has no sequence length: fit takes neither option and fits
-    its batch size; a token model's needs one of them."""
+    its batch size; a token model's needs one of them; a speech model's clips need a length,
+    and fit fits its batch size at it."""
     import json
 
     monkeypatch.chdir(tmp_path)
     vit = {"model_type": "vit", "architectures": ["ViTForImageClassification"]}
     (tmp_path / "vit.json").write_text(json.dumps(vit), encoding="utf-8")
-    path = EXAMPLES / "configs" / "tiny-llama.json" if config == "tiny-llama" else "vit.json"
+    asr = {"model_type": "wav2vec2", "architectures": ["Wav2Vec2ForCTC"]}
+    (tmp_path / "wav2vec2.json").write_text(json.dumps(asr), encoding="utf-8")
+    path = EXAMPLES / "configs" / "tiny-llama.json" if config == "tiny-llama" else f"{config}.json"
     result = CliRunner().invoke(app, ["fit", "--hf", str(path), *shape, "--budget", "1GB"])
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr and "Traceback" not in result.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["vit.json"]
-    if config == "vit":
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vit.json", "wav2vec2.json"]
+    if config != "tiny-llama":
         from planner.measure.hf import hf_workload
 
-        images = load_model_file(hf_workload(tmp_path / "vit.json", 2, None))
-        with pytest.raises(ModelFileError, match="no sequence length to fit"):
-            fit_largest(images, 2**30, dimension="seq_len")
+        length = None if config == "vit" else 16000  # images have none; clips need one
+        workload = load_model_file(hf_workload(tmp_path / f"{config}.json", 2, length))
+        with pytest.raises(ModelFileError, match="fits the sequence length of token ids only"):
+            fit_largest(workload, 2**30, dimension="seq_len")
 
 
 @pytest.mark.slow

@@ -346,6 +346,113 @@ def test_profile_a_tiny_image_classifier_config_then_fit_its_batch(workdir: Path
     assert len(written) == 1 and int(written[0].stem.removeprefix("plan-batch")) >= 8
 
 
+# -- speech recognizers and audio classifiers -------------------------------------------------
+TINY_WAV2VEC2 = {
+    "model_type": "wav2vec2",
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "conv_dim": [16] * 7,
+    "num_conv_pos_embeddings": 16,
+    "vocab_size": 32,
+}
+TINY_SEW_D = {  # its 512 positions are frames after the feature encoder: no limit on samples
+    **TINY_WAV2VEC2,
+    "model_type": "sew-d",
+    "architectures": ["SEWDForCTC"],
+    "max_position_embeddings": 512,
+    "conv_dim": [16] * 13,
+}
+TINY_PARAKEET = {  # takes feature frames: its encoder's 80 mel bins; its blank is its last id
+    "model_type": "parakeet_ctc",
+    "architectures": ["ParakeetForCTC"],
+    "vocab_size": 33,
+    "pad_token_id": 32,
+    "encoder_config": {
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "seq_len", "inputs", "labels"),
+    [
+        (  # speech recognition: raw audio, a transcript of a label per 2000 samples
+            {**TINY_WAV2VEC2, "architectures": ["Wav2Vec2ForCTC"]},
+            4000,
+            {"input_values": ((3, 4000), torch.float32)},
+            ((3, 2), torch.int64, 32),
+        ),
+        (
+            TINY_SEW_D,
+            16000,
+            {"input_values": ((3, 16000), torch.float32)},
+            ((3, 8), torch.int64, 32),
+        ),
+        (  # feature frames and their mask; a label per 8 frames, below the blank
+            TINY_PARAKEET,
+            64,
+            {
+                "input_features": ((3, 64, 80), torch.float32),
+                "attention_mask": ((3, 64), torch.int64),
+            },
+            ((3, 8), torch.int64, 32),
+        ),
+        (  # keyword spotting: a label per clip
+            {
+                **TINY_WAV2VEC2,
+                "architectures": ["Wav2Vec2ForSequenceClassification"],
+                **_labels(12),
+            },
+            4000,
+            {"input_values": ((3, 4000), torch.float32)},
+            ((3,), torch.int64, 12),
+        ),
+    ],
+)
+def test_an_audio_models_batch_is_clips_of_seq_len(
+    tmp_path: Path,
+    config: dict[str, object],
+    seq_len: int,
+    inputs: dict[str, tuple],
+    labels: tuple,
+) -> None:
+    """Before, --hf refused every class whose main input is audio (input_values or
+    input_features); --seq-len is the clip's length in its main input's steps."""
+    path = _write(tmp_path / "config.json", config)
+    built = build_workload(load_model_file(str(hf_workload(path, 3, seq_len))), seed=0)
+    batch = built.batch
+    assert set(batch) == {*inputs, "labels"}
+    for name, (shape, dtype) in inputs.items():
+        assert (tuple(batch[name].shape), batch[name].dtype) == (shape, dtype), name
+    shape, dtype, below = labels
+    assert (tuple(batch["labels"].shape), batch["labels"].dtype) == (shape, dtype)
+    blank = 0 if config["model_type"] != "parakeet_ctc" else below
+    if "ForCTC" in str(config["architectures"]):  # a transcript: no blank in it
+        assert not (batch["labels"] == blank).any() and int(batch["labels"].max()) <= below
+    else:
+        assert int(batch["labels"].min()) >= 0 and int(batch["labels"].max()) < below
+    assert run_training_step(built, seed=0).isfinite()
+
+
+@pytest.mark.slow
+def test_profile_a_tiny_speech_recognizer_config(workdir: Path) -> None:
+    _write(workdir / "asr" / "config.json", {**TINY_WAV2VEC2, "architectures": ["Wav2Vec2ForCTC"]})
+    source = hf_workload(workdir / "asr", 2, 4000)
+    budget = _mid_budget(source)
+    shape = ["--batch-size", "2", "--seq-len", "4000", "--budget", str(budget)]
+    result = CliRunner().invoke(app, ["profile", "--hf", "asr", *shape])
+    assert result.exit_code == 0, result.output
+    plan = load_plan(workdir / "profiles" / "asr" / "plan.json")
+    assert plan.model_file == str(source) and plan.modules and plan.checked
+    assert plan.batch["input_values"]["shape"] == [2, 4000]  # type: ignore[index]
+    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+
+
 def test_a_decoder_classifier_with_no_pad_or_eos_token_is_told_to_set_one(workdir: Path) -> None:
     """Qwen2's defaults name neither (its checkpoints name an eos, which --hf then uses)."""
     config = {
@@ -478,8 +585,12 @@ SHAPE = ["--batch-size", "1", "--seq-len", "8"]
             ["BertForMultipleChoice takes input_ids of (batch, choices, tokens)"],
         ),
         (
-            ["--hf", "wav2vec2.json", *SHAPE],
-            ["Wav2Vec2ForCTC takes input_values", "batches of token ids"],
+            ["--hf", "wav2vec2.json", "--batch-size", "1"],
+            ["Wav2Vec2ForCTC takes audio; pass --seq-len, the audio samples per clip"],
+        ),
+        (  # a spectrogram of one fixed length, laid out as its feature extractor gives it
+            ["--hf", "ast.json", *SHAPE],
+            ["ASTForAudioClassification takes input_values", "write a model file"],
         ),
         (["--hf", "gpt2.json", "--batch-size", "1", "--seq-len", "65"], ["--seq-len 64 or less"]),
     ],
@@ -499,6 +610,8 @@ def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
     _write(workdir / "segformer.json", segformer)
     speech = {"model_type": "wav2vec2", "vocab_size": 32, "architectures": ["Wav2Vec2ForCTC"]}
     _write(workdir / "wav2vec2.json", speech)
+    ast = {"model_type": "audio-spectrogram-transformer"}
+    _write(workdir / "ast.json", {**ast, "architectures": ["ASTForAudioClassification"]})
     _write(workdir / "bert-choices.json", {**TINY_BERT, "architectures": ["BertForMultipleChoice"]})
     before = _files(workdir)
     result = CliRunner().invoke(app, [*PROFILE, *arguments])

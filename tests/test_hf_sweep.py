@@ -110,14 +110,24 @@ def test_a_vision_model_keeps_its_stages_with_fewer_layers(tmp_path: Path) -> No
     assert shapes["imagegpt"]["input_ids"] == (4, 64) and shapes["imagegpt"]["labels"] == (4,)
 
 
-def test_a_speech_recognizer_gets_audio_or_features_as_its_class_takes_them() -> None:
-    audio = sample_batch("ctc", "wav2vec2")  # raw audio: input_values
+def test_a_speech_recognizer_gets_audio_or_features_as_its_class_takes_them(
+    tmp_path: Path,
+) -> None:
+    from planner.measure.workload import load_model_file
+
+    source = write_hf_config("ctc", "wav2vec2", tmp_path)  # raw audio: input_values
+    assert "seq_len=16000&" in source
+    audio = load_model_file(source).sample_batch()
     assert tuple(audio["input_values"].shape) == (4, 16_000)
     assert audio["labels"].shape == (4, 8) and int(audio["labels"].min()) >= 1  # 0: blank
-    features = sample_batch("ctc", "parakeet_ctc")  # its encoder's mel bins
+    source = write_hf_config("ctc", "parakeet_ctc", tmp_path)  # its encoder's mel bins
+    features = load_model_file(source).sample_batch()
     assert tuple(features["input_features"].shape) == (4, 64, 80)
     assert tuple(features["attention_mask"].shape) == (4, 64)
+    assert int(features["labels"].max()) < 1024  # its blank is its last id, 1024
     assert make_config("ctc", "wav2vec2-bert").vocab_size == 1000  # its default has none
+    with pytest.raises(ValueError, match="through --hf"):
+        sample_batch("ctc", "wav2vec2")
 
 
 @pytest.mark.slow

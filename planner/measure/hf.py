@@ -31,10 +31,18 @@ What is built, and why:
   the normal distribution as a processor's normalized pixels are, in the parameters'
   dtype) of the config's ``image_size`` (or its vision tower's; 224 where it names none,
   as ResNet's) and ``num_channels`` (else 3), with a label per image as for a sequence
-  classifier; it has no ``seq_len``. The loss is the model's own ``output.loss``. Any other
-  class whose main input is not token ids (a speech recognizer's ``input_values``, a
-  segmentation model's ``pixel_values``), or a multiple-choice head (a batch of choices per
-  example), is an error naming it: its batch needs a model file.
+  classifier; it has no ``seq_len``. A speech recognizer's (CTC head) or an audio
+  classifier's batch is ``batch_size`` clips of ``seq_len`` steps of its main input
+  (normal, as a feature extractor's normalized output): raw audio samples
+  (``input_values``) or feature frames (``input_features``, of the width its config names,
+  with an all-ones ``attention_mask``), with a label per clip for a classifier, and for a
+  recognizer a transcript of a label per 2000 samples or 8 frames (about a subword
+  tokenizer's rate on read speech: 8 a second at 16 kHz) below ``vocab_size``, none of them
+  the blank (``pad_token_id``). The loss is the model's own ``output.loss``. Any other class
+  whose main input is not token ids (a segmentation model's ``pixel_values``; AST's and
+  Whisper's audio classifiers, whose spectrograms have one fixed length and layout), or a
+  multiple-choice head (a batch of choices per example), is an error naming it: its batch
+  needs a model file.
 * **The optimizer**: ``torch.optim.AdamW(fused=True, lr=5e-5)``, the Hugging Face Trainer's
   default (``optim="adamw_torch_fused"``). Its state is in the parameters' dtype.
 * **The dtype**: ``--dtype``, else the config's own (``dtype`` or ``torch_dtype``), else
@@ -54,7 +62,7 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from planner.core.errors import ModelFileError
 from planner.measure.source import WorkloadSource
@@ -127,8 +135,12 @@ def _positions(data: dict[str, Any]) -> int | None:
 
 
 def max_seq_len(source: WorkloadSource) -> int | None:
-    """The most positions the workload's config allows, or None where it names no limit."""
-    return _positions(_read_config(source.path))
+    """The most positions the workload's config allows its token ids, or None where it names
+    no limit (or the model takes no token ids: audio samples are no positions)."""
+    positions = _positions(_read_config(source.path))
+    if positions is None or _classified(source).kind != "token ids":
+        return None
+    return positions
 
 
 def hf_workload(
@@ -136,21 +148,16 @@ def hf_workload(
 ) -> WorkloadSource:
     """Check a Hugging Face workload before anything is built: ``config`` is a local
     ``config.json`` or a folder holding one, with a ``model_type``; ``batch_size`` and
-    ``seq_len`` are positive and the sequence fits the config's positions (``seq_len`` None:
-    an image classifier's, whose images are the config's size; whether the class takes
-    tokens is known when it is loaded); ``dtype`` (default: the config's, else float32) is
-    one of :data:`DTYPES`. Raises :class:`ModelFileError` naming the fix."""
+    ``seq_len`` are positive (``seq_len`` None: an image classifier's, whose images are the
+    config's size; whether the class takes tokens, and fits them in its positions, is
+    checked when it is loaded: :func:`load_hf_model_file`); ``dtype`` (default: the
+    config's, else float32) is one of :data:`DTYPES`. Raises :class:`ModelFileError`
+    naming the fix."""
     path = _config_file(config)
     data = _read_config(path)
     if batch_size < 1 or (seq_len is not None and seq_len < 1):
         raise ModelFileError(
             f"--batch-size {batch_size} --seq-len {seq_len}: both must be at least 1"
-        )
-    positions = _positions(data)
-    if positions is not None and seq_len is not None and seq_len > positions:
-        raise ModelFileError(
-            f"--seq-len {seq_len} is longer than the {positions} positions the config "
-            f"{path} allows (max_position_embeddings); pass --seq-len {positions} or less"
         )
     if dtype is not None and dtype not in DTYPES:
         raise ModelFileError(f"--dtype {dtype}: use one of {', '.join(DTYPES)}")
@@ -218,6 +225,8 @@ _HEADS = {
     "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES": "question-answering",
     "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES": "multiple-choice",
     "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": "image-classification",
+    "MODEL_FOR_CTC_MAPPING_NAMES": "ctc",
+    "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES": "audio-classification",
 }
 """The heads whose targets are not the tokens, by the ``transformers`` auto mapping that
 names their classes."""
@@ -228,6 +237,8 @@ _TARGETS_SAID = {
     "token-classification": "a label per token",
     "question-answering": "start_positions and end_positions",
     "image-classification": "a label per image",
+    "audio-classification": "a label per clip",
+    "ctc": "a transcript per clip",
 }
 
 _IMAGE_SIZE = 224
@@ -318,37 +329,83 @@ def _image_shape(path: Path, config: Any) -> tuple[int, int, int]:
     return int(channels or 3), int(sizes[0]), int(sizes[1])
 
 
-def _classified(source: WorkloadSource) -> tuple[Any, Any, str | None, bool]:
-    """The config (for training), the class, its head (:data:`_HEADS`) and whether it takes
-    images; raises :class:`ModelFileError` for a class whose batch --hf cannot make."""
+class _Inputs(NamedTuple):
+    """What a class takes, as --hf builds its batch (:func:`_classified`)."""
+
+    config: Any  # for training (use_cache=False)
+    model_class: Any
+    head: str | None  # :data:`_HEADS`, None for a language model
+    kind: str  # "token ids", "images" or "audio"
+    main_input: str  # input_ids, pixel_values, input_values or input_features
+
+
+_FIXED_SPECTROGRAMS = frozenset({"ASTForAudioClassification", "WhisperForAudioClassification"})
+"""Audio classifiers whose input is a spectrogram of one fixed length, laid out as their
+feature extractor gives it (AST: 1024 frames x 128 bins; Whisper: 80 bins x 3000 frames)."""
+
+
+def _classified(source: WorkloadSource) -> _Inputs:
+    """The config, the class, its head and its inputs; raises :class:`ModelFileError` for a
+    class whose batch --hf cannot make (module docstring)."""
     config = _build_config(source)
     model_class = _model_class(source, config)
+    name = model_class.__name__
     main_input = getattr(model_class, "main_input_name", "input_ids")
     head = _head(model_class)
+    kind = "token ids" if main_input == "input_ids" else None
     # Perceiver's image classifiers name their input "inputs" and take pixel_values too.
     forward = inspect.signature(model_class.forward).parameters
-    images = head == "image-classification" and main_input != "input_ids"
-    images = images and "pixel_values" in forward
-    if main_input != "input_ids" and not images:
+    if kind is None and head == "image-classification" and "pixel_values" in forward:
+        kind, main_input = "images", "pixel_values"
+    audio = main_input in ("input_values", "input_features")
+    if head in ("ctc", "audio-classification") and audio and name not in _FIXED_SPECTROGRAMS:
+        kind = "audio"
+    if kind is None:
         raise ModelFileError(
-            f"--hf {source.path}: {model_class.__name__} takes {main_input}, and --hf builds "
-            f"batches of token ids (or of images, for an image classifier); write a model "
-            f"file whose sample_batch() gives {main_input}"
+            f"--hf {source.path}: {name} takes {main_input}, and --hf builds batches of "
+            "token ids, images for an image classifier, or audio for a speech recognizer "
+            f"or audio classifier; write a model file whose sample_batch() gives {main_input}"
         )
     if head == "multiple-choice":
         raise ModelFileError(
-            f"--hf {source.path}: {model_class.__name__} takes input_ids of (batch, choices, "
-            "tokens), and --hf builds one sequence per example; write a model file whose "
-            "sample_batch() gives its choices"
+            f"--hf {source.path}: {name} takes input_ids of (batch, choices, tokens), and "
+            "--hf builds one sequence per example; write a model file whose sample_batch() "
+            "gives its choices"
         )
-    return config, model_class, head, images
+    return _Inputs(config, model_class, head, kind, main_input)
 
 
-def takes_token_ids(source: WorkloadSource) -> bool:
-    """Whether the Hugging Face workload's class takes token ids (its batch has a sequence
-    length), not images; raises :class:`ModelFileError` as :func:`load_hf_model_file` does
-    for a class whose batch --hf cannot make."""
-    return not _classified(source)[3]
+def input_kind(source: WorkloadSource) -> str:
+    """What the Hugging Face workload's class takes: ``"token ids"``, ``"images"`` (of the
+    config's size: no ``--seq-len``) or ``"audio"`` (clips of ``--seq-len``); raises
+    :class:`ModelFileError` as :func:`load_hf_model_file` does for a class whose batch
+    --hf cannot make."""
+    return _classified(source).kind
+
+
+_SEQ_LEN_SAID = {
+    "input_ids": "the tokens per sequence",
+    "input_values": "the audio samples per clip (16000 a second at 16 kHz)",
+    "input_features": "the feature frames per clip (100 a second)",
+}
+
+_SAMPLES_PER_LABEL = {"input_values": 2000, "input_features": 8}
+"""A speech recognizer's transcript: a label per 2000 samples (8 a second at 16 kHz) or per
+8 feature frames (12.5 a second), about a subword tokenizer's rate on read speech."""
+
+
+def _feature_width(source: WorkloadSource, config: Any) -> int:
+    """The width of the feature frames a speech model takes, from its config or its
+    encoder's."""
+    for owner in (config, getattr(config, "encoder_config", None)):
+        for field in ("feature_projection_input_dim", "num_mel_bins", "feature_size"):
+            width = getattr(owner, field, None)
+            if isinstance(width, int) and width > 0:
+                return width
+    raise ModelFileError(
+        f"--hf {source.path}: the config names no feature width (feature_size, num_mel_bins); "
+        "add the one its feature extractor gives"
+    )
 
 
 def load_hf_model_file(source: WorkloadSource) -> ModelFile:
@@ -363,17 +420,24 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     batch_size, seq_len, dtype_name = _shape(source)
     source = hf_workload(source.path, batch_size, seq_len, dtype_name)
     transformers = _transformers()
-    config, model_class, head, images = _classified(source)
+    config, model_class, head, kind, main_input = _classified(source)
     name = model_class.__name__
-    if images and seq_len is not None:
+    if kind == "images" and seq_len is not None:
         channels, height, width = _image_shape(source.path, config)
         raise ModelFileError(
             f"--hf {source.path}: {name} takes images ({channels} x {height} x {width}, the "
             "config's image_size), not sequences; leave out --seq-len"
         )
-    if not images and seq_len is None:
+    if kind != "images" and seq_len is None:
         raise ModelFileError(
-            f"--hf {source.path}: {name} takes token ids; pass --seq-len, the tokens per sequence"
+            f"--hf {source.path}: {name} takes {kind}; pass --seq-len, {_SEQ_LEN_SAID[main_input]}"
+        )
+    positions = max_seq_len(source) if kind == "token ids" else None
+    if positions is not None and seq_len is not None and seq_len > positions:
+        raise ModelFileError(
+            f"--seq-len {seq_len} is longer than the {positions} positions the config "
+            f"{source.path} allows (max_position_embeddings); pass --seq-len {positions} "
+            "or less"
         )
     # A sequence classifier's eos is its pad where the config names none (decoder-only
     # classifiers find each sequence's last token by the pad), and an encoder-decoder's
@@ -388,11 +452,14 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     if classifier_eos is not None and getattr(config, "is_encoder_decoder", False):
         eos_last = classifier_eos
         batch_note += "; each sequence ends in the eos token (the classifier pools there)"
-    vocab_size = None if images else getattr(config.get_text_config(), "vocab_size", None)
-    if not images and (not isinstance(vocab_size, int) or vocab_size < 1):
+    vocab_size = getattr(config.get_text_config(), "vocab_size", None)
+    if (kind == "token ids" or head == "ctc") and (
+        not isinstance(vocab_size, int) or vocab_size < 1
+    ):
+        drawn = "its transcripts' labels" if head == "ctc" else "token ids"
         raise ModelFileError(
-            f'--hf {source.path}: the config has no "vocab_size"; add it (the '
-            "synthetic batch draws token ids below it)"
+            f'--hf {source.path}: the config has no "vocab_size"; add it (the synthetic '
+            f"batch draws {drawn} below it)"
         )
     dtype = _torch_dtype(dtype_name)
     causal_models = transformers.MODEL_FOR_CAUSAL_LM_MAPPING  # lazy: look up one key only
@@ -410,19 +477,49 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             model.loss_type = "ForCausalLM"
         return model
 
-    image_shape = _image_shape(source.path, config) if images else None
-    if image_shape is not None:
+    targets_said = _TARGETS_SAID[head]
+    if kind == "images":
+        image_shape = _image_shape(source.path, config)
         inputs_said = "{} random {} x {} x {} images (pixel_values)".format(
             batch_size, *image_shape
         )
+    elif main_input == "input_features":
+        assert seq_len is not None
+        frames = (seq_len, _feature_width(source, config))
+        inputs_said = "{} x {} x {} random feature frames with attention_mask".format(
+            batch_size, *frames
+        )
+    elif main_input == "input_values":
+        inputs_said = f"{batch_size} x {seq_len} random audio samples (input_values)"
     else:
         inputs_said = f"{batch_size} x {seq_len} random token ids with attention_mask"
+    transcript = blank = 0
+    if head == "ctc":
+        assert seq_len is not None and isinstance(vocab_size, int)
+        transcript = max(1, seq_len // _SAMPLES_PER_LABEL[main_input])
+        pad = getattr(config, "pad_token_id", None)  # CTC's blank
+        blank = pad if isinstance(pad, int) and 0 <= pad < vocab_size else 0
+        targets_said = f"a transcript of {transcript} labels per clip (none the blank, {blank})"
 
     def sample_batch() -> dict[str, torch.Tensor]:
-        if image_shape is not None:  # (B, C, H, W), normalized pixels as a processor gives
+        if kind == "images":  # (B, C, H, W), normalized pixels as a processor gives them
             pixel_values = torch.randn(batch_size, *image_shape).to(dtype)
             return {"pixel_values": pixel_values, **_targets(head, config, pixel_values, dtype)}
-        assert isinstance(vocab_size, int) and seq_len is not None
+        assert seq_len is not None
+        if kind == "audio":  # normalized, as a feature extractor gives it
+            if main_input == "input_features":  # (B, T, features)
+                values = torch.randn(batch_size, *frames).to(dtype)
+                mask = torch.ones(batch_size, seq_len, dtype=torch.long)
+                batch = {main_input: values, "attention_mask": mask}
+            else:
+                batch = {main_input: torch.randn(batch_size, seq_len).to(dtype)}  # (B, T)
+            if head == "ctc":  # labels below the vocabulary, skipping CTC's blank
+                assert isinstance(vocab_size, int)
+                labels = torch.randint(0, vocab_size - 1, (batch_size, transcript))
+                labels[labels >= blank] += 1
+                return {**batch, "labels": labels}
+            return {**batch, **_targets(head, config, batch[main_input], dtype)}
+        assert isinstance(vocab_size, int)
         input_ids = torch.randint(0, vocab_size, (batch_size, seq_len))  # (B, T)
         if eos_last is not None:  # one eos, last, as the tokenizer appends it
             input_ids[input_ids == eos_last] = (eos_last + 1) % vocab_size
@@ -444,7 +541,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         source=source,
         assumptions=(
             f"Hugging Face {name} from {source.path} in {dtype_name} (use_cache=False); "
-            f"a synthetic batch of {inputs_said} with {_TARGETS_SAID[head]}{batch_note}; "
+            f"a synthetic batch of {inputs_said} with {targets_said}{batch_note}; "
             "AdamW(fused=True, lr=5e-5), the Trainer's default",
         ),
     )
