@@ -407,15 +407,15 @@ def fit(
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         if hf is not None and (source.seq_len is None or dimension == "seq_len"):
-            from planner.measure.hf import input_kind
+            from planner.measure.hf import InputKind, input_kind
 
             kind = input_kind(source)
-            if kind == "token ids" and source.seq_len is None:
+            if kind is InputKind.TOKENS and source.seq_len is None:
                 fail(give_one, 2)
-            clip = " and give --seq-len, the clips' length," if kind == "audio" else ""
-            if kind != "token ids" and (dimension == "seq_len" or clip):
+            clip = " and give --seq-len, the clips' length," if kind is InputKind.AUDIO else ""
+            if kind is not InputKind.TOKENS and (dimension == "seq_len" or clip):
                 fail(
-                    f"--hf {hf}: the model takes {kind}, and fit fits its batch size only; "
+                    f"--hf {hf}: the model takes {kind.value}, and fit fits its batch size only; "
                     f"leave out --batch-size{clip} to fit it",
                     2,
                 )

@@ -38,7 +38,7 @@ from planner.core.parallel import ParallelLayout
 from planner.core.records import MemorySource, Profile
 from planner.core.units import format_bytes
 from planner.measure.distributed import record_rank_memory
-from planner.measure.hf import input_kind, max_seq_len
+from planner.measure.hf import InputKind, input_kind, max_seq_len
 from planner.measure.model_file import ModelFile, takes_batch_size
 from planner.measure.profiler import ProgressCallback
 from planner.measure.source import WorkloadSource
@@ -183,9 +183,9 @@ def fit_largest(
                 "fit the batch size of a model file"
             )
         kind = input_kind(model_file.source)
-        if kind != "token ids":  # a clip's length: its feature encoder needs some to run
+        if kind is not InputKind.TOKENS:  # a clip's length: its feature encoder needs some to run
             raise ModelFileError(
-                f"{model_file.source.path}: the model takes {kind}, and fit fits the "
+                f"{model_file.source.path}: the model takes {kind.value}, and fit fits the "
                 "sequence length of token ids only; fit its batch size"
             )
         max_size = min(max_size, max_seq_len(model_file.source) or max_size)

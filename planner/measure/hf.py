@@ -59,6 +59,7 @@ loads either.
 
 from __future__ import annotations
 
+import enum
 import inspect
 import json
 from pathlib import Path
@@ -72,7 +73,14 @@ if TYPE_CHECKING:
 
     from planner.measure.model_file import ModelFile
 
-__all__ = ["DTYPES", "hf_workload", "load_hf_model_file", "max_seq_len"]
+__all__ = [
+    "DTYPES",
+    "InputKind",
+    "hf_workload",
+    "input_kind",
+    "load_hf_model_file",
+    "max_seq_len",
+]
 
 DTYPES = ("float32", "bfloat16", "float16")
 """The parameter dtypes ``--dtype`` takes."""
@@ -138,7 +146,7 @@ def max_seq_len(source: WorkloadSource) -> int | None:
     """The most positions the workload's config allows its token ids, or None where it names
     no limit (or the model takes no token ids: audio samples are no positions)."""
     positions = _positions(_read_config(source.path))
-    if positions is None or _classified(source).kind != "token ids":
+    if positions is None or _classified(source).kind is not InputKind.TOKENS:
         return None
     return positions
 
@@ -329,13 +337,21 @@ def _image_shape(path: Path, config: Any) -> tuple[int, int, int]:
     return int(channels or 3), int(sizes[0]), int(sizes[1])
 
 
+class InputKind(enum.Enum):
+    """What a class takes, as --hf builds its batch; the value is said in messages."""
+
+    TOKENS = "token ids"  # --seq-len tokens per sequence
+    IMAGES = "images"  # of the config's size: no --seq-len
+    AUDIO = "audio"  # clips of --seq-len samples or feature frames
+
+
 class _Inputs(NamedTuple):
     """What a class takes, as --hf builds its batch (:func:`_classified`)."""
 
     config: Any  # for training (use_cache=False)
     model_class: Any
     head: str | None  # :data:`_HEADS`, None for a language model
-    kind: str  # "token ids", "images" or "audio"
+    kind: InputKind
     main_input: str  # input_ids, pixel_values, input_values or input_features
 
 
@@ -352,14 +368,14 @@ def _classified(source: WorkloadSource) -> _Inputs:
     name = model_class.__name__
     main_input = getattr(model_class, "main_input_name", "input_ids")
     head = _head(model_class)
-    kind = "token ids" if main_input == "input_ids" else None
+    kind = InputKind.TOKENS if main_input == "input_ids" else None
     # Perceiver's image classifiers name their input "inputs" and take pixel_values too.
     forward = inspect.signature(model_class.forward).parameters
     if kind is None and head == "image-classification" and "pixel_values" in forward:
-        kind, main_input = "images", "pixel_values"
+        kind, main_input = InputKind.IMAGES, "pixel_values"
     audio = main_input in ("input_values", "input_features")
     if head in ("ctc", "audio-classification") and audio and name not in _FIXED_SPECTROGRAMS:
-        kind = "audio"
+        kind = InputKind.AUDIO
     if kind is None:
         raise ModelFileError(
             f"--hf {source.path}: {name} takes {main_input}, and --hf builds batches of "
@@ -375,9 +391,8 @@ def _classified(source: WorkloadSource) -> _Inputs:
     return _Inputs(config, model_class, head, kind, main_input)
 
 
-def input_kind(source: WorkloadSource) -> str:
-    """What the Hugging Face workload's class takes: ``"token ids"``, ``"images"`` (of the
-    config's size: no ``--seq-len``) or ``"audio"`` (clips of ``--seq-len``); raises
+def input_kind(source: WorkloadSource) -> InputKind:
+    """What the Hugging Face workload's class takes; raises
     :class:`ModelFileError` as :func:`load_hf_model_file` does for a class whose batch
     --hf cannot make."""
     return _classified(source).kind
@@ -422,17 +437,18 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     transformers = _transformers()
     config, model_class, head, kind, main_input = _classified(source)
     name = model_class.__name__
-    if kind == "images" and seq_len is not None:
+    if kind is InputKind.IMAGES and seq_len is not None:
         channels, height, width = _image_shape(source.path, config)
         raise ModelFileError(
             f"--hf {source.path}: {name} takes images ({channels} x {height} x {width}, the "
             "config's image_size), not sequences; leave out --seq-len"
         )
-    if kind != "images" and seq_len is None:
+    if kind is not InputKind.IMAGES and seq_len is None:
         raise ModelFileError(
-            f"--hf {source.path}: {name} takes {kind}; pass --seq-len, {_SEQ_LEN_SAID[main_input]}"
+            f"--hf {source.path}: {name} takes {kind.value}; pass --seq-len, "
+            f"{_SEQ_LEN_SAID[main_input]}"
         )
-    positions = max_seq_len(source) if kind == "token ids" else None
+    positions = max_seq_len(source) if kind is InputKind.TOKENS else None
     if positions is not None and seq_len is not None and seq_len > positions:
         raise ModelFileError(
             f"--seq-len {seq_len} is longer than the {positions} positions the config "
@@ -453,7 +469,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         eos_last = classifier_eos
         batch_note += "; each sequence ends in the eos token (the classifier pools there)"
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
-    if (kind == "token ids" or head == "ctc") and (
+    if (kind is InputKind.TOKENS or head == "ctc") and (
         not isinstance(vocab_size, int) or vocab_size < 1
     ):
         drawn = "its transcripts' labels" if head == "ctc" else "token ids"
@@ -478,7 +494,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         return model
 
     targets_said = _TARGETS_SAID[head]
-    if kind == "images":
+    if kind is InputKind.IMAGES:
         image_shape = _image_shape(source.path, config)
         inputs_said = "{} random {} x {} x {} images (pixel_values)".format(
             batch_size, *image_shape
@@ -502,11 +518,11 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         targets_said = f"a transcript of {transcript} labels per clip (none the blank, {blank})"
 
     def sample_batch() -> dict[str, torch.Tensor]:
-        if kind == "images":  # (B, C, H, W), normalized pixels as a processor gives them
+        if kind is InputKind.IMAGES:  # (B, C, H, W), normalized pixels as a processor gives them
             pixel_values = torch.randn(batch_size, *image_shape).to(dtype)
             return {"pixel_values": pixel_values, **_targets(head, config, pixel_values, dtype)}
         assert seq_len is not None
-        if kind == "audio":  # normalized, as a feature extractor gives it
+        if kind is InputKind.AUDIO:  # normalized, as a feature extractor gives it
             if main_input == "input_features":  # (B, T, features)
                 values = torch.randn(batch_size, *frames).to(dtype)
                 mask = torch.ones(batch_size, seq_len, dtype=torch.long)
