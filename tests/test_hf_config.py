@@ -590,7 +590,7 @@ SHAPE = ["--batch-size", "1", "--seq-len", "8"]
         ),
         (  # a spectrogram of one fixed length, laid out as its feature extractor gives it
             ["--hf", "ast.json", *SHAPE],
-            ["ASTForAudioClassification takes input_values", "write a model file"],
+            ["ASTForAudioClassification takes input_values, a spectrogram of one length"],
         ),
         (["--hf", "gpt2.json", "--batch-size", "1", "--seq-len", "65"], ["--seq-len 64 or less"]),
     ],

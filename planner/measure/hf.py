@@ -376,6 +376,12 @@ def _classified(source: WorkloadSource) -> _Inputs:
     audio = main_input in ("input_values", "input_features")
     if head in ("ctc", "audio-classification") and audio and name not in _FIXED_SPECTROGRAMS:
         kind = InputKind.AUDIO
+    if name in _FIXED_SPECTROGRAMS:
+        raise ModelFileError(
+            f"--hf {source.path}: {name} takes {main_input}, a spectrogram of one length and "
+            "layout (its feature extractor's), and --hf builds clips of --seq-len samples or "
+            f"frames; write a model file whose sample_batch() gives {main_input}"
+        )
     if kind is None:
         raise ModelFileError(
             f"--hf {source.path}: {name} takes {main_input}, and --hf builds batches of "
