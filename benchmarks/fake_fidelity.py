@@ -123,7 +123,7 @@ which allocates a zeroed buffer of the base's size; for fake tensors (a tensor s
 replays the views instead."""
 
 
-def storages_differ(path: Path) -> str:
+def storages_differ(path: Path | str) -> str:
     """How the storages of the model file's step recorded on fake tensors differ from the
     real step's ('' where they are the same; :data:`ROUTING` where shapes depend on a
     mixture-of-experts routing, which the fake step assumes)."""
@@ -156,7 +156,7 @@ def storages_differ(path: Path) -> str:
 
 
 def logged_steps(
-    path: Path, size_one_strides: bool = False
+    path: Path | str, size_one_strides: bool = False
 ) -> tuple[list[Any], list[Any], set[str], int]:
     """One real and one fake training step of the model file, op by op; the names of the
     ops among them that return views; how many ops wrote into a view of a tensor that needs
@@ -218,8 +218,9 @@ def compare(real: list[Any], fake: list[Any], views: Collection[str] = ()) -> Di
     return found
 
 
-def _model_files(args: argparse.Namespace, folder: Path) -> list[tuple[str, Path]]:
-    files: list[tuple[str, Path]] = []
+def _model_files(args: argparse.Namespace, folder: Path) -> list[tuple[str, Path | str]]:
+    """(name, workload) to check: a model file, or a task's ``--hf`` source."""
+    files: list[tuple[str, Path | str]] = []
     only = set(args.only.split(",")) if args.only else None
     if args.zoo:
         from benchmarks.zoo_models import ZOO, write_model_file
@@ -232,13 +233,17 @@ def _model_files(args: argparse.Namespace, folder: Path) -> list[tuple[str, Path
 
         for model_type in hf_sweep_models.model_types(args.task):
             if only is None or model_type in only:
-                path = hf_sweep_models.write_model_file(args.task, model_type, folder)
-                files.append((model_type, path))
+                write = (
+                    hf_sweep_models.write_hf_config
+                    if TASKS[args.task].via_hf
+                    else hf_sweep_models.write_model_file
+                )
+                files.append((model_type, write(args.task, model_type, folder)))
     files += [(Path(path).stem, Path(path)) for path in args.model_file]
     return files
 
 
-def check_model(path: Path, size_one_strides: bool = False) -> dict[str, Any]:
+def check_model(path: Path | str, size_one_strides: bool = False) -> dict[str, Any]:
     """One model's row: whether its storages differ, and the ops behind a difference."""
     storages = storages_differ(path)
     real, fake, views, view_writes = logged_steps(path, size_one_strides)
