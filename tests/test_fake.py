@@ -62,6 +62,7 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         DATA / "cache_decoder.py",
         DATA / "kernel_layouts.py",
         DATA / "speech_ctc.py",
+        DATA / "long_clips_ctc.py",
         DATA / "view_writes.py",
     ],
     ids=[
@@ -73,6 +74,7 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         "cache_decoder",
         "layout",
         "ctc",
+        "ctc_long_clips",
         "view_writes",
     ],
 )
@@ -424,3 +426,24 @@ def test_waiting_on_a_collective_returns_its_output_as_on_a_rank() -> None:
         with session.mode:
             gathered = functional.all_gather_into_tensor(local, 2, group.group_name)
             assert functional.wait_tensor(gathered) is not gathered
+
+
+def test_a_constant_keeps_its_value_at_any_size_and_is_never_written() -> None:
+    """A fill op's output keeps one value expanded to its shape, however big (no memory);
+    its views read it; an op writing into it makes its values unknown, and an op laying a
+    dense layout over it (as_strided) gets no values, rather than failing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from planner.measure.shadows import SHADOW_NUMEL_LIMIT, _ValueShadows
+
+    shape = (2, SHADOW_NUMEL_LIMIT)  # twice the limit
+    shadows = _ValueShadows()
+    with FakeTensorMode(), shadows:
+        mask = torch.ones(shape, dtype=torch.long)
+        assert mask.sum(-1).tolist() == [SHADOW_NUMEL_LIMIT] * 2
+        assert shadows.shadow(mask).untyped_storage().nbytes() == 8  # one element
+        assert torch.full(shape, 7)[:, 1:].amax().item() == 7  # a view reads it too
+        assert shadows.shadow(mask.as_strided((4,), (1,))) is None
+        mask[:, :5] = 0  # written: what it holds is not known now
+        assert shadows.shadow(mask) is None and shadows.shadow(mask.sum(-1)) is None
+        assert torch.zeros(shape).sum().item() == 0  # a fresh one is

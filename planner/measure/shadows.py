@@ -31,6 +31,12 @@ Design notes
   selects, as the real kernel expands it (speech recognition: wav2vec 2.0 and its family).
 * **Aliases share values.** A tensor made where no mode sees it (the recorder holds saved
   tensors detached) finds the values of a tensor of the same storage laid out alike.
+* **A constant is small at any size.** A tensor filled with one value (``ones_like``,
+  ``full``) keeps it whatever its size, as one element expanded to its shape (no memory):
+  wav2vec 2.0's CTC loss counts each clip's frames as ``ones_like(input_values).sum(-1)``,
+  and 8 clips of 10 s are 1.28 million samples, past the limit. Ops read such a shadow as
+  any other (its views too: they take no memory), but none writes into it: an op writing
+  in place into one marks its storage's values unknown instead.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from torch._subclasses import fake_tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from planner.measure.tracking import writes_in_place, written_arguments
+from planner.measure.tracking import returns_view, writes_in_place, written_arguments
 from planner.model_switches import is_routing_choice, routing_for_choice
 
 __all__ = ["SHADOW_NUMEL_LIMIT", "is_fake"]
@@ -86,6 +92,35 @@ _LENGTHS_AS_LISTS: dict[Any, tuple[Any, tuple[int, int]]] = {
 with the lengths as lists (as the real kernels convert them): the overload taking lists, or
 where torch's fake kernel will not size it either, the outputs made here. Op -> (what runs,
 the lengths' positions)."""
+
+
+_CONSTANT_FILLS: dict[Any, int | None] = {
+    _aten.ones.default: None,
+    _aten.ones_like.default: None,
+    _aten.new_ones.default: None,
+    _aten.zeros.default: None,
+    _aten.zeros_like.default: None,
+    _aten.new_zeros.default: None,
+    _aten.full.default: 1,
+    _aten.full_like.default: 1,
+    _aten.new_full.default: 2,
+}
+"""Ops that fill their output with one value (see the design notes): op -> the position of
+the fill value, None for ones and zeros (their names say it)."""
+
+
+def _fill_value(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    position = _CONSTANT_FILLS[func]
+    if position is None:
+        return 1 if "ones" in func.__name__ else 0
+    return args[position] if position < len(args) else kwargs["fill_value"]
+
+
+def _overlaps(values: torch.Tensor) -> bool:
+    """Whether elements of ``values`` share memory (an expanded constant): not writable."""
+    return any(
+        stride == 0 and size > 1 for stride, size in zip(values.stride(), values.shape, strict=True)
+    )
 
 
 SHADOW_NUMEL_LIMIT = 1 << 20
@@ -136,8 +171,8 @@ class _ValueShadows(TorchDispatchMode):
         self.routing_decided = False  # ... and a shape or a value of the step depended on them
 
     def attach(self, fake: torch.Tensor, real: torch.Tensor, *, assumed: bool = False) -> None:
-        if real.numel() > self.limit or real.is_complex():
-            return
+        if real.is_complex() or real.untyped_storage().nbytes() > self.limit * real.itemsize:
+            return  # a real copy this big is not kept (an expanded constant takes none)
         key = id(fake)
 
         def forget(reference: weakref.ref[torch.Tensor]) -> None:
@@ -291,15 +326,54 @@ class _ValueShadows(TorchDispatchMode):
             args = self._masks_as_indices(args) or args
         return func(*args, **kwargs)
 
+    def _constant(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """A fill op's output, its shadow one value expanded to its shape where it is past
+        the limit (design notes); a small one's is made as any small tensor's is (dense,
+        so written in place it stays known)."""
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and not out.is_complex():
+            with torch._C._DisableTorchDispatch():  # real values, made outside the fake mode
+                value = _fill_value(func, args, kwargs)
+                if out.numel() <= self.limit:  # laid out as the output is
+                    dense = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype)
+                    self.attach(out, dense.fill_(value))
+                else:
+                    self.attach(out, torch.full((), value, dtype=out.dtype).expand(out.shape))
+        return out
+
+    def _constant_among(self, flat: list[Any]) -> bool:
+        """Whether a tensor among ``flat`` has an expanded constant as its shadow."""
+        for value in flat:
+            if isinstance(value, torch.Tensor):
+                values = self.shadow(value)
+                if values is not None and _overlaps(values):
+                    return True
+        return False
+
+    def _writes_a_constant(self, func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+        """Whether ``func`` writes in place into a tensor whose shadow is an expanded
+        constant (or a view of one), which cannot be written."""
+        if not writes_in_place(func):
+            return False
+        for written in written_arguments(func, args, kwargs):
+            values = self.shadow(written)
+            if values is not None and _overlaps(values):
+                return True
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if is_routing_choice(func, args, kwargs) and self.shadow(args[0]) is None:
             return self._routing_choice(func, args, kwargs)
+        if func in _CONSTANT_FILLS:
+            return self._constant(func, args, kwargs)
         known = (
             torch.Tag.nondeterministic_seeded not in func.tags
             and self._all_known(args)
             and self._all_known(kwargs.values())
         )
+        if known and self._writes_a_constant(func, args, kwargs):
+            known = False  # its values become unknown, below
         if not known:
             out = self._sized_by_values(func, args, kwargs)
             if writes_in_place(func):
@@ -330,8 +404,16 @@ class _ValueShadows(TorchDispatchMode):
                 faked.append(value)
             return tree_unflatten(faked, real_spec)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if outputs and all(t.numel() <= self.limit and not t.is_complex() for t in outputs):
-            real = self._on_shadows(flat, spec, func)
+        small = all(t.numel() <= self.limit for t in outputs)
+        if outputs and (small or returns_view(func)) and not any(t.is_complex() for t in outputs):
+            try:
+                real = self._on_shadows(flat, spec, func)
+            except RuntimeError:
+                if not self._constant_among(flat):
+                    raise
+                # An op laying its output out over a dense input (as_strided, view) cannot
+                # run on one value expanded: that output has no known values.
+                return out
             real_outputs = [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)]
             assumed = self._assumed(flat)
             for fake, value in zip(outputs, real_outputs, strict=False):
