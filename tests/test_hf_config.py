@@ -324,7 +324,8 @@ def test_an_image_classifiers_batch_is_images_of_its_configs_size(
 @pytest.mark.slow
 def test_profile_a_tiny_image_classifier_config_then_fit_its_batch(workdir: Path) -> None:
     """The plan records the images' source (no sequence length), its check runs the images'
-    step, and fit searches the batch size, the one size an image classifier has."""
+    step, and fit searches the batch size, the one size an image classifier has (here up
+    to 9: 8 fits)."""
     _write(workdir / "vit" / "config.json", TINY_VIT)
     source = hf_workload(workdir / "vit", 8, None)
     budget = _mid_budget(source)
@@ -337,9 +338,7 @@ def test_profile_a_tiny_image_classifier_config_then_fit_its_batch(workdir: Path
     assert plan.model_file == str(source) and plan.modules and plan.checked
     assert plan.batch["pixel_values"]["shape"] == [8, 3, 32, 32]  # type: ignore[index]
     assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
-    verified = runner.invoke(app, ["verify", str(workdir / "profiles" / "vit" / "plan.json")])
-    assert verified.exit_code == 0, verified.output
-    fitted = runner.invoke(app, ["fit", "--hf", "vit", "--budget", str(budget), "--max-size", "16"])
+    fitted = runner.invoke(app, ["fit", "--hf", "vit", "--budget", str(budget), "--max-size", "9"])
     assert fitted.exit_code == 0, fitted.output
     assert "largest batch size that fits" in fitted.output
     written = list((workdir / "profiles" / "vit").glob("plan-batch*.json"))
@@ -353,7 +352,9 @@ TINY_WAV2VEC2 = {
     "num_hidden_layers": 2,
     "num_attention_heads": 2,
     "intermediate_size": 64,
-    "conv_dim": [16] * 7,
+    "conv_dim": [16, 16],  # a feature encoder of 2 layers, 1/20 of the samples
+    "conv_stride": [5, 4],
+    "conv_kernel": [10, 8],
     "num_conv_pos_embeddings": 16,
     "vocab_size": 32,
 }
@@ -362,7 +363,9 @@ TINY_SEW_D = {  # its 512 positions are frames after the feature encoder: no lim
     "model_type": "sew-d",
     "architectures": ["SEWDForCTC"],
     "max_position_embeddings": 512,
-    "conv_dim": [16] * 13,
+    "conv_dim": [16] * 13,  # its default feature encoder's 13 layers
+    "conv_stride": [5, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1],
+    "conv_kernel": [10, 3, 1, 3, 1, 3, 1, 3, 1, 2, 1, 2, 1],
 }
 TINY_PARAKEET = {  # takes feature frames: its encoder's 80 mel bins; its blank is its last id
     "model_type": "parakeet_ctc",
@@ -422,9 +425,19 @@ def test_an_audio_models_batch_is_clips_of_seq_len(
     labels: tuple,
 ) -> None:
     """Before, --hf refused every class whose main input is audio (input_values or
-    input_features); --seq-len is the clip's length in its main input's steps."""
+    input_features); --seq-len is the clip's length in its main input's steps. The step
+    recorded on fake tensors is the real one, storage for storage (what plans rest on)."""
     path = _write(tmp_path / "config.json", config)
-    built = build_workload(load_model_file(str(hf_workload(path, 3, seq_len))), seed=0)
+    model_file = load_model_file(str(hf_workload(path, 3, seq_len)))
+    numpy = pytest.importorskip("numpy")
+    numpy.random.seed(0)  # SpecAugment draws the frames it masks from NumPy: alike in both
+    fake_workload, session = build_fake_workload(model_file)
+    fake = record_memory(fake_workload, session=session)
+    numpy.random.seed(0)
+    real = record_memory(build_workload(model_file, seed=0))
+    assert fake.timeline.storages == real.timeline.storages
+    assert fake.measured_peak_bytes == real.measured_peak_bytes
+    built = build_workload(model_file, seed=0)
     batch = built.batch
     assert set(batch) == {*inputs, "labels"}
     for name, (shape, dtype) in inputs.items():
@@ -437,20 +450,6 @@ def test_an_audio_models_batch_is_clips_of_seq_len(
     else:
         assert int(batch["labels"].min()) >= 0 and int(batch["labels"].max()) < below
     assert run_training_step(built, seed=0).isfinite()
-
-
-@pytest.mark.slow
-def test_profile_a_tiny_speech_recognizer_config(workdir: Path) -> None:
-    _write(workdir / "asr" / "config.json", {**TINY_WAV2VEC2, "architectures": ["Wav2Vec2ForCTC"]})
-    source = hf_workload(workdir / "asr", 2, 4000)
-    budget = _mid_budget(source)
-    shape = ["--batch-size", "2", "--seq-len", "4000", "--budget", str(budget)]
-    result = CliRunner().invoke(app, ["profile", "--hf", "asr", *shape])
-    assert result.exit_code == 0, result.output
-    plan = load_plan(workdir / "profiles" / "asr" / "plan.json")
-    assert plan.model_file == str(source) and plan.modules and plan.checked
-    assert plan.batch["input_values"]["shape"] == [2, 4000]  # type: ignore[index]
-    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
 
 
 def test_a_decoder_classifier_with_no_pad_or_eos_token_is_told_to_set_one(workdir: Path) -> None:
