@@ -324,8 +324,7 @@ def test_an_image_classifiers_batch_is_images_of_its_configs_size(
 @pytest.mark.slow
 def test_profile_a_tiny_image_classifier_config_then_fit_its_batch(workdir: Path) -> None:
     """The plan records the images' source (no sequence length), its check runs the images'
-    step, and fit searches the batch size, the one size an image classifier has (here up
-    to 9: 8 fits)."""
+    step, and fit searches the batch size, the one size an image classifier has."""
     _write(workdir / "vit" / "config.json", TINY_VIT)
     source = hf_workload(workdir / "vit", 8, None)
     budget = _mid_budget(source)
@@ -338,11 +337,14 @@ def test_profile_a_tiny_image_classifier_config_then_fit_its_batch(workdir: Path
     assert plan.model_file == str(source) and plan.modules and plan.checked
     assert plan.batch["pixel_values"]["shape"] == [8, 3, 32, 32]  # type: ignore[index]
     assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
-    fitted = runner.invoke(app, ["fit", "--hf", "vit", "--budget", str(budget), "--max-size", "9"])
+    # fit, on fake tensors for a target (its real steps are profile's, above)
+    shape = ["--budget", "80MiB", "--target", "h100-80gb", "--max-size", "16"]
+    fitted = runner.invoke(app, ["fit", "--hf", "vit", *shape])
     assert fitted.exit_code == 0, fitted.output
-    assert "largest batch size that fits" in fitted.output
-    written = list((workdir / "profiles" / "vit").glob("plan-batch*.json"))
-    assert len(written) == 1 and int(written[0].stem.removeprefix("plan-batch")) >= 8
+    assert "largest batch size that fits 80.00 MiB" in fitted.output
+    (written,) = (workdir / "profiles" / "vit").glob("plan-batch*.json")
+    largest = int(written.stem.removeprefix("plan-batch"))
+    assert load_plan(written).batch["pixel_values"]["shape"] == [largest, 3, 32, 32]  # type: ignore[index]
 
 
 # -- speech recognizers and audio classifiers -------------------------------------------------
