@@ -82,6 +82,11 @@ TASKS = {
         "AutoModelForImageClassification",
         via_hf=True,
     ),
+    "semantic-segmentation": Task(
+        "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+        "AutoModelForSemanticSegmentation",
+        via_hf=True,
+    ),
     "ctc": Task("MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC", via_hf=True),
     "audio-classification": Task(
         "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
@@ -103,11 +108,12 @@ TASKS = {
     ),
 }
 """The tasks, each named as the batch kind it trains on: the zoo's language models
-(:func:`benchmarks.zoo_models.sample_batch`), and image classifiers, speech recognition
-with a CTC head, audio classifiers and the heads fine-tuning puts on a text model, planned
-as a user plans them: ``--hf`` on the config (:func:`write_hf_config`), whose batch is
-ckpt-plan's own (``planner/measure/hf.py``). Those include the zoo's types (ViT and
-ConvNeXt among the image classifiers; the zoo has none of the other heads)."""
+(:func:`benchmarks.zoo_models.sample_batch`), and image classifiers, semantic
+segmentation, speech recognition with a CTC head, audio classifiers and the heads
+fine-tuning puts on a text model, planned as a user plans them: ``--hf`` on the config
+(:func:`write_hf_config`), whose batch is ckpt-plan's own (``planner/measure/hf.py``).
+Those include the zoo's types (ViT and ConvNeXt among the image classifiers; the zoo has
+none of the other heads)."""
 
 AUDIO_SAMPLES, AUDIO_FRAMES = 16_000, 64
 """An audio batch's length (``--seq-len``): one second of 16 kHz audio per example (wav2vec
@@ -444,7 +450,7 @@ def make_config(task: str, model_type: str) -> Any:
     """``model_type``'s default config with the sizes above (module docstring)."""
     auto_config = importlib.import_module("transformers").AutoConfig
     default = auto_config.for_model(model_type)
-    image = task == "image"
+    image = task in ("image", "semantic-segmentation")
     extra = {**EXTRA.get(model_type, {}), **TASK_EXTRA.get((task, model_type), {})}
     overrides = _overrides(default, extra, IMAGE_SIZES if image else {})
     if image:
@@ -530,7 +536,7 @@ def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     model_class = getattr(importlib.import_module("transformers"), class_name, None)
     main_input = getattr(model_class, "main_input_name", "input_ids")
     tokens = main_input == "input_ids"
-    if task == "image" and not tokens:
+    if task in ("image", "semantic-segmentation") and not tokens:
         towers = (config, getattr(config, "vision_config", None))
         if all(getattr(tower, "image_size", None) is None for tower in towers):
             config.image_size = IMAGE_SIZE

@@ -31,7 +31,8 @@ What is built, and why:
   the normal distribution as a processor's normalized pixels are, in the parameters'
   dtype) of the config's ``image_size`` (or its vision tower's; 224 where it names none,
   as ResNet's) and ``num_channels`` (else 3), with a label per image as for a sequence
-  classifier; it has no ``seq_len``. A speech recognizer's (CTC head) or an audio
+  classifier, or for a semantic segmentation model a class map (a label per pixel); it
+  has no ``seq_len``. A speech recognizer's (CTC head) or an audio
   classifier's batch is ``batch_size`` clips of ``seq_len`` steps of its main input
   (normal, as a feature extractor's normalized output): raw audio samples
   (``input_values``) or feature frames (``input_features``, of the width its config names,
@@ -233,6 +234,7 @@ _HEADS = {
     "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES": "question-answering",
     "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES": "multiple-choice",
     "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": "image-classification",
+    "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES": "semantic-segmentation",
     "MODEL_FOR_CTC_MAPPING_NAMES": "ctc",
     "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES": "audio-classification",
 }
@@ -245,6 +247,7 @@ _TARGETS_SAID = {
     "token-classification": "a label per token",
     "question-answering": "start_positions and end_positions",
     "image-classification": "a label per image",
+    "semantic-segmentation": "a label per pixel",
     "audio-classification": "a label per clip",
     "ctc": "a transcript per clip",
 }
@@ -291,6 +294,8 @@ def _targets(
     classes = int(config.num_labels)
     if head == "token-classification":
         return {"labels": torch.randint(0, classes, inputs.shape)}
+    if head == "semantic-segmentation":  # (B, H, W), a class map as large as the image
+        return {"labels": torch.randint(0, classes, (batch_size, *inputs.shape[-2:]))}
     problem = getattr(config, "problem_type", None)
     if problem == "regression" or (problem is None and classes == 1):
         shape = (batch_size,) if classes == 1 else (batch_size, classes)
@@ -369,9 +374,11 @@ def _classified(source: WorkloadSource) -> _Inputs:
     main_input = getattr(model_class, "main_input_name", "input_ids")
     head = _head(model_class)
     kind = InputKind.TOKENS if main_input == "input_ids" else None
-    # Perceiver's image classifiers name their input "inputs" and take pixel_values too.
+    # Perceiver's image classifiers name their input "inputs" and take pixel_values too;
+    # a semantic segmentation model takes images, and a class map per image.
     forward = inspect.signature(model_class.forward).parameters
-    if kind is None and head == "image-classification" and "pixel_values" in forward:
+    on_images = head in ("image-classification", "semantic-segmentation")
+    if kind is None and on_images and "pixel_values" in forward:
         kind, main_input = InputKind.IMAGES, "pixel_values"
     audio = main_input in ("input_values", "input_features")
     if head in ("ctc", "audio-classification") and audio and name not in _FIXED_SPECTROGRAMS:
@@ -385,8 +392,9 @@ def _classified(source: WorkloadSource) -> _Inputs:
     if kind is None:
         raise ModelFileError(
             f"--hf {source.path}: {name} takes {main_input}, and --hf builds batches of "
-            "token ids, images for an image classifier, or audio for a speech recognizer "
-            f"or audio classifier; write a model file whose sample_batch() gives {main_input}"
+            "token ids, images for an image classifier or semantic segmentation model, or "
+            "audio for a speech recognizer or audio classifier; write a model file whose "
+            f"sample_batch() gives {main_input}"
         )
     if head == "multiple-choice":
         raise ModelFileError(
