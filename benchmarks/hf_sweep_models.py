@@ -271,6 +271,12 @@ EXTRA: dict[str, dict[str, Any]] = {
 TASK_EXTRA: dict[tuple[str, str], dict[str, Any]] = {
     ("masked-lm", "reformer"): {"is_decoder": False},  # bidirectional: its masked-LM head asks
     ("masked-lm", "esmc"): {"num_key_value_heads": NUM_HEADS},  # "does not support GQA"
+    # their segmentation head takes 4 layers' features ("out_indices ... a list of 4")
+    ("semantic-segmentation", "beit"): {"num_hidden_layers": 4, "out_indices": [1, 2, 3, 4]},
+    ("semantic-segmentation", "data2vec-vision"): {
+        "num_hidden_layers": 4,
+        "out_indices": [1, 2, 3, 4],
+    },
 }
 """Fields for one task's model of a type, set after :data:`EXTRA`."""
 

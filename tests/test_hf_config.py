@@ -259,6 +259,21 @@ TINY_RESNET = {  # ResNet's config names no image size: 224, what it is trained 
     "depths": [1, 1],
     "num_labels": 4,
 }
+TINY_SEGFORMER = {  # semantic segmentation: a class map per image
+    "model_type": "segformer",
+    "architectures": ["SegformerForSemanticSegmentation"],
+    "image_size": 32,
+    "num_encoder_blocks": 2,
+    "depths": [1, 1],
+    "sr_ratios": [2, 1],
+    "hidden_sizes": [8, 16],
+    "patch_sizes": [7, 3],
+    "strides": [4, 2],
+    "num_attention_heads": [1, 2],
+    "mlp_ratios": [2, 2],
+    "decoder_hidden_size": 16,
+    "num_labels": 5,
+}
 TINY_CLIP = {  # a composite config: the images are its vision tower's
     "model_type": "clip",
     "architectures": ["CLIPForImageClassification"],
@@ -290,6 +305,7 @@ TINY_CLIP = {  # a composite config: the images are its vision tower's
         ),
         (TINY_RESNET, None, (3, 3, 224, 224), ((3,), torch.int64, 4)),
         (TINY_CLIP, None, (3, 3, 48, 48), ((3,), torch.int64, 3)),
+        (TINY_SEGFORMER, None, (3, 3, 32, 32), ((3, 32, 32), torch.int64, 5)),  # per pixel
     ],
 )
 def test_an_image_classifiers_batch_is_images_of_its_configs_size(
@@ -574,8 +590,8 @@ SHAPE = ["--batch-size", "1", "--seq-len", "8"]
             ["ViTForImageClassification takes images (3 x 224 x 224", "leave out --seq-len"],
         ),
         (
-            ["--hf", "segformer.json", *SHAPE],
-            ["SegformerForSemanticSegmentation takes pixel_values", "write a model file"],
+            ["--hf", "depth.json", *SHAPE],
+            ["DPTForDepthEstimation takes pixel_values", "write a model file"],
         ),
         (
             ["--hf", "gpt2.json", "--batch-size", "1"],
@@ -607,8 +623,9 @@ def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
     _write(workdir / "gpt2.json", TINY_GPT2)
     vit = {"model_type": "vit", "hidden_size": 32, "num_attention_heads": 2}
     _write(workdir / "vit-classifier.json", {**vit, "architectures": ["ViTForImageClassification"]})
-    segformer = {"model_type": "segformer", "architectures": ["SegformerForSemanticSegmentation"]}
-    _write(workdir / "segformer.json", segformer)
+    _write(
+        workdir / "depth.json", {"model_type": "dpt", "architectures": ["DPTForDepthEstimation"]}
+    )
     speech = {"model_type": "wav2vec2", "vocab_size": 32, "architectures": ["Wav2Vec2ForCTC"]}
     _write(workdir / "wav2vec2.json", speech)
     ast = {"model_type": "audio-spectrogram-transformer"}
