@@ -129,9 +129,30 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+def _batch_norm(x: torch.Tensor) -> tuple[Any, ...]:
+    channels = x.shape[1]
+    weight, mean, var = torch.randn(channels), torch.zeros(channels), torch.ones(channels)
+    return (x, weight, torch.randn(channels), mean, var, True, 0.1, 1e-5)
+
+
+CPU_CASES = {
+    f"batch_norm_{layout}": (aten.native_batch_norm, _batch_norm(x))
+    for layout, x in [
+        # pooled to 1 x 1 (BEiT's segmentation head): contiguous and channels-last at once
+        ("1x1", torch.empty_strided((4, 64, 1, 1), (64, 1, 64, 64)).normal_()),
+        ("channels_last", _channels_last(4, 8, 3, 3)),
+        ("channels_last_3d", torch.randn(2, 3, 4, 5, 8).permute(0, 4, 1, 2, 3)),
+        ("neither", torch.randn(4, 3, 3, 8).permute(0, 3, 2, 1)),
+        ("transposed_1d", _transposed(4, 6, 8)),  # BatchNorm1d over (batch, time, channels)
+        ("transposed_2d", torch.randn(8, 4).t()),
+    ]
+}
+"""The CPU kernels' own rules (planned for the CPU only)."""
+
+
+@pytest.mark.parametrize("case", [*CASES, *CPU_CASES])
 def test_each_corrected_op_lays_out_its_outputs_as_the_cpu_kernel(case: str) -> None:
-    op, args = CASES[case]
+    op, args = CASES[case] if case in CASES else CPU_CASES[case]
     real = _outputs_strides(op(*args))
     assert _fake_strides(op, args, corrected=True) == real
 
@@ -155,10 +176,22 @@ def test_torch_fake_kernels_lay_some_of_them_out_otherwise() -> None:
         "log_softmax_backward_channels_last",
         "col2im_smaller",
         "view_batch1_channels_last",
+        "batch_norm_1x1",
+        "batch_norm_transposed_1d",
     ]
     for case in cases:
-        op, args = CASES[case]
+        op, args = CASES[case] if case in CASES else CPU_CASES[case]
         assert _fake_strides(op, args, corrected=False) != _outputs_strides(op(*args)), case
+
+
+def test_the_cpu_kernels_rules_are_left_out_where_the_step_is_planned_for_cuda() -> None:
+    op, args = CPU_CASES["batch_norm_1x1"]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_args = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+    used: set[str] = set()
+    with mode, KernelLayouts(used, cpu=False):
+        assert op(*fake_args)[0].stride() == (64, 1, 64, 64)  # the fake kernel's, as it was
+    assert not used
 
 
 @pytest.mark.parametrize(

@@ -167,7 +167,7 @@ class FakeSession:
             stack.enter_context(_quiet("torch._subclasses.fake_tensor"))
             stack.enter_context(_libraries_see_eager_tensors(self))
             stack.enter_context(self.mode)
-            stack.enter_context(KernelLayouts(self._replaced))
+            stack.enter_context(KernelLayouts(self._replaced, cpu=self.device_type == "cpu"))
             stack.enter_context(self.shadows)
             stack.enter_context(_device_kernel_dtypes(self._replaced))
             stack.enter_context(_waits_return_their_tensor())
