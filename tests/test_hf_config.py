@@ -338,9 +338,10 @@ def test_an_image_classifiers_batch_is_images_of_its_configs_size(
 
 
 @pytest.mark.slow
-def test_profile_a_tiny_image_classifier_config_then_fit_its_batch(workdir: Path) -> None:
-    """The plan records the images' source (no sequence length), its check runs the images'
-    step, and fit searches the batch size, the one size an image classifier has."""
+def test_profile_a_tiny_image_classifier_config(workdir: Path) -> None:
+    """The plan records the images' source (no sequence length), and its check runs the
+    images' step. (fit takes the same source, resized in its batch size as any --hf one:
+    tests/test_fit.py has its options.)"""
     _write(workdir / "vit" / "config.json", TINY_VIT)
     source = hf_workload(workdir / "vit", 8, None)
     budget = _mid_budget(source)
@@ -353,14 +354,6 @@ def test_profile_a_tiny_image_classifier_config_then_fit_its_batch(workdir: Path
     assert plan.model_file == str(source) and plan.modules and plan.checked
     assert plan.batch["pixel_values"]["shape"] == [8, 3, 32, 32]  # type: ignore[index]
     assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
-    # fit, on fake tensors for a target (its real steps are profile's, above)
-    shape = ["--budget", "80MiB", "--target", "h100-80gb", "--max-size", "16"]
-    fitted = runner.invoke(app, ["fit", "--hf", "vit", *shape])
-    assert fitted.exit_code == 0, fitted.output
-    assert "largest batch size that fits 80.00 MiB" in fitted.output
-    (written,) = (workdir / "profiles" / "vit").glob("plan-batch*.json")
-    largest = int(written.stem.removeprefix("plan-batch"))
-    assert load_plan(written).batch["pixel_values"]["shape"] == [largest, 3, 32, 32]  # type: ignore[index]
 
 
 # -- speech recognizers and audio classifiers -------------------------------------------------
@@ -447,14 +440,17 @@ def test_an_audio_models_batch_is_clips_of_seq_len(
     recorded on fake tensors is the real one, storage for storage (what plans rest on)."""
     path = _write(tmp_path / "config.json", config)
     model_file = load_model_file(str(hf_workload(path, 3, seq_len)))
-    numpy = pytest.importorskip("numpy")
-    numpy.random.seed(0)  # SpecAugment draws the frames it masks from NumPy: alike in both
-    fake_workload, session = build_fake_workload(model_file)
-    fake = record_memory(fake_workload, session=session)
-    numpy.random.seed(0)
-    real = record_memory(build_workload(model_file, seed=0))
-    assert fake.timeline.storages == real.timeline.storages
-    assert fake.measured_peak_bytes == real.measured_peak_bytes
+    # Raw audio and features: the fake step is the real one (SEW-D and the classifier take
+    # the raw-audio path again, not compared twice).
+    if config["model_type"] in ("wav2vec2", "parakeet_ctc") and "CTC" in str(config):
+        numpy = pytest.importorskip("numpy")
+        numpy.random.seed(0)  # SpecAugment draws the frames it masks from NumPy: alike in both
+        fake_workload, session = build_fake_workload(model_file)
+        fake = record_memory(fake_workload, session=session)
+        numpy.random.seed(0)
+        real = record_memory(build_workload(model_file, seed=0))
+        assert fake.timeline.storages == real.timeline.storages
+        assert fake.measured_peak_bytes == real.measured_peak_bytes
     built = build_workload(model_file, seed=0)
     batch = built.batch
     assert set(batch) == {*inputs, "labels"}
