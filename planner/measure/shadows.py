@@ -36,7 +36,8 @@ Design notes
   wav2vec 2.0's CTC loss counts each clip's frames as ``ones_like(input_values).sum(-1)``,
   and 8 clips of 10 s are 1.28 million samples, past the limit. Ops read such a shadow as
   any other (its views too: they take no memory), but none writes into it: an op writing
-  in place into one marks its storage's values unknown instead.
+  in place into one marks its storage's values unknown instead. A small one made from known
+  values (``ones(shape)``) keeps a dense copy, as before, which writes keep known.
 """
 
 from __future__ import annotations
@@ -327,14 +328,17 @@ class _ValueShadows(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def _constant(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        """A fill op's output, its shadow one value expanded to its shape where it is past
-        the limit (design notes); a small one's is made as any small tensor's is (dense,
-        so written in place it stays known)."""
+        """A fill op's output, its shadow one value expanded to its shape (design notes),
+        but where a small one's inputs are all known (``ones(shape)``, ``zeros_like`` of a
+        known tensor): that one gets a dense copy laid out as the output, as any small
+        tensor's values are, so that written in place it stays known. (A dense copy of
+        every small fill would hold real memory for each optimizer state's zeros.)"""
         out = func(*args, **kwargs)
         if isinstance(out, torch.Tensor) and not out.is_complex():
+            known = self._all_known(args) and self._all_known(kwargs.values())
             with torch._C._DisableTorchDispatch():  # real values, made outside the fake mode
                 value = _fill_value(func, args, kwargs)
-                if out.numel() <= self.limit:  # laid out as the output is
+                if known and out.numel() <= self.limit:
                     dense = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype)
                     self.attach(out, dense.fill_(value))
                 else:
