@@ -373,6 +373,12 @@ def _classified(source: WorkloadSource) -> _Inputs:
     name = model_class.__name__
     main_input = getattr(model_class, "main_input_name", "input_ids")
     head = _head(model_class)
+    if name in _FIXED_SPECTROGRAMS:
+        raise ModelFileError(
+            f"--hf {source.path}: {name} takes {main_input}, a spectrogram of one length and "
+            "layout (its feature extractor's), and --hf builds clips of --seq-len samples or "
+            f"frames; write a model file whose sample_batch() gives {main_input}"
+        )
     kind = InputKind.TOKENS if main_input == "input_ids" else None
     # Perceiver's image classifiers name their input "inputs" and take pixel_values too;
     # a semantic segmentation model takes images, and a class map per image.
@@ -381,14 +387,8 @@ def _classified(source: WorkloadSource) -> _Inputs:
     if kind is None and on_images and "pixel_values" in forward:
         kind, main_input = InputKind.IMAGES, "pixel_values"
     audio = main_input in ("input_values", "input_features")
-    if head in ("ctc", "audio-classification") and audio and name not in _FIXED_SPECTROGRAMS:
+    if head in ("ctc", "audio-classification") and audio:
         kind = InputKind.AUDIO
-    if name in _FIXED_SPECTROGRAMS:
-        raise ModelFileError(
-            f"--hf {source.path}: {name} takes {main_input}, a spectrogram of one length and "
-            "layout (its feature extractor's), and --hf builds clips of --seq-len samples or "
-            f"frames; write a model file whose sample_batch() gives {main_input}"
-        )
     if kind is None:
         raise ModelFileError(
             f"--hf {source.path}: {name} takes {main_input}, and --hf builds batches of "
@@ -462,7 +462,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"--hf {source.path}: {name} takes {kind.value}; pass --seq-len, "
             f"{_SEQ_LEN_SAID[main_input]}"
         )
-    positions = max_seq_len(source) if kind is InputKind.TOKENS else None
+    positions = _positions(_read_config(source.path)) if kind is InputKind.TOKENS else None
     if positions is not None and seq_len is not None and seq_len > positions:
         raise ModelFileError(
             f"--seq-len {seq_len} is longer than the {positions} positions the config "

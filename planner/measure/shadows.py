@@ -357,13 +357,7 @@ class _ValueShadows(TorchDispatchMode):
     def _writes_a_constant(self, func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
         """Whether ``func`` writes in place into a tensor whose shadow is an expanded
         constant (or a view of one), which cannot be written."""
-        if not writes_in_place(func):
-            return False
-        for written in written_arguments(func, args, kwargs):
-            values = self.shadow(written)
-            if values is not None and _overlaps(values):
-                return True
-        return False
+        return writes_in_place(func) and self._constant_among(written_arguments(func, args, kwargs))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
