@@ -106,6 +106,9 @@ TASKS = {
     "question-answering": Task(
         "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "AutoModelForQuestionAnswering", via_hf=True
     ),
+    "image-text-to-text": Task(
+        "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText", via_hf=True
+    ),
 }
 """The tasks, each named as the batch kind it trains on: the zoo's language models
 (:func:`benchmarks.zoo_models.sample_batch`), and image classifiers, semantic
@@ -114,6 +117,9 @@ fine-tuning puts on a text model, planned as a user plans them: ``--hf`` on the 
 (:func:`write_hf_config`), whose batch is ckpt-plan's own (``planner/measure/hf.py``).
 Those include the zoo's types (ViT and ConvNeXt among the image classifiers; the zoo has
 none of the other heads)."""
+
+VISION_PATCHES = 4
+"""A vision-language model's image side in patches (:func:`make_config`)."""
 
 AUDIO_SAMPLES, AUDIO_FRAMES = 16_000, 64
 """An audio batch's length (``--seq-len``): one second of 16 kHz audio per example (wav2vec
@@ -234,6 +240,7 @@ TEXT_SUBCONFIGS = {
 }  # fmt: skip
 """Sub-configs shrunk with every size field (the others are towers: :data:`TOWER_SIZES`)."""
 _DICT_SUBCONFIGS = {"attn_config", "ffn_config", "per_layer_config"}  # plain dicts, not configs
+_DICT_FIELDS = {"per_layer_config", "rope_parameters"}  # dicts EXTRA sets whole
 
 EXTRA: dict[str, dict[str, Any]] = {
     # GPT-Neo's pattern is [[kinds, repeats]]: one of each kind
@@ -266,6 +273,18 @@ EXTRA: dict[str, dict[str, Any]] = {
     },
     # its drop-path rates index each stage's list (one per layer) by the stage's number
     "cvt": {"depth": [1, 2, 3]},
+    # vision-language: the projector's width is the text model's
+    # (Gemma 3 pools the 4 x 4 patches to 2 x 2 tokens, its default 64 x 64 to 16 x 16)
+    "gemma3": {"mm_tokens_per_image": 4},
+    "shieldgemma2": {"mm_tokens_per_image": 4},
+    "paligemma": {"projection_dim": HIDDEN_SIZE},
+    # multimodal rotary sections (time, height, width) add up to half a head (16 wide)
+    **{
+        model_type: {
+            "text_config": {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}}
+        }
+        for model_type in ("qwen2_vl", "qwen2_5_vl")
+    },
 }
 """Per-type fields set last, each found by building the type (why, beside each)."""
 TASK_EXTRA: dict[tuple[str, str], dict[str, Any]] = {
@@ -447,7 +466,7 @@ def _overrides(config: Any, extra: dict[str, Any], extra_sizes: dict[str, Any]) 
                     }
             overrides["per_layer_config"] = new
     overrides.update(
-        {k: v for k, v in extra.items() if not isinstance(v, dict) or k == "per_layer_config"}
+        {k: v for k, v in extra.items() if not isinstance(v, dict) or k in _DICT_FIELDS}
     )
     return overrides
 
@@ -459,8 +478,20 @@ def make_config(task: str, model_type: str) -> Any:
     image = task in ("image", "semantic-segmentation")
     extra = {**EXTRA.get(model_type, {}), **TASK_EXTRA.get((task, model_type), {})}
     overrides = _overrides(default, extra, IMAGE_SIZES if image else {})
+    for name, value in extra.items():  # a tower's fields (text sub-configs took theirs)
+        if isinstance(value, dict) and name not in TEXT_SUBCONFIGS | _DICT_FIELDS:
+            overrides[name] = {**overrides.get(name, {}), **value}
     if image:
         overrides["num_labels"] = NUM_CLASSES
+    vision = _own(default, "vision_config")
+    patch = getattr(vision, "patch_size", None)
+    patch = patch[0] if isinstance(patch, list | tuple) and patch else patch
+    if task == "image-text-to-text" and isinstance(patch, int) and patch > 0:
+        # a vision-language model's images: 4 x 4 patches (written in for a model of dynamic
+        # resolution, whose config names no size), so their tokens fit the zoo's sequence
+        side = VISION_PATCHES * patch
+        sized = isinstance(getattr(vision, "image_size", None), list | tuple)
+        overrides.setdefault("vision_config", {})["image_size"] = [side, side] if sized else side
     if task == "ctc" and default.vocab_size is None:
         overrides["vocab_size"] = VOCAB_SIZE  # its head's width: users set it from a tokenizer
     arguments = {}

@@ -40,6 +40,7 @@ from .options import (
     GradAccumOption,
     HfOption,
     HostBudgetOption,
+    ImagesOption,
     MeshOption,
     MicrobatchesOption,
     OffloadOption,
@@ -153,6 +154,7 @@ def profile(
     hf: HfOption = None,
     batch_size: BatchSizeOption = None,
     seq_len: SeqLenOption = None,
+    images: ImagesOption = None,
     dtype: DtypeOption = None,
     out: Annotated[
         Path | None,
@@ -207,7 +209,7 @@ def profile(
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
         layout = parallel_layout(world_size, parallel, mesh, tp, pp, microbatches, schedule)
-        source = workload_source(model, hf, batch_size, seq_len, dtype)
+        source = workload_source(model, hf, batch_size, seq_len, dtype, images=images)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec, device = target_and_device(target, device)
@@ -349,6 +351,7 @@ def fit(
             show_default=False,
         ),
     ] = None,
+    images: ImagesOption = None,
     dtype: DtypeOption = None,
     zero_grad: ZeroGradOption = ZeroGrad.BEFORE_FORWARD,
     grad_accum: GradAccumOption = 1,
@@ -403,9 +406,13 @@ def fit(
         if hf is not None:  # the searched one starts at 1; fit_largest resizes it
             batch_size = batch_size or 1
             seq_len = 1 if dimension == "seq_len" else seq_len
-        source = workload_source(model, hf, batch_size, seq_len, dtype)
+        source = workload_source(model, hf, batch_size, seq_len, dtype, images=images)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
+        if hf is not None and dimension == "seq_len":  # the search starts at the shortest
+            from planner.measure.hf import min_seq_len
+
+            source = source.with_seq_len(min_seq_len(source))
         if hf is not None and (source.seq_len is None or dimension == "seq_len"):
             from planner.measure.hf import InputKind, input_kind
 
@@ -561,6 +568,7 @@ def solve(
     hf: HfOption = None,
     batch_size: BatchSizeOption = None,
     seq_len: SeqLenOption = None,
+    images: ImagesOption = None,
     dtype: DtypeOption = None,
     offload: OffloadOption = True,
     host_budget_text: HostBudgetOption = None,
@@ -586,6 +594,7 @@ def solve(
             batch_size,
             seq_len,
             dtype,
+            images=images,
             model_option="--check MODEL.py",
             recorded=loaded.model_file,
         )
@@ -743,6 +752,7 @@ def verify(
     ] = None,
     batch_size: BatchSizeOption = None,
     seq_len: SeqLenOption = None,
+    images: ImagesOption = None,
     dtype: DtypeOption = None,
     device: Annotated[
         Device | None,
@@ -793,7 +803,9 @@ def verify(
         from planner.plan.plan_file import load_plan
 
         recorded = load_plan(plan_path).model_file if hf is not None else None
-        source = workload_source(model, hf, batch_size, seq_len, dtype, recorded=recorded)
+        source = workload_source(
+            model, hf, batch_size, seq_len, dtype, images=images, recorded=recorded
+        )
 
         try:
             with progress_line() as progress:

@@ -30,6 +30,7 @@ __all__ = [
     "GradAccumOption",
     "HfOption",
     "HostBudgetOption",
+    "ImagesOption",
     "MeshOption",
     "OffloadOption",
     "ParallelOption",
@@ -259,6 +260,16 @@ SeqLenOption = Annotated[
         show_default=False,
     ),
 ]
+ImagesOption = Annotated[
+    int | None,
+    typer.Option(
+        "--images",
+        min=0,
+        help="With --hf on a vision-language model: images per sequence, their tokens counted "
+        "in --seq-len; 0 trains it on text alone.",
+        show_default="1",
+    ),
+]
 DtypeOption = Annotated[
     Dtype | None,
     typer.Option(
@@ -276,13 +287,14 @@ def workload_source(
     seq_len: int | None,
     dtype: Dtype | None,
     *,
+    images: int | None = None,
     model_option: str = "MODEL.py",
     recorded: str | None = None,
 ) -> WorkloadSource | None:
     """The workload a command runs, as the library carries it: the model file (its path
     may carry a batch size, ``PATH?batch_size=N``, as printed commands write it), or the
-    Hugging Face workload the ``--hf`` options name (``--batch-size``,
-    ``--seq-len`` and ``--dtype`` default to those of ``recorded``, the source a profile or
+    Hugging Face workload the ``--hf`` options name (``--batch-size``, ``--seq-len``,
+    ``--dtype`` and ``--images`` default to those of ``recorded``, the source a profile or
     plan holds, where that is a Hugging Face workload). None when neither is given.
     Raises ModelFileError for a config that cannot be used; a bad combination of options is
     a usage error (exit 2)."""
@@ -292,8 +304,8 @@ def workload_source(
     if model is not None and hf is not None:
         fail(f"pass either {model_option} or --hf CONFIG, not both", 2)
     if hf is None:
-        if (seq_len, dtype) != (None, None):
-            fail("--seq-len and --dtype go with --hf CONFIG", 2)
+        if (seq_len, dtype, images) != (None, None, None):
+            fail("--seq-len, --dtype and --images go with --hf CONFIG", 2)
         if model is None:
             if batch_size is not None:
                 fail(f"--batch-size goes with {model_option} or --hf CONFIG", 2)
@@ -307,9 +319,10 @@ def workload_source(
         batch_size = batch_size or before.batch_size
         seq_len = seq_len or before.seq_len
         dtype_name = dtype_name or before.dtype
+        images = before.images if images is None else images
     if batch_size is None:
         fail("--hf needs --batch-size (and --seq-len, for a model taking token ids)", 2)
-    return hf_workload(hf, batch_size, seq_len, dtype_name)
+    return hf_workload(hf, batch_size, seq_len, dtype_name, images)
 
 
 def target_and_device(target: str | None, device: Device) -> tuple[DeviceSpec | None, Device]:

@@ -38,7 +38,7 @@ from planner.core.parallel import ParallelLayout
 from planner.core.records import MemorySource, Profile
 from planner.core.units import format_bytes
 from planner.measure.distributed import record_rank_memory
-from planner.measure.hf import InputKind, input_kind, max_seq_len
+from planner.measure.hf import InputKind, input_kind, max_seq_len, min_seq_len
 from planner.measure.model_file import ModelFile, takes_batch_size
 from planner.measure.profiler import ProgressCallback
 from planner.measure.source import WorkloadSource
@@ -189,6 +189,9 @@ def fit_largest(
                 "sequence length of token ids only; fit its batch size"
             )
         max_size = min(max_size, max_seq_len(model_file.source) or max_size)
+        smallest = min_seq_len(model_file.source)  # a vision-language model's images, and text
+    else:
+        smallest = 1
     if target is not None:
         if parallel is not None:
             raise ParallelLayoutError(
@@ -240,16 +243,16 @@ def fit_largest(
             )
         return memory[size][2] <= budget_bytes
 
-    if not fits(1):
-        lowest = memory[1][2]
+    if not fits(smallest):
+        lowest = memory[smallest][2]
         raise InfeasibleBudgetError(
-            f"no {what} fits {format_bytes(budget_bytes)}: even {what} 1 needs "
+            f"no {what} fits {format_bytes(budget_bytes)}: even {what} {smallest} needs "
             f"{format_bytes(lowest)} with every useful module checkpointed; use a budget of "
             f"at least {lowest} bytes",
             budget_bytes=budget_bytes,
             min_budget_bytes=lowest,
         )
-    fitting, failing = 1, None
+    fitting, failing = smallest, None
     while failing is None and fitting < max_size:
         size = min(2 * fitting, max_size)
         if fits(size):

@@ -59,6 +59,7 @@ from planner.measure.cuda_emulation import (
 from planner.measure.kernel_layouts import KernelLayouts
 from planner.measure.model_file import ModelFile, _error_location, _user_code, checked_model
 from planner.measure.shadows import _VALUE_ERRORS, _ValueShadows, is_fake
+from planner.measure.tensor_data import FakeTensorsAsData
 from planner.measure.view_writes import ViewWriteBuffers
 from planner.measure.workload import (
     Workload,
@@ -172,6 +173,7 @@ class FakeSession:
             stack.enter_context(_device_kernel_dtypes(self._replaced))
             stack.enter_context(_waits_return_their_tensor())
             stack.enter_context(ViewWriteBuffers())
+            stack.enter_context(FakeTensorsAsData())
             if self.emulated:
                 stack.enter_context(_CudaKernels(self._replaced))
                 # Offloaded copies charged as CUDA's: 512-byte device blocks, pinned host

@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from planner.core.errors import ModelFileError
+from planner.measure.hf_images import image_batch, image_tokens, takes_images
 from planner.measure.source import WorkloadSource
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ __all__ = [
     "input_kind",
     "load_hf_model_file",
     "max_seq_len",
+    "min_seq_len",
 ]
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -152,15 +154,31 @@ def max_seq_len(source: WorkloadSource) -> int | None:
     return positions
 
 
+def min_seq_len(source: WorkloadSource) -> int:
+    """The shortest sequence the workload's batch can be: 1, or a vision-language model's
+    images' tokens and one of text (:mod:`planner.measure.hf_images`)."""
+    config, model_class, _, kind, _ = _classified(source)
+    if kind is not InputKind.TOKENS or source.images == 0 or not takes_images(model_class):
+        return 1
+    images = 1 if source.images is None else source.images
+    spec = image_tokens(source.path, config, model_class, _torch_dtype(_shape(source)[2]))
+    return images * spec.per_image + 1
+
+
 def hf_workload(
-    config: str | Path, batch_size: int, seq_len: int | None, dtype: str | None = None
+    config: str | Path,
+    batch_size: int,
+    seq_len: int | None,
+    dtype: str | None = None,
+    images: int | None = None,
 ) -> WorkloadSource:
     """Check a Hugging Face workload before anything is built: ``config`` is a local
     ``config.json`` or a folder holding one, with a ``model_type``; ``batch_size`` and
     ``seq_len`` are positive (``seq_len`` None: an image classifier's, whose images are the
     config's size; whether the class takes tokens, and fits them in its positions, is
     checked when it is loaded: :func:`load_hf_model_file`); ``dtype`` (default: the
-    config's, else float32) is one of :data:`DTYPES`. Raises :class:`ModelFileError`
+    config's, else float32) is one of :data:`DTYPES`; ``images`` (a vision-language model's
+    images a sequence; None: its default) is not negative. Raises :class:`ModelFileError`
     naming the fix."""
     path = _config_file(config)
     data = _read_config(path)
@@ -170,8 +188,10 @@ def hf_workload(
         )
     if dtype is not None and dtype not in DTYPES:
         raise ModelFileError(f"--dtype {dtype}: use one of {', '.join(DTYPES)}")
+    if images is not None and images < 0:
+        raise ModelFileError(f"--images {images}: give 0 (text alone) or more")
     return WorkloadSource.hugging_face(
-        path, batch_size, seq_len, dtype or _config_dtype(data, path)
+        path, batch_size, seq_len, dtype or _config_dtype(data, path), images
     )
 
 
@@ -447,10 +467,19 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     from planner.measure.model_file import ModelFile
 
     batch_size, seq_len, dtype_name = _shape(source)
-    source = hf_workload(source.path, batch_size, seq_len, dtype_name)
+    source = hf_workload(source.path, batch_size, seq_len, dtype_name, source.images)
     transformers = _transformers()
     config, model_class, head, kind, main_input = _classified(source)
     name = model_class.__name__
+    dtype = _torch_dtype(dtype_name)
+    vision_language = kind is InputKind.TOKENS and takes_images(model_class)
+    if source.images is not None and not vision_language:
+        raise ModelFileError(
+            f"--images {source.images}: {name} takes no images besides its "
+            f"{kind.value}; leave out --images"
+        )
+    images = (1 if source.images is None else source.images) if vision_language else 0
+    image_spec = image_tokens(source.path, config, model_class, dtype) if images else None
     if kind is InputKind.IMAGES and seq_len is not None:
         channels, height, width = _image_shape(source.path, config)
         raise ModelFileError(
@@ -468,6 +497,13 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"--seq-len {seq_len} is longer than the {positions} positions the config "
             f"{source.path} allows (max_position_embeddings); pass --seq-len {positions} "
             "or less"
+        )
+    if image_spec is not None and seq_len is not None and seq_len <= images * image_spec.per_image:
+        least = images * image_spec.per_image + 1
+        raise ModelFileError(
+            f"--seq-len {seq_len} leaves no text after {name}'s {images} image(s) of "
+            f"{image_spec.per_image} tokens each; pass --seq-len {least} or more (or fewer "
+            "--images)"
         )
     # A sequence classifier's eos is its pad where the config names none (decoder-only
     # classifiers find each sequence's last token by the pad), and an encoder-decoder's
@@ -491,7 +527,6 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f'--hf {source.path}: the config has no "vocab_size"; add it (the synthetic '
             f"batch draws {drawn} below it)"
         )
-    dtype = _torch_dtype(dtype_name)
     causal_models = transformers.MODEL_FOR_CAUSAL_LM_MAPPING  # lazy: look up one key only
     causal = type(config) in causal_models and causal_models[type(config)] is model_class
 
@@ -521,8 +556,14 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         )
     elif main_input == "input_values":
         inputs_said = f"{batch_size} x {seq_len} random audio samples (input_values)"
+    elif image_spec is not None:
+        inputs_said = (
+            f"{batch_size} x {seq_len} token ids with attention_mask, {image_spec.said(images)}"
+        )
     else:
         inputs_said = f"{batch_size} x {seq_len} random token ids with attention_mask"
+        if vision_language:
+            inputs_said += " (--images 0: text alone)"
     transcript = blank = 0
     if head == "ctc":
         assert seq_len is not None and isinstance(vocab_size, int)
@@ -550,6 +591,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
                 return {**batch, "labels": labels}
             return {**batch, **_targets(head, config, batch[main_input], dtype)}
         assert isinstance(vocab_size, int)
+        if image_spec is not None:  # images, then text (planner/measure/hf_images.py)
+            return image_batch(image_spec, images, batch_size, seq_len, vocab_size, dtype)
         input_ids = torch.randint(0, vocab_size, (batch_size, seq_len))  # (B, T)
         if eos_last is not None:  # one eos, last, as the tokenizer appends it
             input_ids[input_ids == eos_last] = (eos_last + 1) % vocab_size

@@ -1,0 +1,291 @@
+"""Images in a vision-language model's batch under ``--hf`` (an image-text-to-text class:
+LLaVA, Qwen2-VL, Gemma 3, InternVL, SmolVLM, ...).
+
+Such a model trains on sequences whose image placeholder tokens its vision tower's features
+replace. Planned on token ids alone, its vision tower never runs and its activations are
+not counted: the plan would go over on the first real batch. Here each sequence holds
+``images`` images (one by default), laid out as the model's processor lays them out, and
+``--seq-len`` counts every token the language model sees, the images' included:
+
+* **The images** are square, of the vision tower's ``image_size`` (448 x 448 where it names
+  none: a model of dynamic resolution, Qwen2-VL's kin), ``num_channels`` deep (3), normal
+  like a processor's normalized pixels, in the parameters' dtype. Their tensors are what the
+  class's ``get_image_features`` takes, in one of three layouts (:class:`ImageLayout`).
+* **The sequence** is, per image, its start token where the config names one
+  (``vision_start_token_id``, ``boi_token_index``, ...), as many image tokens as the vision
+  tower gives features, its end token where named; then text tokens to ``--seq-len``,
+  uniform below ``vocab_size`` and none of the ids the config names (so the image tokens
+  are exactly the images'). ``labels`` are the tokens, with the images' positions -100, as
+  vision-language collators mask them; ``attention_mask`` all ones; ``mm_token_type_ids``
+  (1 at image tokens) where the class takes it (Qwen2-VL's multimodal rotary positions
+  need it).
+* **How many tokens an image is** is the model's own answer: for :attr:`ImageLayout.IMAGES`
+  its ``get_image_features`` run once on the meta device (no memory, any size); for the
+  other two layouts the arithmetic its code does (patches merged ``spatial_merge_size``
+  squared into one; pixel-shuffled ``scale_factor`` squared into one). The model checks
+  the count on every step ("Image features and image tokens do not match"), so a wrong
+  count cannot pass unseen.
+
+A class whose image inputs are none of the three (image sizes per image, tiles chosen by
+aspect ratio, a Q-Former's prompt, ...) is an error naming what it takes and the two ways
+on: ``--images 0`` (text alone, as when fine-tuning a vision-language checkpoint on text) or
+a model file.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.core.errors import ModelFileError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ImageLayout", "ImageTokens", "image_batch", "image_tokens", "takes_images"]
+
+DYNAMIC_IMAGE_SIZE = 448
+"""The side of the images of a model of dynamic resolution, whose config names no size:
+Qwen2-VL's processor resizes within a pixel budget; 448 x 448 is 1024 patches of 14, 256
+tokens after its 2 x 2 merge."""
+
+_START_FIELDS = ("vision_start_token_id", "image_start_token_id", "boi_token_id", "boi_token_index")
+_END_FIELDS = ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index")
+_IMAGE_FIELDS = ("image_token_id", "image_token_index")
+
+
+class ImageLayout(enum.Enum):
+    """The tensors a class's ``get_image_features`` takes; the value is said in messages."""
+
+    IMAGES = "images"  # pixel_values (n, C, H, W): LLaVA, InternVL, Gemma 3, PaliGemma
+    PATCHES = "patches"  # flattened patches and image_grid_thw: Qwen2-VL and its kin
+    TILES = "tiles"  # pixel_values (B, tiles, C, H, W), pixel_attention_mask: Idefics 3
+
+
+@dataclass(frozen=True)
+class ImageTokens:
+    """How a vision-language model's sequences hold an image (module docstring)."""
+
+    layout: ImageLayout
+    channels: int
+    size: int  # the side of a square image, in pixels
+    tokens: int  # image tokens per image
+    image_token: int
+    start: int | None  # the token before each image's, where the config names one
+    end: int | None  # the token after them
+    reserved: tuple[int, ...]  # every id the config names: text tokens are none of them
+    patch: int = 0  # PATCHES: the vision tower's patch side
+    temporal: int = 1  # PATCHES: frames per patch (an image is repeated to fill them)
+    token_types: bool = False  # the class takes mm_token_type_ids
+
+    @property
+    def per_image(self) -> int:
+        """Tokens one image takes in a sequence, its start and end tokens included."""
+        return self.tokens + (self.start is not None) + (self.end is not None)
+
+    def said(self, images: int) -> str:
+        """The images, as a workload's assumptions say them."""
+        each = f"{self.channels} x {self.size} x {self.size}"
+        plural = "image" if images == 1 else "images"
+        return (
+            f"{images} random {each} {plural} a sequence ({self.layout.value}; "
+            f"{self.tokens} image tokens each, labels -100 there)"
+        )
+
+
+def takes_images(model_class: Any) -> bool:
+    """Whether ``model_class`` is a vision-language model: its forward takes
+    ``pixel_values`` besides token ids and it has ``get_image_features``."""
+    forward = inspect.signature(model_class.forward).parameters
+    return "pixel_values" in forward and callable(getattr(model_class, "get_image_features", None))
+
+
+def _int_field(owners: tuple[Any, ...], fields: tuple[str, ...]) -> int | None:
+    for owner in owners:
+        for field in fields:
+            value = getattr(owner, field, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                return value
+    return None
+
+
+def _named_ids(config: Any) -> tuple[int, ...]:
+    """Every token id the config (or its text config) names."""
+    ids: set[int] = set()
+    for owner in (config, config.get_text_config()):
+        for field, value in owner.to_dict().items():
+            if not isinstance(field, str) or not field.endswith(("token_id", "token_index")):
+                continue
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+                    ids.add(item)
+    return tuple(sorted(ids))
+
+
+def _side(value: Any) -> int | None:
+    if isinstance(value, list | tuple) and value:
+        value = value[0]
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _layout(model_class: Any) -> tuple[ImageLayout | None, list[str]]:
+    """The class's image layout, or None and the inputs its ``get_image_features`` needs."""
+    parameters = inspect.signature(model_class.get_image_features).parameters
+    if "image_grid_thw" in parameters:
+        return ImageLayout.PATCHES, []
+    if "pixel_attention_mask" in parameters:
+        return ImageLayout.TILES, []
+    needed = [
+        name
+        for name, parameter in parameters.items()
+        if name not in ("self", "pixel_values")
+        and parameter.default is inspect.Parameter.empty
+        and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)
+    ]
+    return (None, needed) if needed else (ImageLayout.IMAGES, [])
+
+
+def _counted_on_meta(model_class: Any, config: Any, dtype: torch.dtype, shape: tuple) -> int:
+    """Image tokens per image: the class's ``get_image_features`` on one image of ``shape``,
+    run on the meta device."""
+    import torch
+
+    with torch.device("meta"):
+        model = model_class._from_config(config, dtype=dtype)
+        features = model.get_image_features(
+            pixel_values=torch.empty(1, *shape, dtype=dtype), return_dict=True
+        )
+    pooled = getattr(features, "pooler_output", features)
+    parts = pooled if isinstance(pooled, list | tuple) else [pooled]
+    return sum(math.prod(part.shape[:-1]) for part in parts)
+
+
+def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) -> ImageTokens:
+    """How ``model_class``'s sequences hold an image of its config's size (module
+    docstring); raises :class:`ModelFileError` for a class whose image inputs --hf cannot
+    build."""
+    name = model_class.__name__
+    layout, needed = _layout(model_class)
+    way_on = "pass --images 0 to train it on text alone, or write a model file"
+    if layout is None:
+        raise ModelFileError(
+            f"--hf {path}: {name} takes {', '.join(needed)} with its images, which --hf "
+            f"does not build; {way_on}"
+        )
+    vision = getattr(config, "vision_config", None)
+    owners = tuple(owner for owner in (vision, config) if owner is not None)
+    image_token = _int_field((config, config.get_text_config()), _IMAGE_FIELDS)
+    if image_token is None:
+        raise ModelFileError(
+            f"--hf {path}: the config names no image_token_id, the token an image's features "
+            f"replace; add it, or {way_on}"
+        )
+    channels = _int_field(owners, ("num_channels", "in_channels", "in_chans")) or 3
+    patch = _side(getattr(vision, "patch_size", None)) or 0
+    size = _side(getattr(vision, "image_size", None))
+    if layout is ImageLayout.PATCHES:
+        merge = _int_field(owners, ("spatial_merge_size",)) or 1
+        if not patch:
+            raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
+        unit = patch * merge
+        size = max(unit, round((size or DYNAMIC_IMAGE_SIZE) / unit) * unit)
+        tokens = (size // patch) ** 2 // merge**2
+        temporal = _int_field(owners, ("temporal_patch_size",)) or 1
+    else:
+        temporal = 1
+        if size is None:
+            raise ModelFileError(f"--hf {path}: its vision_config names no image_size; {way_on}")
+        if layout is ImageLayout.TILES:
+            scale = getattr(config, "scale_factor", None)
+            if not (isinstance(scale, int) and scale > 0 and patch):
+                raise ModelFileError(
+                    f"--hf {path}: {name}'s image tokens depend on a resampler --hf does not "
+                    f"count (no scale_factor); {way_on}"
+                )
+            tokens = (size // patch) ** 2 // scale**2
+        else:
+            try:
+                tokens = _counted_on_meta(model_class, config, dtype, (channels, size, size))
+            except Exception as error:  # the model's own, said in one line
+                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                raise ModelFileError(
+                    f"--hf {path}: counting {name}'s image tokens failed "
+                    f"({type(error).__name__}: {first[:160]}); {way_on}"
+                ) from error
+    forward = inspect.signature(model_class.forward).parameters
+    return ImageTokens(
+        layout=layout,
+        channels=channels,
+        size=size,
+        tokens=tokens,
+        image_token=image_token,
+        start=_int_field((config,), _START_FIELDS),
+        end=_int_field((config,), _END_FIELDS),
+        reserved=_named_ids(config),
+        patch=patch,
+        temporal=temporal,
+        token_types="mm_token_type_ids" in forward,
+    )
+
+
+def _text_tokens(shape: tuple[int, int], vocab_size: int, reserved: tuple[int, ...]) -> Any:
+    """Token ids uniform below ``vocab_size`` and none of ``reserved`` (sorted)."""
+    import torch
+
+    skipped = [token for token in reserved if token < vocab_size]
+    tokens = torch.randint(0, vocab_size - len(skipped), shape)
+    for token in skipped:  # ascending: each shift keeps the ids past the ones skipped
+        tokens[tokens >= token] += 1
+    return tokens
+
+
+def image_batch(
+    spec: ImageTokens,
+    images: int,
+    batch_size: int,
+    seq_len: int,
+    vocab_size: int,
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """A vision-language batch: ``images`` images a sequence, then text to ``seq_len``
+    tokens (module docstring)."""
+    import torch
+
+    prefix: list[int] = []
+    for _ in range(images):
+        prefix += [spec.start] if spec.start is not None else []
+        prefix += [spec.image_token] * spec.tokens
+        prefix += [spec.end] if spec.end is not None else []
+    text = _text_tokens((batch_size, seq_len - len(prefix)), vocab_size, spec.reserved)
+    head = torch.tensor(prefix, dtype=torch.long).expand(batch_size, -1)
+    input_ids = torch.cat([head, text], dim=1)  # (B, T)
+    labels = input_ids.clone()
+    labels[:, : len(prefix)] = -100
+    count = batch_size * images
+    side = spec.size
+    if spec.layout is ImageLayout.PATCHES:  # (patches, C x frames x patch x patch)
+        grid = side // spec.patch
+        width = spec.channels * spec.temporal * spec.patch**2
+        pixels = torch.randn(count * grid * grid, width).to(dtype)
+        extra = {"image_grid_thw": torch.tensor([[1, grid, grid]] * count)}
+    elif spec.layout is ImageLayout.TILES:  # (B, images, C, H, W), every pixel real
+        pixels = torch.randn(batch_size, images, spec.channels, side, side).to(dtype)
+        mask = torch.ones(batch_size, images, side, side, dtype=torch.bool)
+        extra = {"pixel_attention_mask": mask}
+    else:  # (B x images, C, H, W)
+        pixels = torch.randn(count, spec.channels, side, side).to(dtype)
+        extra = {}
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "pixel_values": pixels,
+        **extra,
+        "labels": labels,
+    }
+    if spec.token_types:
+        batch["mm_token_type_ids"] = (input_ids == spec.image_token).to(torch.int32)
+    return batch
