@@ -483,15 +483,6 @@ def make_config(task: str, model_type: str) -> Any:
             overrides[name] = {**overrides.get(name, {}), **value}
     if image:
         overrides["num_labels"] = NUM_CLASSES
-    vision = _own(default, "vision_config")
-    patch = getattr(vision, "patch_size", None)
-    patch = patch[0] if isinstance(patch, list | tuple) and patch else patch
-    if task == "image-text-to-text" and isinstance(patch, int) and patch > 0:
-        # a vision-language model's images: 4 x 4 patches (written in for a model of dynamic
-        # resolution, whose config names no size), so their tokens fit the zoo's sequence
-        side = VISION_PATCHES * patch
-        sized = isinstance(getattr(vision, "image_size", None), list | tuple)
-        overrides.setdefault("vision_config", {})["image_size"] = [side, side] if sized else side
     if task == "ctc" and default.vocab_size is None:
         overrides["vocab_size"] = VOCAB_SIZE  # its head's width: users set it from a tokenizer
     arguments = {}
@@ -503,7 +494,17 @@ def make_config(task: str, model_type: str) -> Any:
                 arguments[name] = type(_own(default, name))(**value)
         else:
             arguments[name] = value
-    return type(default)(**arguments)
+    config = type(default)(**arguments)
+    vision = getattr(config, "vision_config", None)
+    patch = getattr(vision, "patch_size", None)
+    patch = patch[0] if isinstance(patch, list | tuple) and patch else patch
+    if task == "image-text-to-text" and isinstance(patch, int) and patch > 0:
+        # a vision-language model's images: 4 x 4 patches (written in for a model of dynamic
+        # resolution, whose config names no size), so their tokens fit the zoo's sequence
+        side = VISION_PATCHES * patch
+        sized = isinstance(getattr(vision, "image_size", None), list | tuple)
+        vision.image_size = [side, side] if sized else side
+    return config
 
 
 def build_model(task: str, model_type: str) -> Any:

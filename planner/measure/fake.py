@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +74,7 @@ __all__ = [
     "FakeExecutionError",
     "FakeSession",
     "build_fake_workload",
+    "call_on_fake_tensors",
 ]
 
 logger = logging.getLogger(__name__)
@@ -430,3 +431,29 @@ def build_fake_workload(
         module_names=module_names(model),
     )
     return workload, session
+
+
+def call_on_fake_tensors(
+    build: Callable[[], torch.nn.Module],
+    call: Callable[..., Any],
+    inputs: dict[str, torch.Tensor],
+) -> Any:
+    """``call(model, **inputs)`` on fake tensors, without a workload: the model ``build()``
+    makes on the meta device, then fake; ``inputs`` made for real and copied, their small
+    values kept (shadows), so code reading an index tensor's values (a grid of patches,
+    images' sizes) runs as on real ones. Returns ``call``'s output: fake tensors, whose shapes
+    are the real ones'. Used to ask a model a shape before its batch exists
+    (:mod:`planner.measure.hf_images`: how many tokens an image is)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    shadows = _ValueShadows()
+    copier = _FakeCopier(mode, "cpu")
+    with torch.device("meta"):
+        model = build()
+    _to_fake(model, copier)
+    fakes = {}
+    for name, tensor in inputs.items():
+        fakes[name] = copier.copy(tensor)
+        shadows.attach(fakes[name], tensor)
+    quiet = _quiet("torch._subclasses.fake_tensor")
+    with quiet, mode, shadows, FakeTensorsAsData(), torch.no_grad():
+        return call(model, **fakes)

@@ -8,9 +8,10 @@ not counted: the plan would go over on the first real batch. Here each sequence 
 ``--seq-len`` counts every token the language model sees, the images' included:
 
 * **The images** are square, of the vision tower's ``image_size`` (448 x 448 where it names
-  none: a model of dynamic resolution, Qwen2-VL's kin), ``num_channels`` deep (3), normal
-  like a processor's normalized pixels, in the parameters' dtype. Their tensors are what the
-  class's ``get_image_features`` takes, in one of three layouts (:class:`ImageLayout`).
+  none: a model of dynamic resolution, Qwen2-VL's kin; set ``image_size`` in the config's
+  ``vision_config`` to plan another), ``num_channels`` deep (3), normal like a processor's
+  normalized pixels, in the parameters' dtype. Their tensors are what the class's
+  ``get_image_features`` takes, in one of four layouts (:class:`ImageLayout`).
 * **The sequence** is, per image, its start token where the config names one
   (``vision_start_token_id``, ``boi_token_index``, ...), as many image tokens as the vision
   tower gives features, its end token where named; then text tokens to ``--seq-len``,
@@ -19,21 +20,21 @@ not counted: the plan would go over on the first real batch. Here each sequence 
   vision-language collators mask them; ``attention_mask`` all ones; ``mm_token_type_ids``
   (1 at image tokens) where the class takes it (Qwen2-VL's multimodal rotary positions
   need it).
-* **How many tokens an image is** is the model's own answer: for :attr:`ImageLayout.IMAGES`
-  its ``get_image_features`` run once on the meta device (no memory, any size); for the
-  other two layouts the arithmetic its code does (patches merged ``spatial_merge_size``
-  squared into one; pixel-shuffled ``scale_factor`` squared into one). The model checks
-  the count on every step ("Image features and image tokens do not match"), so a wrong
-  count cannot pass unseen.
+* **How many tokens an image is** is the model's own answer: its ``get_image_features``
+  run once on one image on fake tensors (no memory, any size; the small index tensors, a
+  grid of patches or the images' sizes, keep their values), its features counted. The
+  model checks the count on every step ("Image features and image tokens do not match"),
+  so a wrong count cannot pass unseen.
 
-A class whose image inputs are none of the three (image sizes per image, tiles chosen by
-aspect ratio, a Q-Former's prompt, ...) is an error naming what it takes and the two ways
-on: ``--images 0`` (text alone, as when fine-tuning a vision-language checkpoint on text) or
-a model file.
+A class whose image inputs are none of the four (a Q-Former's prompt, target sizes, ...), or
+whose features cannot be counted on fake tensors (LLaVA-NeXT's tiles chosen by aspect
+ratio), is an error naming what it takes and the two ways on: ``--images 0`` (text alone, as
+when fine-tuning a vision-language checkpoint on text) or a model file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 import math
@@ -62,6 +63,7 @@ class ImageLayout(enum.Enum):
     """The tensors a class's ``get_image_features`` takes; the value is said in messages."""
 
     IMAGES = "images"  # pixel_values (n, C, H, W): LLaVA, InternVL, Gemma 3, PaliGemma
+    SIZES = "images with their sizes"  # and image_sizes (n, 2): Mistral 3 (Pixtral)
     PATCHES = "patches"  # flattened patches and image_grid_thw: Qwen2-VL and its kin
     TILES = "tiles"  # pixel_values (B, tiles, C, H, W), pixel_attention_mask: Idefics 3
 
@@ -146,20 +148,51 @@ def _layout(model_class: Any) -> tuple[ImageLayout | None, list[str]]:
         and parameter.default is inspect.Parameter.empty
         and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)
     ]
+    if needed == ["image_sizes"]:
+        return ImageLayout.SIZES, []
     return (None, needed) if needed else (ImageLayout.IMAGES, [])
 
 
-def _counted_on_meta(model_class: Any, config: Any, dtype: torch.dtype, shape: tuple) -> int:
-    """Image tokens per image: the class's ``get_image_features`` on one image of ``shape``,
-    run on the meta device."""
+def _image_inputs(
+    spec: ImageTokens, batch_size: int, images: int, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """``images`` images for each of ``batch_size`` sequences, as the class takes them."""
     import torch
 
-    with torch.device("meta"):
-        model = model_class._from_config(config, dtype=dtype)
-        features = model.get_image_features(
-            pixel_values=torch.empty(1, *shape, dtype=dtype), return_dict=True
-        )
-    pooled = getattr(features, "pooler_output", features)
+    count, side, channels = batch_size * images, spec.size, spec.channels
+    if spec.layout is ImageLayout.PATCHES:  # (patches, C x frames x patch x patch)
+        grid = side // spec.patch
+        width = channels * spec.temporal * spec.patch**2
+        return {
+            "pixel_values": torch.randn(count * grid * grid, width).to(dtype),
+            "image_grid_thw": torch.tensor([[1, grid, grid]] * count),
+        }
+    if spec.layout is ImageLayout.TILES:  # (B, images, C, H, W), every pixel real
+        mask = torch.ones(batch_size, images, side, side, dtype=torch.bool)
+        return {
+            "pixel_values": torch.randn(batch_size, images, channels, side, side).to(dtype),
+            "pixel_attention_mask": mask,
+        }
+    pixels = {"pixel_values": torch.randn(count, channels, side, side).to(dtype)}  # (n, C, H, W)
+    if spec.layout is ImageLayout.SIZES:
+        return {**pixels, "image_sizes": torch.tensor([[side, side]] * count)}
+    return pixels
+
+
+def _counted(model_class: Any, config: Any, spec: ImageTokens, dtype: torch.dtype) -> int:
+    """Image tokens per image: the features the class's ``get_image_features`` gives one
+    image, run on fake tensors."""
+    from planner.measure.fake import call_on_fake_tensors
+
+    def features(model: Any, **inputs: Any) -> Any:
+        return model.get_image_features(**inputs, return_dict=True)
+
+    output = call_on_fake_tensors(
+        lambda: model_class._from_config(config, dtype=dtype),
+        features,
+        _image_inputs(spec, 1, 1, dtype),
+    )
+    pooled = getattr(output, "pooler_output", output)
     parts = pooled if isinstance(pooled, list | tuple) else [pooled]
     return sum(math.prod(part.shape[:-1]) for part in parts)
 
@@ -184,44 +217,23 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
             f"--hf {path}: the config names no image_token_id, the token an image's features "
             f"replace; add it, or {way_on}"
         )
-    channels = _int_field(owners, ("num_channels", "in_channels", "in_chans")) or 3
     patch = _side(getattr(vision, "patch_size", None)) or 0
     size = _side(getattr(vision, "image_size", None))
+    temporal = 1
     if layout is ImageLayout.PATCHES:
-        merge = _int_field(owners, ("spatial_merge_size",)) or 1
         if not patch:
             raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
-        unit = patch * merge
+        unit = patch * (_int_field(owners, ("spatial_merge_size",)) or 1)
         size = max(unit, round((size or DYNAMIC_IMAGE_SIZE) / unit) * unit)
-        tokens = (size // patch) ** 2 // merge**2
         temporal = _int_field(owners, ("temporal_patch_size",)) or 1
-    else:
-        temporal = 1
-        if size is None:
-            raise ModelFileError(f"--hf {path}: its vision_config names no image_size; {way_on}")
-        if layout is ImageLayout.TILES:
-            scale = getattr(config, "scale_factor", None)
-            if not (isinstance(scale, int) and scale > 0 and patch):
-                raise ModelFileError(
-                    f"--hf {path}: {name}'s image tokens depend on a resampler --hf does not "
-                    f"count (no scale_factor); {way_on}"
-                )
-            tokens = (size // patch) ** 2 // scale**2
-        else:
-            try:
-                tokens = _counted_on_meta(model_class, config, dtype, (channels, size, size))
-            except Exception as error:  # the model's own, said in one line
-                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                raise ModelFileError(
-                    f"--hf {path}: counting {name}'s image tokens failed "
-                    f"({type(error).__name__}: {first[:160]}); {way_on}"
-                ) from error
+    elif size is None:
+        raise ModelFileError(f"--hf {path}: its vision_config names no image_size; {way_on}")
     forward = inspect.signature(model_class.forward).parameters
-    return ImageTokens(
+    spec = ImageTokens(
         layout=layout,
-        channels=channels,
+        channels=_int_field(owners, ("num_channels", "in_channels", "in_chans")) or 3,
         size=size,
-        tokens=tokens,
+        tokens=0,
         image_token=image_token,
         start=_int_field((config,), _START_FIELDS),
         end=_int_field((config,), _END_FIELDS),
@@ -230,6 +242,15 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         temporal=temporal,
         token_types="mm_token_type_ids" in forward,
     )
+    try:
+        tokens = _counted(model_class, config, spec, dtype)
+    except Exception as error:  # the model's own, said in one line
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ModelFileError(
+            f"--hf {path}: counting {name}'s image tokens on fake tensors failed "
+            f"({type(error).__name__}: {first[:160]}); {way_on}"
+        ) from error
+    return dataclasses.replace(spec, tokens=tokens)
 
 
 def _text_tokens(shape: tuple[int, int], vocab_size: int, reserved: tuple[int, ...]) -> Any:
@@ -265,25 +286,10 @@ def image_batch(
     input_ids = torch.cat([head, text], dim=1)  # (B, T)
     labels = input_ids.clone()
     labels[:, : len(prefix)] = -100
-    count = batch_size * images
-    side = spec.size
-    if spec.layout is ImageLayout.PATCHES:  # (patches, C x frames x patch x patch)
-        grid = side // spec.patch
-        width = spec.channels * spec.temporal * spec.patch**2
-        pixels = torch.randn(count * grid * grid, width).to(dtype)
-        extra = {"image_grid_thw": torch.tensor([[1, grid, grid]] * count)}
-    elif spec.layout is ImageLayout.TILES:  # (B, images, C, H, W), every pixel real
-        pixels = torch.randn(batch_size, images, spec.channels, side, side).to(dtype)
-        mask = torch.ones(batch_size, images, side, side, dtype=torch.bool)
-        extra = {"pixel_attention_mask": mask}
-    else:  # (B x images, C, H, W)
-        pixels = torch.randn(count, spec.channels, side, side).to(dtype)
-        extra = {}
     batch = {
         "input_ids": input_ids,
         "attention_mask": torch.ones_like(input_ids),
-        "pixel_values": pixels,
-        **extra,
+        **_image_inputs(spec, batch_size, images, dtype),
         "labels": labels,
     }
     if spec.token_types:

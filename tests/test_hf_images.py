@@ -1,0 +1,140 @@
+"""`--hf` on a vision-language model: its sequences hold images, as its processor lays them
+out (planner/measure/hf_images.py).
+
+Before, such a config was planned on token ids alone: its vision tower never ran. The
+configs are the types' defaults as `transformers` ships them, sizes made small by the sweep
+(benchmarks/hf_sweep_models.py: 4 x 4 patches an image).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("transformers")
+
+from benchmarks.hf_sweep_models import write_hf_config
+from planner.cli.main import app
+from planner.core.errors import ModelFileError
+from planner.measure.fake import build_fake_workload
+from planner.measure.hf import min_seq_len
+from planner.measure.profiler import record_memory
+from planner.measure.source import WorkloadSource
+from planner.measure.workload import build_workload, load_model_file, run_training_step
+from planner.plan.plan_file import load_plan
+from planner.solve.planning import baseline_every_block
+
+pytestmark = pytest.mark.hf
+
+TASK = "image-text-to-text"
+
+
+def _source(folder: Path, model_type: str, seq_len: int = 64, images: int | None = None) -> str:
+    written = WorkloadSource.parse(write_hf_config(TASK, model_type, folder))
+    return str(WorkloadSource.hugging_face(written.path, 2, seq_len, "float32", images))
+
+
+@pytest.mark.parametrize(
+    ("model_type", "pixels", "extra"),
+    [
+        ("llava", (2, 3, 128, 128), set()),  # CLIP: 4 x 4 patches of 32, a token each
+        ("qwen2_vl", (2 * 16, 3 * 2 * 14 * 14), {"image_grid_thw", "mm_token_type_ids"}),
+        ("smolvlm", (2, 1, 3, 128, 128), {"pixel_attention_mask"}),
+    ],
+)
+def test_a_vision_language_batch_holds_its_images_tokens(
+    tmp_path: Path, model_type: str, pixels: tuple[int, ...], extra: set[str]
+) -> None:
+    """Each sequence: an image's tokens (as many as its vision tower gives features: the
+    model checks that on every step), then text that names none of the config's ids;
+    labels -100 at the image."""
+    built = build_workload(load_model_file(_source(tmp_path, model_type)), seed=0)
+    batch = built.batch
+    assert set(batch) == {"input_ids", "attention_mask", "pixel_values", "labels", *extra}
+    assert tuple(batch["pixel_values"].shape) == pixels
+    model = built.model
+    image_token = model.config.image_token_id
+    tokens = (batch["input_ids"] == image_token).sum(dim=1)
+    assert tokens.min() == tokens.max() > 0
+    masked = batch["labels"] == -100  # the image's positions, first: a prefix of each row
+    prefix = int(masked[0].sum())
+    assert masked[:, :prefix].all() and not masked[:, prefix:].any()
+    assert (batch["input_ids"][:, prefix:] == image_token).sum() == 0
+    assert (batch["labels"][:, prefix:] == batch["input_ids"][:, prefix:]).all()
+    assert "image tokens each" in built.notes[0].text
+    assert run_training_step(built, seed=0).isfinite()  # the model's own count check passes
+
+
+def test_images_zero_is_text_alone_and_two_is_two_images(tmp_path: Path) -> None:
+    text = build_workload(load_model_file(_source(tmp_path, "llava", images=0)), seed=0)
+    assert set(text.batch) == {"input_ids", "attention_mask", "labels"}
+    assert "--images 0: text alone" in text.notes[0].text
+    two = load_model_file(_source(tmp_path, "llava", images=2))
+    one = load_model_file(_source(tmp_path, "llava"))
+    assert min_seq_len(two.source) - 1 == 2 * (min_seq_len(one.source) - 1)
+    built = build_workload(two, seed=0)
+    assert built.batch["pixel_values"].shape[0] == 4
+    assert run_training_step(built, seed=0).isfinite()
+
+
+@pytest.mark.parametrize(
+    ("model_type", "seq_len", "images", "fragments"),
+    [
+        ("llava", 16, None, ("--seq-len 16 leaves no text", "pass --seq-len 17 or more")),
+        ("lfm2_vl", 64, None, ("spatial_shapes", "--images 0", "model file")),
+        ("llava_next", 64, None, ("counting LlavaNext", "--images 0", "model file")),
+    ],
+)
+def test_a_batch_it_cannot_build_is_one_line_naming_the_way_on(
+    tmp_path: Path, model_type: str, seq_len: int, images: int | None, fragments: tuple[str, ...]
+) -> None:
+    with pytest.raises(ModelFileError) as caught:
+        load_model_file(_source(tmp_path, model_type, seq_len, images))
+    for fragment in fragments:
+        assert fragment in str(caught.value)
+    assert "\n" not in str(caught.value)
+    # llava_next trains on text alone where asked
+    if model_type == "llava_next":
+        text = load_model_file(_source(tmp_path, model_type, seq_len, images=0))
+        assert "pixel_values" not in build_workload(text, seed=0).batch
+
+
+def test_images_on_a_text_model_is_an_error(tmp_path: Path) -> None:
+    written = WorkloadSource.parse(write_hf_config("causal-lm", "llama", tmp_path))
+    with pytest.raises(ModelFileError, match="takes no images besides its token ids"):
+        load_model_file(str(WorkloadSource.hugging_face(written.path, 2, 64, "float32", 1)))
+
+
+def test_a_source_carries_its_images() -> None:
+    source = WorkloadSource.hugging_face("/c/config.json", 2, 64, "bfloat16", 0)
+    assert str(source).endswith("&images=0")
+    assert WorkloadSource.parse(str(source)) == source
+    assert source.command_arguments()[-2:] == ["--images", "0"]
+    assert "images" not in str(WorkloadSource.hugging_face("/c/config.json", 2, 64, "bfloat16"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "llava"])
+def test_profile_a_vision_language_config_its_plan_exact_and_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_type: str
+) -> None:
+    """The fake step (Qwen2-VL's rotary deltas are a torch.tensor of fake tensors) is the
+    real one; a plan halfway down is checked in its own process and predicted to the byte."""
+    monkeypatch.chdir(tmp_path)
+    source = WorkloadSource.parse(_source(tmp_path, model_type))
+    workload, session = build_fake_workload(load_model_file(source))
+    profile = record_memory(workload, session=session)
+    low = baseline_every_block(profile).predicted_peak_bytes
+    budget = (low + profile.measured_peak_bytes) // 2
+    result = CliRunner().invoke(
+        app, ["profile", *source.command_arguments(), "--budget", str(budget)]
+    )
+    assert result.exit_code == 0, result.output
+    plan = load_plan(tmp_path / "profiles" / source.name / "plan.json")
+    assert plan.modules and plan.checked
+    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+    assert "pixel_values" in plan.batch
+    real = record_memory(build_workload(load_model_file(source), seed=0))
+    assert real.measured_peak_bytes == profile.measured_peak_bytes
