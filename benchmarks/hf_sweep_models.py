@@ -240,7 +240,7 @@ TEXT_SUBCONFIGS = {
 }  # fmt: skip
 """Sub-configs shrunk with every size field (the others are towers: :data:`TOWER_SIZES`)."""
 _DICT_SUBCONFIGS = {"attn_config", "ffn_config", "per_layer_config"}  # plain dicts, not configs
-_DICT_FIELDS = {"per_layer_config", "rope_parameters"}  # dicts EXTRA sets whole
+_DICT_FIELDS = {"per_layer_config", "rope_parameters"}  # dicts EXTRA sets (rope: merged)
 
 EXTRA: dict[str, dict[str, Any]] = {
     # GPT-Neo's pattern is [[kinds, repeats]]: one of each kind
@@ -273,18 +273,22 @@ EXTRA: dict[str, dict[str, Any]] = {
     },
     # its drop-path rates index each stage's list (one per layer) by the stage's number
     "cvt": {"depth": [1, 2, 3]},
-    # vision-language: the projector's width is the text model's
-    # (Gemma 3 pools the 4 x 4 patches to 2 x 2 tokens, its default 64 x 64 to 16 x 16)
+    # vision-language models: Gemma 3 pools the 4 x 4 patches to 2 x 2 tokens (its default
+    # 64 x 64 to 16 x 16); PaliGemma's projector is as wide as the text model
     "gemma3": {"mm_tokens_per_image": 4},
     "shieldgemma2": {"mm_tokens_per_image": 4},
     "paligemma": {"projection_dim": HIDDEN_SIZE},
-    # multimodal rotary sections (time, height, width) add up to half a head (16 wide)
+    # multimodal rotary sections (time, height, width) add up to half a head's rotary part:
+    # 8 (GLM-4V's MoE and HY-V4: 4)
     **{
-        model_type: {
-            "text_config": {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}}
-        }
-        for model_type in ("qwen2_vl", "qwen2_5_vl")
+        model_type: {"text_config": {"rope_parameters": {"mrope_section": [2, 3, 3]}}}
+        for model_type in ("qwen2_vl", "qwen2_5_vl", "glm4v", "glm46v", "glm_ocr", "glmga")
     },
+    "glm4v_moe": {"text_config": {"rope_parameters": {"mrope_section": [1, 1, 2]}}},
+    "cosmos3_edge": {"text_config": {"rope_parameters": {"mrope_section": [2, 3, 3]}}},
+    "hy_v4_vl": {"text_config": {"rope_parameters": {"mrope_section": [1, 1, 2]}}},
+    # its projector concatenates 5 layers' features: 5 of the 2 layers' 3 hidden states
+    "vipllava": {"vision_feature_layers": [-2, -1, 0, 1, 2]},
 }
 """Per-type fields set last, each found by building the type (why, beside each)."""
 TASK_EXTRA: dict[tuple[str, str], dict[str, Any]] = {
@@ -468,6 +472,10 @@ def _overrides(config: Any, extra: dict[str, Any], extra_sizes: dict[str, Any]) 
     overrides.update(
         {k: v for k, v in extra.items() if not isinstance(v, dict) or k in _DICT_FIELDS}
     )
+    if isinstance(extra.get("rope_parameters"), dict):  # the default's, with these fields
+        default_rope = _own(config, "rope_parameters")
+        if isinstance(default_rope, dict):
+            overrides["rope_parameters"] = {**default_rope, **extra["rope_parameters"]}
     return overrides
 
 
@@ -583,7 +591,19 @@ def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     config.to_json_file(str(path), use_diff=False)
     lengths = {"input_ids": SEQ_LEN, "input_values": AUDIO_SAMPLES, "input_features": AUDIO_FRAMES}
     seq_len = f"&seq_len={lengths[main_input]}" if main_input in lengths else ""
-    return f"hf:{path.resolve()}?batch_size={BATCH_SIZE}{seq_len}&dtype=float32"
+    source = f"hf:{path.resolve()}?batch_size={BATCH_SIZE}{seq_len}&dtype=float32"
+    if task == "image-text-to-text":  # the zoo's sequence of text after the image's tokens
+        from planner.core.errors import ModelFileError
+        from planner.measure.hf import min_seq_len
+        from planner.measure.source import WorkloadSource
+
+        parsed = WorkloadSource.parse(source)
+        try:
+            image = min_seq_len(parsed) - 1
+        except ModelFileError:
+            image = 0  # refused: the sweep's step says why
+        source = str(parsed.with_seq_len(SEQ_LEN + image))
+    return source
 
 
 def _main() -> None:  # a quick look: python -m benchmarks.hf_sweep_models TASK [TYPE]

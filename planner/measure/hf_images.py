@@ -99,11 +99,33 @@ class ImageTokens:
         )
 
 
+_IMAGE_INPUTS = ("pixel_values", "image_patches", "flattened_patches")
+
+
 def takes_images(model_class: Any) -> bool:
-    """Whether ``model_class`` is a vision-language model: its forward takes
-    ``pixel_values`` besides token ids and it has ``get_image_features``."""
+    """Whether ``model_class`` is a vision-language model: its forward takes images
+    (``pixel_values``; Fuyu's ``image_patches``, Kosmos-2.5's ``flattened_patches``) besides
+    token ids."""
     forward = inspect.signature(model_class.forward).parameters
-    return "pixel_values" in forward and callable(getattr(model_class, "get_image_features", None))
+    return any(name in forward for name in _IMAGE_INPUTS)
+
+
+def _features_class(model_class: Any, config: Any) -> Any | None:
+    """The class whose ``get_image_features`` gives an image's features: ``model_class``,
+    or where it has none (Janus, DeepSeek-VL) its base model's."""
+    if callable(getattr(model_class, "get_image_features", None)):
+        return model_class
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    base = getattr(transformers, str(MODEL_MAPPING_NAMES.get(config.model_type, "")), None)
+    return base if callable(getattr(base, "get_image_features", None)) else None
+
+
+def _image_features(model: Any) -> Any:
+    """The built model's ``get_image_features``, or its base model's."""
+    features = getattr(model, "get_image_features", None)
+    return features if callable(features) else model.base_model.get_image_features
 
 
 def _int_field(owners: tuple[Any, ...], fields: tuple[str, ...]) -> int | None:
@@ -134,9 +156,9 @@ def _side(value: Any) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def _layout(model_class: Any) -> tuple[ImageLayout | None, list[str]]:
-    """The class's image layout, or None and the inputs its ``get_image_features`` needs."""
-    parameters = inspect.signature(model_class.get_image_features).parameters
+def _layout(features_class: Any) -> tuple[ImageLayout | None, list[str]]:
+    """The image layout ``get_image_features`` takes, or None and the inputs it needs."""
+    parameters = inspect.signature(features_class.get_image_features).parameters
     if "image_grid_thw" in parameters:
         return ImageLayout.PATCHES, []
     if "pixel_attention_mask" in parameters:
@@ -185,7 +207,7 @@ def _counted(model_class: Any, config: Any, spec: ImageTokens, dtype: torch.dtyp
     from planner.measure.fake import call_on_fake_tensors
 
     def features(model: Any, **inputs: Any) -> Any:
-        return model.get_image_features(**inputs, return_dict=True)
+        return _image_features(model)(**inputs, return_dict=True)
 
     output = call_on_fake_tensors(
         lambda: model_class._from_config(config, dtype=dtype),
@@ -202,8 +224,19 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
     docstring); raises :class:`ModelFileError` for a class whose image inputs --hf cannot
     build."""
     name = model_class.__name__
-    layout, needed = _layout(model_class)
     way_on = "pass --images 0 to train it on text alone, or write a model file"
+    forward = inspect.signature(model_class.forward).parameters
+    features_class = _features_class(model_class, config)
+    if features_class is None:
+        raise ModelFileError(
+            f"--hf {path}: {name} takes images but has no get_image_features to "
+            f"count an image's tokens by; {way_on}"
+        )
+    layout, needed = _layout(features_class)
+    takes = inspect.signature(features_class.get_image_features).parameters
+    if "pixel_values" not in takes:
+        needed = [next(name for name in _IMAGE_INPUTS if name in takes or name in forward)]
+        layout = None
     if layout is None:
         raise ModelFileError(
             f"--hf {path}: {name} takes {', '.join(needed)} with its images, which --hf "
@@ -228,7 +261,6 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         temporal = _int_field(owners, ("temporal_patch_size",)) or 1
     elif size is None:
         raise ModelFileError(f"--hf {path}: its vision_config names no image_size; {way_on}")
-    forward = inspect.signature(model_class.forward).parameters
     spec = ImageTokens(
         layout=layout,
         channels=_int_field(owners, ("num_channels", "in_channels", "in_chans")) or 3,
