@@ -4,8 +4,9 @@ the models users bring, beyond the zoo's 24.
 For each model type of a ``transformers`` task mapping (``--task``: causal-lm, masked-lm,
 seq2seq) that the zoo does not hold, benchmarks/hf_sweep_models.py builds the model from
 its config's defaults with only the sizes made small. The other tasks (image, ctc: speech
-recognition, audio-classification, and the fine-tuning heads sequence-classification,
-token-classification, question-answering) take every type, the zoo's too, and go through
+recognition, audio-classification, the fine-tuning heads sequence-classification,
+token-classification, question-answering, and image-text-to-text: vision-language models,
+on 4 x 4 patches an image) take every type, the zoo's too, and go through
 ``--hf``: the small config is written as a config.json naming the task's class, and
 ckpt-plan builds the model and its batch from it (step 1 then runs that model on that
 batch, so a skip there can be the tool's own batch at fault: each is listed with its error,

@@ -112,14 +112,30 @@ def takes_images(model_class: Any) -> bool:
 
 def _features_class(model_class: Any, config: Any) -> Any | None:
     """The class whose ``get_image_features`` gives an image's features: ``model_class``,
-    or where it has none (Janus, DeepSeek-VL) its base model's."""
-    if callable(getattr(model_class, "get_image_features", None)):
+    or where it has none, or one passing ``(*args, **kwargs)`` on (Janus, DeepSeek-VL,
+    MiniCPM-V), its base model's."""
+    if _named_parameters(model_class):
         return model_class
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     base = getattr(transformers, str(MODEL_MAPPING_NAMES.get(config.model_type, "")), None)
-    return base if callable(getattr(base, "get_image_features", None)) else None
+    if _named_parameters(base):
+        return base
+    return model_class if callable(getattr(model_class, "get_image_features", None)) else None
+
+
+def _named_parameters(owner: Any) -> list[str]:
+    """The named parameters of ``owner.get_image_features`` (none where it has none)."""
+    features = getattr(owner, "get_image_features", None)
+    if not callable(features):
+        return []
+    return [
+        name
+        for name, parameter in inspect.signature(features).parameters.items()
+        if name != "self"
+        and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)
+    ]
 
 
 def _image_features(model: Any) -> Any:
@@ -233,10 +249,9 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
             f"count an image's tokens by; {way_on}"
         )
     layout, needed = _layout(features_class)
-    takes = inspect.signature(features_class.get_image_features).parameters
-    if "pixel_values" not in takes:
-        needed = [next(name for name in _IMAGE_INPUTS if name in takes or name in forward)]
-        layout = None
+    takes = _named_parameters(features_class)
+    if takes and "pixel_values" not in takes:  # its images are another input (Kosmos-2.5)
+        needed, layout = takes[:1], None
     if layout is None:
         raise ModelFileError(
             f"--hf {path}: {name} takes {', '.join(needed)} with its images, which --hf "
