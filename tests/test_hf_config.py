@@ -138,6 +138,17 @@ def test_the_shipped_configs_name_classes_transformers_builds(
     assert model_file.assumptions[0].startswith(f"Hugging Face {model_class} from ")
 
 
+def test_the_shipped_vision_language_config_trains_on_an_image_a_sequence() -> None:
+    """Qwen2.5-VL-7B's config as the Hub ships it (flat text fields, rope_scaling): one
+    448 x 448 image of 1024 patches, 256 tokens after its 2 x 2 merge, between its
+    vision start and end tokens."""
+    model_file = load_hf_model_file(hf_workload(CONFIGS / "qwen2.5-vl-7b.json", 1, 1024))
+    assert model_file.source.dtype == "bfloat16"
+    said = model_file.assumptions[0]
+    assert said.startswith("Hugging Face Qwen2_5_VLForConditionalGeneration from ")
+    assert "1 random 3 x 448 x 448 image a sequence (patches; 256 image tokens each" in said
+
+
 # -- the heads fine-tuning puts on a text model ------------------------------------------------
 TINY_BERT = {
     "model_type": "bert",

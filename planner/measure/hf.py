@@ -61,13 +61,14 @@ loads either.
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from planner.core.errors import ModelFileError
-from planner.measure.hf_images import image_batch, image_tokens, takes_images
+from planner.measure.hf_images import ImageTokens, image_batch, image_tokens, takes_images
 from planner.measure.source import WorkloadSource
 
 if TYPE_CHECKING:
@@ -157,12 +158,27 @@ def max_seq_len(source: WorkloadSource) -> int | None:
 def min_seq_len(source: WorkloadSource) -> int:
     """The shortest sequence the workload's batch can be: 1, or a vision-language model's
     images' tokens and one of text (:mod:`planner.measure.hf_images`)."""
-    config, model_class, _, kind, _ = _classified(source)
+    _, model_class, _, kind, _ = _classified(source)
     if kind is not InputKind.TOKENS or source.images == 0 or not takes_images(model_class):
         return 1
     images = 1 if source.images is None else source.images
-    spec = image_tokens(source.path, config, model_class, _torch_dtype(_shape(source)[2]))
-    return images * spec.per_image + 1
+    return images * _image_spec(source, _shape(source)[2]).per_image + 1
+
+
+def _image_spec(source: WorkloadSource, dtype_name: str) -> ImageTokens:
+    """How the workload's sequences hold an image (:func:`image_tokens`), counted once per
+    config file and dtype in a process: counting builds the model on fake tensors (5 s for
+    an 8B model)."""
+    path = source.path
+    return _counted_image_spec(str(path), path.stat().st_mtime_ns, dtype_name)
+
+
+@functools.lru_cache(maxsize=8)
+def _counted_image_spec(path: str, mtime_ns: int, dtype_name: str) -> ImageTokens:
+    del mtime_ns  # part of the key: an edited config is counted again
+    source = WorkloadSource.hugging_face(path, 1, None, dtype_name)
+    config = _build_config(source)
+    return image_tokens(source.path, config, _model_class(source, config), _torch_dtype(dtype_name))
 
 
 def hf_workload(
@@ -479,7 +495,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"{kind.value}; leave out --images"
         )
     images = (1 if source.images is None else source.images) if vision_language else 0
-    image_spec = image_tokens(source.path, config, model_class, dtype) if images else None
+    image_spec = _image_spec(source, dtype_name) if images else None
     if kind is InputKind.IMAGES and seq_len is not None:
         channels, height, width = _image_shape(source.path, config)
         raise ModelFileError(
