@@ -41,9 +41,11 @@ What is built, and why:
   tokenizer's rate on read speech: 8 a second at 16 kHz) below ``vocab_size``, none of them
   the blank (``pad_token_id``). The loss is the model's own ``output.loss``. Any other class
   whose main input is not token ids (a segmentation model's ``pixel_values``; AST's and
-  Whisper's audio classifiers, whose spectrograms have one fixed length and layout), or a
-  multiple-choice head (a batch of choices per example), is an error naming it: its batch
-  needs a model file.
+  Whisper's audio classifiers, whose spectrograms have one fixed length and layout), a
+  multiple-choice head (a batch of choices per example), or a speech model whose main
+  input is token ids (Voxtral: audio ``input_features`` beside them, which a plan for text
+  alone would leave out), is an error naming it: its batch needs a model file. A
+  vision-language model's sequences hold images (:mod:`planner.measure.hf_images`).
 * **The optimizer**: ``torch.optim.AdamW(fused=True, lr=5e-5)``, the Hugging Face Trainer's
   default (``optim="adamw_torch_fused"``). Its state is in the parameters' dtype.
 * **The dtype**: ``--dtype``, else the config's own (``dtype`` or ``torch_dtype``), else
@@ -431,6 +433,14 @@ def _classified(source: WorkloadSource) -> _Inputs:
             "token ids, images for an image classifier or semantic segmentation model, or "
             "audio for a speech recognizer or audio classifier; write a model file whose "
             f"sample_batch() gives {main_input}"
+        )
+    hears = [name for name in ("input_features", "input_values") if name in forward]
+    if kind is InputKind.TOKENS and hears and not takes_images(model_class):
+        raise ModelFileError(
+            f"--hf {source.path}: {name} is a speech model: it trains on audio "
+            f"({', '.join(hears)}) besides token ids, which --hf does not build (a plan for "
+            f"text alone would leave its audio encoder out); write a model file whose "
+            "sample_batch() gives them"
         )
     if head == "multiple-choice":
         raise ModelFileError(
