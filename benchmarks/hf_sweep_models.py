@@ -106,6 +106,9 @@ TASKS = {
     "question-answering": Task(
         "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "AutoModelForQuestionAnswering", via_hf=True
     ),
+    "speech-seq2seq": Task(
+        "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "AutoModelForSpeechSeq2Seq", via_hf=True
+    ),
     "image-text-to-text": Task(
         "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText", via_hf=True
     ),
@@ -591,6 +594,8 @@ def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     config.to_json_file(str(path), use_diff=False)
     lengths = {"input_ids": SEQ_LEN, "input_values": AUDIO_SAMPLES, "input_features": AUDIO_FRAMES}
     seq_len = f"&seq_len={lengths[main_input]}" if main_input in lengths else ""
+    if getattr(config, "model_type", None) == "whisper":  # one window: 2 frames a position
+        seq_len = f"&seq_len={2 * config.max_source_positions}"
     source = f"hf:{path.resolve()}?batch_size={BATCH_SIZE}{seq_len}&dtype=float32"
     if task == "image-text-to-text":  # the zoo's sequence of text after the image's tokens
         from planner.core.errors import ModelFileError

@@ -403,6 +403,39 @@ TINY_PARAKEET = {  # takes feature frames: its encoder's 80 mel bins; its blank 
 }
 
 
+_SEQ2SEQ_SIZES = {
+    "d_model": 32,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "vocab_size": 100,
+}
+TINY_WHISPER = {
+    "model_type": "whisper",
+    "architectures": ["WhisperForConditionalGeneration"],
+    **_SEQ2SEQ_SIZES,
+    "num_mel_bins": 16,
+    "max_source_positions": 32,  # a window of 64 frames
+    "max_target_positions": 16,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "decoder_start_token_id": 1,
+    "eos_token_id": 2,
+}
+TINY_SPEECH2TEXT = {
+    "model_type": "speech_to_text",
+    "architectures": ["Speech2TextForConditionalGeneration"],
+    **_SEQ2SEQ_SIZES,
+    "input_feat_per_channel": 16,
+    "conv_channels": 32,
+    "max_source_positions": 64,
+    "max_target_positions": 32,
+}
+
+
 @pytest.mark.parametrize(
     ("config", "seq_len", "inputs", "labels", "compared"),
     [
@@ -429,6 +462,23 @@ TINY_PARAKEET = {  # takes feature frames: its encoder's 80 mel bins; its blank 
             },
             ((3, 8), torch.int64, 32),
             True,
+        ),
+        (  # Whisper: one window of mel bins x frames, no mask; a transcript of tokens
+            TINY_WHISPER,
+            64,
+            {"input_features": ((3, 16, 64), torch.float32)},
+            ((3, 8), torch.int64, 100),
+            True,
+        ),
+        (  # Speech2Text: frames x features of any length, masked
+            TINY_SPEECH2TEXT,
+            64,
+            {
+                "input_features": ((3, 64, 16), torch.float32),
+                "attention_mask": ((3, 64), torch.int64),
+            },
+            ((3, 8), torch.int64, 100),
+            False,
         ),
         (  # keyword spotting: a label per clip
             {
@@ -479,7 +529,16 @@ def test_an_audio_models_batch_is_clips_of_seq_len(
         assert not (batch["labels"] == blank).any() and int(batch["labels"].max()) <= below
     else:
         assert int(batch["labels"].min()) >= 0 and int(batch["labels"].max()) < below
+    if config is TINY_WHISPER:  # a transcript: none of the pad, start and end tokens
+        assert not torch.isin(batch["labels"], torch.tensor([0, 1, 2])).any()
     assert run_training_step(built, seed=0).isfinite()
+
+
+def test_whisper_takes_its_one_window_and_is_told_its_length(tmp_path: Path) -> None:
+    path = _write(tmp_path / "config.json", TINY_WHISPER)
+    with pytest.raises(ModelFileError, match="takes windows of 64 feature frames") as caught:
+        load_model_file(str(hf_workload(path, 3, 100)))
+    assert "pass --seq-len 64" in str(caught.value)
 
 
 def test_a_decoder_classifier_with_no_pad_or_eos_token_is_told_to_set_one(workdir: Path) -> None:

@@ -70,7 +70,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from planner.core.errors import ModelFileError
-from planner.measure.hf_images import ImageTokens, image_batch, image_tokens, takes_images
+from planner.measure.hf_images import (
+    ImageTokens,
+    image_batch,
+    image_tokens,
+    named_ids,
+    takes_images,
+    text_tokens,
+)
 from planner.measure.source import WorkloadSource
 
 if TYPE_CHECKING:
@@ -274,6 +281,7 @@ _HEADS = {
     "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": "image-classification",
     "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES": "semantic-segmentation",
     "MODEL_FOR_CTC_MAPPING_NAMES": "ctc",
+    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES": "speech-seq2seq",
     "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES": "audio-classification",
 }
 """The heads whose targets are not the tokens, by the ``transformers`` auto mapping that
@@ -288,6 +296,7 @@ _TARGETS_SAID = {
     "semantic-segmentation": "a label per pixel",
     "audio-classification": "a label per clip",
     "ctc": "a transcript per clip",
+    "speech-seq2seq": "a transcript per clip",
 }
 
 _IMAGE_SIZE = 224
@@ -425,7 +434,7 @@ def _classified(source: WorkloadSource) -> _Inputs:
     if kind is None and on_images and "pixel_values" in forward:
         kind, main_input = InputKind.IMAGES, "pixel_values"
     audio = main_input in ("input_values", "input_features")
-    if head in ("ctc", "audio-classification") and audio:
+    if head in ("ctc", "audio-classification", "speech-seq2seq") and audio:
         kind = InputKind.AUDIO
     if kind is None:
         raise ModelFileError(
@@ -473,7 +482,8 @@ def _feature_width(source: WorkloadSource, config: Any) -> int:
     """The width of the feature frames a speech model takes, from its config or its
     encoder's."""
     for owner in (config, getattr(config, "encoder_config", None)):
-        for field in ("feature_projection_input_dim", "num_mel_bins", "feature_size"):
+        fields = ("feature_projection_input_dim", "num_mel_bins", "feature_size")
+        for field in (*fields, "input_feat_per_channel"):  # the last: Speech2Text's
             width = getattr(owner, field, None)
             if isinstance(width, int) and width > 0:
                 return width
@@ -481,6 +491,15 @@ def _feature_width(source: WorkloadSource, config: Any) -> int:
         f"--hf {source.path}: the config names no feature width (feature_size, num_mel_bins); "
         "add the one its feature extractor gives"
     )
+
+
+def _whisper_frames(config: Any) -> int | None:
+    """The one window length a Whisper encoder takes, in feature frames (3000: 30 s), or
+    None for a model taking clips of any length. Whisper's features are laid out
+    (batch, mel bins, frames), channels first."""
+    if getattr(config, "model_type", None) != "whisper":
+        return None
+    return 2 * int(config.max_source_positions)  # its convolutions' strides: 1, then 2
 
 
 def load_hf_model_file(source: WorkloadSource) -> ModelFile:
@@ -518,6 +537,13 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"{_SEQ_LEN_SAID[main_input]}"
         )
     positions = _positions(_read_config(source.path)) if kind is InputKind.TOKENS else None
+    window = _whisper_frames(config) if main_input == "input_features" else None
+    if window is not None and seq_len != window:
+        raise ModelFileError(
+            f"--seq-len {seq_len}: {name} takes windows of {window} feature frames "
+            f"({window // 100} s), every clip padded to one as its feature extractor pads "
+            f"it; pass --seq-len {window}"
+        )
     if positions is not None and seq_len is not None and seq_len > positions:
         raise ModelFileError(
             f"--seq-len {seq_len} is longer than the {positions} positions the config "
@@ -545,10 +571,10 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         eos_last = classifier_eos
         batch_note += "; each sequence ends in the eos token (the classifier pools there)"
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
-    if (kind is InputKind.TOKENS or head == "ctc") and (
+    if (kind is InputKind.TOKENS or head in ("ctc", "speech-seq2seq")) and (
         not isinstance(vocab_size, int) or vocab_size < 1
     ):
-        drawn = "its transcripts' labels" if head == "ctc" else "token ids"
+        drawn = "its transcripts' labels" if kind is InputKind.AUDIO else "token ids"
         raise ModelFileError(
             f'--hf {source.path}: the config has no "vocab_size"; add it (the synthetic '
             f"batch draws {drawn} below it)"
@@ -577,9 +603,10 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     elif main_input == "input_features":
         assert seq_len is not None
         frames = (seq_len, _feature_width(source, config))
-        inputs_said = "{} x {} x {} random feature frames with attention_mask".format(
-            batch_size, *frames
-        )
+        if window is not None:  # Whisper: (B, mel bins, frames), no mask
+            frames = frames[::-1]
+        masked = " with attention_mask" if window is None else " (mel bins first)"
+        inputs_said = "{} x {} x {} random feature frames{}".format(batch_size, *frames, masked)
     elif main_input == "input_values":
         inputs_said = f"{batch_size} x {seq_len} random audio samples (input_values)"
     elif image_spec is not None:
@@ -597,6 +624,15 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         pad = getattr(config, "pad_token_id", None)  # CTC's blank
         blank = pad if isinstance(pad, int) and 0 <= pad < vocab_size else 0
         targets_said = f"a transcript of {transcript} labels per clip (none the blank, {blank})"
+    elif head == "speech-seq2seq":  # as long as its decoder's positions allow
+        assert seq_len is not None
+        transcript = max(1, seq_len // _SAMPLES_PER_LABEL[main_input])
+        longest = getattr(config, "max_target_positions", None)
+        if isinstance(longest, int) and longest > 0:
+            transcript = min(transcript, longest)
+        targets_said = (
+            f"a transcript of {transcript} tokens per clip (none of the ids the config names)"
+        )
 
     def sample_batch() -> dict[str, torch.Tensor]:
         if kind is InputKind.IMAGES:  # (B, C, H, W), normalized pixels as a processor gives them
@@ -604,10 +640,11 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             return {"pixel_values": pixel_values, **_targets(head, config, pixel_values, dtype)}
         assert seq_len is not None
         if kind is InputKind.AUDIO:  # normalized, as a feature extractor gives it
-            if main_input == "input_features":  # (B, T, features)
+            if main_input == "input_features":  # (B, T, features); Whisper's (B, mel, T)
                 values = torch.randn(batch_size, *frames).to(dtype)
-                mask = torch.ones(batch_size, seq_len, dtype=torch.long)
-                batch = {main_input: values, "attention_mask": mask}
+                batch = {main_input: values}
+                if window is None:
+                    batch["attention_mask"] = torch.ones(batch_size, seq_len, dtype=torch.long)
             else:
                 batch = {main_input: torch.randn(batch_size, seq_len).to(dtype)}  # (B, T)
             if head == "ctc":  # labels below the vocabulary, skipping CTC's blank
@@ -615,6 +652,10 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
                 labels = torch.randint(0, vocab_size - 1, (batch_size, transcript))
                 labels[labels >= blank] += 1
                 return {**batch, "labels": labels}
+            if head == "speech-seq2seq":  # the decoder's tokens (it shifts them itself)
+                assert isinstance(vocab_size, int)
+                shape = (batch_size, transcript)
+                return {**batch, "labels": text_tokens(shape, vocab_size, named_ids(config))}
             return {**batch, **_targets(head, config, batch[main_input], dtype)}
         assert isinstance(vocab_size, int)
         if image_spec is not None:  # images, then text (planner/measure/hf_images.py)

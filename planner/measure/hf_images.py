@@ -47,7 +47,15 @@ from planner.core.errors import ModelFileError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ImageLayout", "ImageTokens", "image_batch", "image_tokens", "takes_images"]
+__all__ = [
+    "ImageLayout",
+    "ImageTokens",
+    "image_batch",
+    "image_tokens",
+    "named_ids",
+    "takes_images",
+    "text_tokens",
+]
 
 DYNAMIC_IMAGE_SIZE = 448
 """The side of the images of a model of dynamic resolution, whose config names no size:
@@ -153,7 +161,7 @@ def _int_field(owners: tuple[Any, ...], fields: tuple[str, ...]) -> int | None:
     return None
 
 
-def _named_ids(config: Any) -> tuple[int, ...]:
+def named_ids(config: Any) -> tuple[int, ...]:
     """Every token id the config (or its text config) names."""
     ids: set[int] = set()
     for owner in (config, config.get_text_config()):
@@ -284,7 +292,7 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         image_token=image_token,
         start=_int_field((config,), _START_FIELDS),
         end=_int_field((config,), _END_FIELDS),
-        reserved=_named_ids(config),
+        reserved=named_ids(config),
         patch=patch,
         temporal=temporal,
         token_types="mm_token_type_ids" in forward,
@@ -300,7 +308,7 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
     return dataclasses.replace(spec, tokens=tokens)
 
 
-def _text_tokens(shape: tuple[int, int], vocab_size: int, reserved: tuple[int, ...]) -> Any:
+def text_tokens(shape: tuple[int, int], vocab_size: int, reserved: tuple[int, ...]) -> Any:
     """Token ids uniform below ``vocab_size`` and none of ``reserved`` (sorted)."""
     import torch
 
@@ -328,7 +336,7 @@ def image_batch(
         prefix += [spec.start] if spec.start is not None else []
         prefix += [spec.image_token] * spec.tokens
         prefix += [spec.end] if spec.end is not None else []
-    text = _text_tokens((batch_size, seq_len - len(prefix)), vocab_size, spec.reserved)
+    text = text_tokens((batch_size, seq_len - len(prefix)), vocab_size, spec.reserved)
     head = torch.tensor(prefix, dtype=torch.long).expand(batch_size, -1)
     input_ids = torch.cat([head, text], dim=1)  # (B, T)
     labels = input_ids.clone()
