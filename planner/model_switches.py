@@ -75,6 +75,14 @@ def switch_off_caches(model: torch.nn.Module) -> tuple[str, ...]:
 # wav2vec 2.0). A step's memory then depends on what was drawn; the most is with no layer
 # skipped. Set to 0, the step draws nothing there, and fake tensors can run it.
 LAYERDROP_FIELDS = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")
+"""The usual fields; any other a config names ``..._layerdrop`` (SeamlessM4T's
+``speech_encoder_layerdrop``) is switched off too."""
+
+
+def _layerdrop_fields(config: Any) -> list[str]:
+    named = vars(config) if hasattr(config, "__dict__") else {}
+    more = sorted(name for name in named if name.endswith("_layerdrop"))
+    return [*LAYERDROP_FIELDS, *(name for name in more if name not in LAYERDROP_FIELDS)]
 
 
 def _positive_number(value: Any) -> bool:
@@ -96,7 +104,7 @@ def switch_off_layerdrop(model: torch.nn.Module) -> tuple[str, ...]:
         if config is None or id(config) in configs:
             continue
         configs.add(id(config))
-        for field in LAYERDROP_FIELDS:
+        for field in _layerdrop_fields(config):
             if _positive_number(getattr(config, field, None)):
                 setattr(config, field, 0.0)
                 switched.append(f"{prefix}config.{field}")

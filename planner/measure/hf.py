@@ -39,7 +39,10 @@ What is built, and why:
   with an all-ones ``attention_mask``), with a label per clip for a classifier, and for a
   recognizer a transcript of a label per 2000 samples or 8 frames (about a subword
   tokenizer's rate on read speech: 8 a second at 16 kHz) below ``vocab_size``, none of them
-  the blank (``pad_token_id``). The loss is the model's own ``output.loss``. Any other class
+  the blank (``pad_token_id``); a speech-to-text model (Whisper, Speech2Text) a transcript
+  of as many tokens (at most its decoder's positions), none of the ids its config names.
+  Whisper takes one window of ``2 x max_source_positions`` frames (3000), laid out mel bins
+  first, with no mask. The loss is the model's own ``output.loss``. Any other class
   whose main input is not token ids (a segmentation model's ``pixel_values``; AST's and
   Whisper's audio classifiers, whose spectrograms have one fixed length and layout), a
   multiple-choice head (a batch of choices per example), or a speech model whose main
@@ -444,12 +447,13 @@ def _classified(source: WorkloadSource) -> _Inputs:
             f"sample_batch() gives {main_input}"
         )
     hears = [name for name in ("input_features", "input_values") if name in forward]
-    if kind is InputKind.TOKENS and hears and not takes_images(model_class):
+    speech = hears or head == "speech-seq2seq"  # Kyutai's, Dia's audio: codes of their own
+    if kind is InputKind.TOKENS and speech and not takes_images(model_class):
         raise ModelFileError(
             f"--hf {source.path}: {name} is a speech model: it trains on audio "
-            f"({', '.join(hears)}) besides token ids, which --hf does not build (a plan for "
-            f"text alone would leave its audio encoder out); write a model file whose "
-            "sample_batch() gives them"
+            f"({', '.join(hears) or 'audio codes'}) besides token ids, which --hf does not "
+            "build (a plan for text alone would leave its audio encoder out); write a model "
+            "file whose sample_batch() gives them"
         )
     if head == "multiple-choice":
         raise ModelFileError(
