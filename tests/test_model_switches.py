@@ -368,3 +368,19 @@ def test_layerdrop_is_planned_off_and_recomputations_skip_what_their_forward_ski
         (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
         for a, b in zip(unplanned, planned_gradients, strict=True)
     )
+
+
+def test_every_layerdrop_field_a_config_names_is_switched_off() -> None:
+    """SeamlessM4T's ``speech_encoder_layerdrop`` was left on: its fake step failed at the
+    draw, and the real step it fell back to dropped layers at random."""
+    from types import SimpleNamespace
+
+    from planner.model_switches import switch_off_layerdrop
+
+    model = torch.nn.Linear(2, 2)
+    model.config = SimpleNamespace(  # type: ignore[assignment]
+        encoder_layerdrop=0.1, speech_encoder_layerdrop=0.1, layerdrop_note="kept"
+    )
+    switched = switch_off_layerdrop(model)
+    assert switched == ("config.encoder_layerdrop", "config.speech_encoder_layerdrop")
+    assert model.config.speech_encoder_layerdrop == 0.0 and model.config.layerdrop_note == "kept"
