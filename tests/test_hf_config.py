@@ -149,6 +149,15 @@ def test_the_shipped_vision_language_config_trains_on_an_image_a_sequence() -> N
     assert "1 random 3 x 448 x 448 image a sequence (patches; 256 image tokens each" in said
 
 
+def test_the_shipped_whisper_config_trains_on_its_30_second_windows() -> None:
+    model_file = load_hf_model_file(hf_workload(CONFIGS / "whisper-large-v3.json", 2, 3000))
+    assert model_file.source.dtype == "float16"
+    said = model_file.assumptions[0]
+    assert said.startswith("Hugging Face WhisperForConditionalGeneration from ")
+    assert "2 x 128 x 3000 random feature frames (mel bins first)" in said
+    assert "a transcript of 375 tokens per clip" in said
+
+
 # -- the heads fine-tuning puts on a text model ------------------------------------------------
 TINY_BERT = {
     "model_type": "bert",
