@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
@@ -42,6 +43,7 @@ def _source(folder: Path, model_type: str, seq_len: int = 64, images: int | None
         ("llava", (2, 3, 128, 128), set()),  # CLIP: 4 x 4 patches of 32, a token each
         ("qwen2_vl", (2 * 16, 3 * 2 * 14 * 14), {"image_grid_thw", "mm_token_type_ids"}),
         ("smolvlm", (2, 1, 3, 128, 128), {"pixel_attention_mask"}),
+        ("gemma3", (2, 3, 64, 64), {"token_type_ids"}),  # 1 at an image's tokens
     ],
 )
 def test_a_vision_language_batch_holds_its_images_tokens(
@@ -63,6 +65,8 @@ def test_a_vision_language_batch_holds_its_images_tokens(
     assert masked[:, :prefix].all() and not masked[:, prefix:].any()
     assert (batch["input_ids"][:, prefix:] == image_token).sum() == 0
     assert (batch["labels"][:, prefix:] == batch["input_ids"][:, prefix:]).all()
+    for name in {"mm_token_type_ids", "token_type_ids"} & set(batch):  # as processors give
+        assert torch.equal(batch[name].bool(), batch["input_ids"] == image_token)
     assert "image tokens each" in built.notes[0].text
     assert run_training_step(built, seed=0).isfinite()  # the model's own count check passes
 

@@ -17,9 +17,10 @@ not counted: the plan would go over on the first real batch. Here each sequence 
   tower gives features, its end token where named; then text tokens to ``--seq-len``,
   uniform below ``vocab_size`` and none of the ids the config names (so the image tokens
   are exactly the images'). ``labels`` are the tokens, with the images' positions -100, as
-  vision-language collators mask them; ``attention_mask`` all ones; ``mm_token_type_ids``
-  (1 at image tokens) where the class takes it (Qwen2-VL's multimodal rotary positions
-  need it).
+  vision-language collators mask them; ``attention_mask`` all ones; where the class takes
+  them, the token types its processor gives: ``mm_token_type_ids`` (Qwen2-VL's multimodal
+  rotary positions need them) or Gemma 3's ``token_type_ids``, 1 at image tokens (an
+  image's tokens attend to each other both ways), PaliGemma's 1 after its prefix.
 * **How many tokens an image is** is the model's own answer: its ``get_image_features``
   run once on one image on fake tensors (no memory, any size; the small index tensors, a
   grid of patches or the images' sizes, keep their values), its features counted. The
@@ -65,6 +66,10 @@ tokens after its 2 x 2 merge."""
 _START_FIELDS = ("vision_start_token_id", "image_start_token_id", "boi_token_id", "boi_token_index")
 _END_FIELDS = ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index")
 _IMAGE_FIELDS = ("image_token_id", "image_token_index")
+_TOKEN_TYPES = ("mm_token_type_ids", "token_type_ids")
+"""The inputs by which a processor marks each token's kind, as the class takes them: Qwen2-VL's
+(its multimodal rotary positions), Gemma 3's and PaliGemma's (an image's tokens, or
+PaliGemma's prefix, attend to each other both ways)."""
 
 
 class ImageLayout(enum.Enum):
@@ -90,7 +95,8 @@ class ImageTokens:
     reserved: tuple[int, ...]  # every id the config names: text tokens are none of them
     patch: int = 0  # PATCHES: the vision tower's patch side
     temporal: int = 1  # PATCHES: frames per patch (an image is repeated to fill them)
-    token_types: bool = False  # the class takes mm_token_type_ids
+    token_types: str | None = None  # the input marking the image tokens, where it takes one
+    types_mark_text: bool = False  # PaliGemma's: 1 marks the text after its prefix (the image)
 
     @property
     def per_image(self) -> int:
@@ -295,7 +301,8 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         reserved=named_ids(config),
         patch=patch,
         temporal=temporal,
-        token_types="mm_token_type_ids" in forward,
+        token_types=next((n for n in _TOKEN_TYPES if n in forward), None),
+        types_mark_text=config.model_type == "paligemma",
     )
     try:
         tokens = _counted(model_class, config, spec, dtype)
@@ -347,6 +354,9 @@ def image_batch(
         **_image_inputs(spec, batch_size, images, dtype),
         "labels": labels,
     }
-    if spec.token_types:
-        batch["mm_token_type_ids"] = (input_ids == spec.image_token).to(torch.int32)
+    if spec.token_types is not None:  # as the processor gives them (module docstring)
+        marked = input_ids == spec.image_token
+        marked = ~marked if spec.types_mark_text else marked
+        dtype_of = torch.int32 if spec.token_types == "mm_token_type_ids" else torch.long
+        batch[spec.token_types] = marked.to(dtype_of)
     return batch
