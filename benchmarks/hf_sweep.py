@@ -7,10 +7,10 @@ its config's defaults with only the sizes made small. The other tasks (image, ct
 recognition, audio-classification, the fine-tuning heads sequence-classification,
 token-classification, question-answering, speech-seq2seq: speech-to-text, and
 image-text-to-text: vision-language models, on 4 x 4 patches an image) take every type,
-the zoo's too, and go through ``--hf``: the small config is written as a config.json naming the task's class, and
-ckpt-plan builds the model and its batch from it (step 1 then runs that model on that
-batch, so a skip there can be the tool's own batch at fault: each is listed with its error,
-and docs/results.md reviews them).
+the zoo's too, and go through ``--hf``: the small config is written as a config.json naming
+the task's class, and ckpt-plan builds the model and its batch from it (step 1 then runs
+that model on that batch, so a skip there can be the tool's own batch at fault: each is
+listed with its error, and docs/results.md reviews them).
 Then, in a process of its own
 (a model that hangs or breaks global state takes only itself down; ``--timeout`` each):
 
