@@ -515,6 +515,11 @@ def make_config(task: str, model_type: str) -> Any:
         side = VISION_PATCHES * patch
         sized = isinstance(getattr(vision, "image_size", None), list | tuple)
         vision.image_size = [side, side] if sized else side
+        pinpoints = getattr(config, "image_grid_pinpoints", None)
+        if pinpoints:  # LLaVA-NeXT's tile grids, in multiples of the tile: now the image
+            tile = min(min(pinpoint) for pinpoint in pinpoints)
+            scaled = [[h * side // tile, w * side // tile] for h, w in pinpoints]
+            config.image_grid_pinpoints = scaled
     return config
 
 

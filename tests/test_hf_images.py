@@ -44,6 +44,7 @@ def _source(folder: Path, model_type: str, seq_len: int = 64, images: int | None
         ("qwen2_vl", (2 * 16, 3 * 2 * 14 * 14), {"image_grid_thw", "mm_token_type_ids"}),
         ("smolvlm", (2, 1, 3, 128, 128), {"pixel_attention_mask"}),
         ("gemma3", (2, 3, 64, 64), {"token_type_ids"}),  # 1 at an image's tokens
+        ("llava_next", (2, 3, 3, 128, 128), {"image_sizes"}),  # the image and 2 tiles
     ],
 )
 def test_a_vision_language_batch_holds_its_images_tokens(
@@ -88,7 +89,7 @@ def test_images_zero_is_text_alone_and_two_is_two_images(tmp_path: Path) -> None
     [
         ("llava", 16, None, ("--seq-len 16 leaves no text", "pass --seq-len 17 or more")),
         ("lfm2_vl", 64, None, ("spatial_shapes", "--images 0", "model file")),
-        ("llava_next", 64, None, ("counting LlavaNext", "--images 0", "model file")),
+        ("aria", 64, None, ("counting AriaFor", "--images 0", "model file")),
     ],
 )
 def test_a_batch_it_cannot_build_is_one_line_naming_the_way_on(
@@ -99,8 +100,8 @@ def test_a_batch_it_cannot_build_is_one_line_naming_the_way_on(
     for fragment in fragments:
         assert fragment in str(caught.value)
     assert "\n" not in str(caught.value)
-    # llava_next trains on text alone where asked
-    if model_type == "llava_next":
+    # it trains on text alone where asked
+    if model_type == "aria":
         text = load_model_file(_source(tmp_path, model_type, seq_len, images=0))
         assert "pixel_values" not in build_workload(text, seed=0).batch
 

@@ -11,7 +11,7 @@ not counted: the plan would go over on the first real batch. Here each sequence 
   none: a model of dynamic resolution, Qwen2-VL's kin; set ``image_size`` in the config's
   ``vision_config`` to plan another), ``num_channels`` deep (3), normal like a processor's
   normalized pixels, in the parameters' dtype. Their tensors are what the class's
-  ``get_image_features`` takes, in one of four layouts (:class:`ImageLayout`).
+  ``get_image_features`` takes, in one of five layouts (:class:`ImageLayout`).
 * **The sequence** is, per image, its start token where the config names one
   (``vision_start_token_id``, ``boi_token_index``, ...), as many image tokens as the vision
   tower gives features, its end token where named; then text tokens to ``--seq-len``,
@@ -27,10 +27,10 @@ not counted: the plan would go over on the first real batch. Here each sequence 
   model checks the count on every step ("Image features and image tokens do not match"),
   so a wrong count cannot pass unseen.
 
-A class whose image inputs are none of the four (a Q-Former's prompt, target sizes, ...), or
-whose features cannot be counted on fake tensors (LLaVA-NeXT's tiles chosen by aspect
-ratio), is an error naming what it takes and the two ways on: ``--images 0`` (text alone, as
-when fine-tuning a vision-language checkpoint on text) or a model file.
+A class whose image inputs are none of the five (a Q-Former's prompt, target sizes, ...), or
+whose features cannot be counted on fake tensors, is an error naming what it takes and the
+two ways on: ``--images 0`` (text alone, as when fine-tuning a vision-language checkpoint on
+text) or a model file.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class ImageLayout(enum.Enum):
 
     IMAGES = "images"  # pixel_values (n, C, H, W): LLaVA, InternVL, Gemma 3, PaliGemma
     SIZES = "images with their sizes"  # and image_sizes (n, 2): Mistral 3 (Pixtral)
+    TILES_BY_SIZE = "tiles by size"  # (n, tiles, C, H, W) and image_sizes: LLaVA-NeXT
     PATCHES = "patches"  # flattened patches and image_grid_thw: Qwen2-VL and its kin
     TILES = "tiles"  # pixel_values (B, tiles, C, H, W), pixel_attention_mask: Idefics 3
 
@@ -94,6 +95,7 @@ class ImageTokens:
     end: int | None  # the token after them
     reserved: tuple[int, ...]  # every id the config names: text tokens are none of them
     patch: int = 0  # PATCHES: the vision tower's patch side
+    tiles: int = 1  # TILES_BY_SIZE: tiles an image is cut into, the whole image's included
     temporal: int = 1  # PATCHES: frames per patch (an image is repeated to fill them)
     token_types: str | None = None  # the input marking the image tokens, where it takes one
     types_mark_text: bool = False  # PaliGemma's: 1 marks the text after its prefix (the image)
@@ -186,7 +188,7 @@ def _side(value: Any) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def _layout(features_class: Any) -> tuple[ImageLayout | None, list[str]]:
+def _layout(features_class: Any, config: Any) -> tuple[ImageLayout | None, list[str]]:
     """The image layout ``get_image_features`` takes, or None and the inputs it needs."""
     parameters = inspect.signature(features_class.get_image_features).parameters
     if "image_grid_thw" in parameters:
@@ -200,8 +202,9 @@ def _layout(features_class: Any) -> tuple[ImageLayout | None, list[str]]:
         and parameter.default is inspect.Parameter.empty
         and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)
     ]
-    if needed == ["image_sizes"]:
-        return ImageLayout.SIZES, []
+    if needed == ["image_sizes"]:  # LLaVA-NeXT's kin cut an image into tiles by its size
+        tiled = getattr(config, "image_grid_pinpoints", None)
+        return (ImageLayout.TILES_BY_SIZE if tiled else ImageLayout.SIZES), []
     return (None, needed) if needed else (ImageLayout.IMAGES, [])
 
 
@@ -225,6 +228,9 @@ def _image_inputs(
             "pixel_values": torch.randn(batch_size, images, channels, side, side).to(dtype),
             "pixel_attention_mask": mask,
         }
+    if spec.layout is ImageLayout.TILES_BY_SIZE:  # (n, tiles, C, H, W): the image, its tiles
+        tiles = torch.randn(count, spec.tiles, channels, side, side).to(dtype)
+        return {"pixel_values": tiles, "image_sizes": torch.tensor([[side, side]] * count)}
     pixels = {"pixel_values": torch.randn(count, channels, side, side).to(dtype)}  # (n, C, H, W)
     if spec.layout is ImageLayout.SIZES:
         return {**pixels, "image_sizes": torch.tensor([[side, side]] * count)}
@@ -262,7 +268,7 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
             f"--hf {path}: {name} takes images but has no get_image_features to "
             f"count an image's tokens by; {way_on}"
         )
-    layout, needed = _layout(features_class)
+    layout, needed = _layout(features_class, config)
     takes = _named_parameters(features_class)
     if takes and "pixel_values" not in takes:  # its images are another input (Kosmos-2.5)
         needed, layout = takes[:1], None
@@ -304,6 +310,19 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         token_types=next((n for n in _TOKEN_TYPES if n in forward), None),
         types_mark_text=config.model_type == "paligemma",
     )
+    if layout is ImageLayout.TILES_BY_SIZE:
+        try:  # the whole image and the tiles of the grid its size picks, as its processor
+            from transformers.models.llava_next.modeling_llava_next import (
+                image_size_to_num_patches,
+            )
+
+            tiles = image_size_to_num_patches((size, size), config.image_grid_pinpoints, size)
+        except Exception as error:  # a grid it cannot read
+            raise ModelFileError(
+                f"--hf {path}: {name}'s image_grid_pinpoints ({error}) give no tiles for a "
+                f"{size} x {size} image; {way_on}"
+            ) from error
+        spec = dataclasses.replace(spec, tiles=int(tiles))
     try:
         tokens = _counted(model_class, config, spec, dtype)
     except Exception as error:  # the model's own, said in one line
