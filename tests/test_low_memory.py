@@ -65,6 +65,7 @@ def _vm_peak_bytes(result: subprocess.CompletedProcess) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 @pytest.mark.slow
+@pytest.mark.separate  # 40 s of whole CLI runs: `make test-separate`, run by CI
 def test_a_model_that_does_not_fit_the_process_is_planned_within_the_budget(
     tmp_path: Path,
 ) -> None:
