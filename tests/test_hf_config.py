@@ -548,6 +548,8 @@ def test_whisper_takes_its_one_window_and_is_told_its_length(tmp_path: Path) -> 
     with pytest.raises(ModelFileError, match="takes windows of 64 feature frames") as caught:
         load_model_file(str(hf_workload(path, 3, 100)))
     assert "pass --seq-len 64" in str(caught.value)
+    with pytest.raises(ModelFileError, match="takes audio; pass --seq-len, its window, 64"):
+        load_model_file(str(hf_workload(path, 3, None)))
 
 
 def test_a_decoder_classifier_with_no_pad_or_eos_token_is_told_to_set_one(workdir: Path) -> None:

@@ -535,13 +535,13 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"--hf {source.path}: {name} takes images ({channels} x {height} x {width}, the "
             "config's image_size), not sequences; leave out --seq-len"
         )
+    window = _whisper_frames(config) if main_input == "input_features" else None
     if kind is not InputKind.IMAGES and seq_len is None:
+        said = f"its window, {window}" if window is not None else _SEQ_LEN_SAID[main_input]
         raise ModelFileError(
-            f"--hf {source.path}: {name} takes {kind.value}; pass --seq-len, "
-            f"{_SEQ_LEN_SAID[main_input]}"
+            f"--hf {source.path}: {name} takes {kind.value}; pass --seq-len, {said}"
         )
     positions = _positions(_read_config(source.path)) if kind is InputKind.TOKENS else None
-    window = _whisper_frames(config) if main_input == "input_features" else None
     if window is not None and seq_len != window:
         raise ModelFileError(
             f"--seq-len {seq_len}: {name} takes windows of {window} feature frames "
