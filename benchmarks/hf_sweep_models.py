@@ -582,6 +582,10 @@ def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     class taking images, whose size is the config's ``image_size``: the zoo's 32 x 32
     pixels, written in where the config names no size, as ResNet's; for audio, the length
     of :data:`AUDIO_SAMPLES` or :data:`AUDIO_FRAMES`)."""
+    from planner.core.errors import ModelFileError
+    from planner.measure.hf import min_seq_len, whisper_frames
+    from planner.measure.source import WorkloadSource
+
     config = make_config(task, model_type)
     class_name = _mapping(task)[model_type]
     if isinstance(class_name, tuple):  # DeiT: the plain head first, then "WithTeacher"
@@ -599,14 +603,11 @@ def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     config.to_json_file(str(path), use_diff=False)
     lengths = {"input_ids": SEQ_LEN, "input_values": AUDIO_SAMPLES, "input_features": AUDIO_FRAMES}
     seq_len = f"&seq_len={lengths[main_input]}" if main_input in lengths else ""
-    if getattr(config, "model_type", None) == "whisper":  # one window: 2 frames a position
-        seq_len = f"&seq_len={2 * config.max_source_positions}"
+    window = whisper_frames(config)  # Whisper takes one window of frames, no other length
+    if window is not None:
+        seq_len = f"&seq_len={window}"
     source = f"hf:{path.resolve()}?batch_size={BATCH_SIZE}{seq_len}&dtype=float32"
     if task == "image-text-to-text":  # the zoo's sequence of text after the image's tokens
-        from planner.core.errors import ModelFileError
-        from planner.measure.hf import min_seq_len
-        from planner.measure.source import WorkloadSource
-
         parsed = WorkloadSource.parse(source)
         try:
             image = min_seq_len(parsed) - 1

@@ -96,6 +96,7 @@ __all__ = [
     "load_hf_model_file",
     "max_seq_len",
     "min_seq_len",
+    "whisper_frames",
 ]
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -171,10 +172,18 @@ def min_seq_len(source: WorkloadSource) -> int:
     """The shortest sequence the workload's batch can be: 1, or a vision-language model's
     images' tokens and one of text (:mod:`planner.measure.hf_images`)."""
     _, model_class, _, kind, _ = _classified(source)
-    if kind is not InputKind.TOKENS or source.images == 0 or not takes_images(model_class):
+    images = _images(source, kind, model_class)
+    if not images:
         return 1
-    images = 1 if source.images is None else source.images
     return images * _image_spec(source, _shape(source)[2]).per_image + 1
+
+
+def _images(source: WorkloadSource, kind: InputKind, model_class: Any) -> int:
+    """The images each sequence holds: ``--images``, else 1, for a vision-language model
+    (token ids, and images besides); 0 for any other."""
+    if kind is not InputKind.TOKENS or not takes_images(model_class):
+        return 0
+    return 1 if source.images is None else source.images
 
 
 def _image_spec(source: WorkloadSource, dtype_name: str) -> ImageTokens:
@@ -497,7 +506,7 @@ def _feature_width(source: WorkloadSource, config: Any) -> int:
     )
 
 
-def _whisper_frames(config: Any) -> int | None:
+def whisper_frames(config: Any) -> int | None:
     """The one window length a Whisper encoder takes, in feature frames (3000: 30 s), or
     None for a model taking clips of any length. Whisper's features are laid out
     (batch, mel bins, frames), channels first."""
@@ -527,7 +536,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"--images {source.images}: {name} takes no images besides its "
             f"{kind.value}; leave out --images"
         )
-    images = (1 if source.images is None else source.images) if vision_language else 0
+    images = _images(source, kind, model_class)
     image_spec = _image_spec(source, dtype_name) if images else None
     if kind is InputKind.IMAGES and seq_len is not None:
         channels, height, width = _image_shape(source.path, config)
@@ -535,7 +544,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"--hf {source.path}: {name} takes images ({channels} x {height} x {width}, the "
             "config's image_size), not sequences; leave out --seq-len"
         )
-    window = _whisper_frames(config) if main_input == "input_features" else None
+    window = whisper_frames(config) if main_input == "input_features" else None
     if kind is not InputKind.IMAGES and seq_len is None:
         said = f"its window, {window}" if window is not None else _SEQ_LEN_SAID[main_input]
         raise ModelFileError(
@@ -653,8 +662,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
                 batch = {main_input: torch.randn(batch_size, seq_len).to(dtype)}  # (B, T)
             if head == "ctc":  # labels below the vocabulary, skipping CTC's blank
                 assert isinstance(vocab_size, int)
-                labels = torch.randint(0, vocab_size - 1, (batch_size, transcript))
-                labels[labels >= blank] += 1
+                labels = text_tokens((batch_size, transcript), vocab_size, (blank,))
                 return {**batch, "labels": labels}
             if head == "speech-seq2seq":  # the decoder's tokens (it shifts them itself)
                 assert isinstance(vocab_size, int)
