@@ -382,8 +382,9 @@ def fit(
     With --hf, give --seq-len to fit the batch size, or --batch-size to fit the sequence
     length (an image classifier's: neither; its batch size is fitted).
 
-    Sizes are tried on fake tensors (no memory used), doubling and then bisecting; the
-    sizes that fit are timed to predict their throughput with their cheapest plan. With
+    Sizes are tried on fake tensors (no memory used), growing and then narrowing in on the
+    largest that fits; the sizes that fit are timed to predict their throughput with their
+    cheapest plan. With
     --world-size N --parallel ddp|fsdp2 the size is fitted for one rank of a torchrun job
     (BUDGET per rank; times estimated from the ops, not timed). Plans may offload saved
     tensors to host memory within --host-budget where the device has a host link: a
