@@ -329,6 +329,36 @@ def test_small_integer_tensors_keep_their_values_so_branches_match_the_real_step
     assert len(fake.timeline.storages) == len(real.timeline.storages)
 
 
+class _OneHotPooling(nn.Module):
+    """Pools positions by one-hot weights, as Gemma 4's vision pooler does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+        weights = nn.functional.one_hot(windows, 300).float() / 4  # (B, 2048, 300)
+        return (weights.transpose(1, 2) @ self.inner(x)).square().mean()
+
+
+def test_one_hot_on_fake_tensors_makes_the_real_kernels_storages() -> None:
+    """The real kernel zero-fills and scatters; torch's path for a tensor subclass made a
+    bool tensor and an arange besides: the storages differed (planner/measure/tensor_data.py)."""
+    source = model_file(
+        _OneHotPooling,
+        lambda: (torch.randn(2, 2048, 8), torch.randint(0, 300, (2, 2048))),
+        name="one_hot_pooling",
+    )
+    fake, real = _fake_profile(source), _real_profile(source)
+
+    def made(profile: Profile) -> list[tuple[int, str]]:
+        return sorted((s.size_bytes, s.alloc_op) for s in profile.timeline.storages)
+
+    assert made(fake) == made(real)
+    assert "aten.eq.Tensor" not in {op for _, op in made(fake)}
+    assert fake.measured_peak_bytes == real.measured_peak_bytes
+
+
 def test_cuda_is_emulated_on_cpu_fakes_with_cuda_allocation_sizes() -> None:
     if torch.cuda.is_available():
         pytest.skip("emulation is used where CUDA is not available")
