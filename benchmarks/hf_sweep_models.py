@@ -245,6 +245,10 @@ TEXT_SUBCONFIGS = {
 _DICT_SUBCONFIGS = {"attn_config", "ffn_config", "per_layer_config"}  # plain dicts, not configs
 _DICT_FIELDS = {"per_layer_config", "rope_parameters"}  # dicts EXTRA sets (rope: merged)
 
+_GEMMA4_TOWER = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim",
+)  # fmt: skip
 EXTRA: dict[str, dict[str, Any]] = {
     # GPT-Neo's pattern is [[kinds, repeats]]: one of each kind
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
@@ -292,6 +296,19 @@ EXTRA: dict[str, dict[str, Any]] = {
     "hy_v4_vl": {"text_config": {"rope_parameters": {"mrope_section": [1, 1, 2]}}},
     # its projector concatenates 5 layers' features: 5 of the 2 layers' 3 hidden states
     "vipllava": {"vision_feature_layers": [-2, -1, 0, 1, 2]},
+    # its defaults leave the vision tower out (a text model): its own, sized as towers are
+    "gemma4": {"vision_config": {field: TOWER_SIZES[field] for field in _GEMMA4_TOWER}},
+    # its pixel shuffle (ratio 0.5) makes features 4 x the tower's width, which its adapter
+    # takes as intermediate_size (the defaults, 768 wide, do not match: Scout's are 1408 and
+    # 5632); its projector's widths are fields of their own
+    "llama4": {
+        "vision_config": {
+            "intermediate_size": 4 * HIDDEN_SIZE,
+            **dict.fromkeys(
+                ("projector_input_dim", "projector_output_dim", "vision_output_dim"), HIDDEN_SIZE
+            ),
+        }
+    },
 }
 """Per-type fields set last, each found by building the type (why, beside each)."""
 TASK_EXTRA: dict[tuple[str, str], dict[str, Any]] = {
@@ -502,7 +519,10 @@ def make_config(task: str, model_type: str) -> Any:
             if name in _DICT_SUBCONFIGS:
                 arguments[name] = dict(value)
             else:  # the sub-config's own class: its defaults and these sizes
-                arguments[name] = type(_own(default, name))(**value)
+                kind = type(_own(default, name))
+                if _own(default, name) is None:  # a tower the defaults leave out (Gemma 4's)
+                    kind = type(default).sub_configs[name]
+                arguments[name] = kind(**value)
         else:
             arguments[name] = value
     config = type(default)(**arguments)

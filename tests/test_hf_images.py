@@ -8,6 +8,7 @@ configs are the types' defaults as `transformers` ships them, sizes made small b
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,8 @@ def _source(folder: Path, model_type: str, seq_len: int = 64, images: int | None
         ("smolvlm", (2, 1, 3, 128, 128), {"pixel_attention_mask"}),
         ("gemma3", (2, 3, 64, 64), {"token_type_ids"}),  # 1 at an image's tokens
         ("llava_next", (2, 3, 3, 128, 128), {"image_sizes"}),  # the image and 2 tiles
+        # patches of 16 padded to the 280-token budget's 2520, each with its (x, y) or -1
+        ("gemma4", (2, 2520, 3 * 16 * 16), {"image_position_ids", "mm_token_type_ids"}),
     ],
 )
 def test_a_vision_language_batch_holds_its_images_tokens(
@@ -70,6 +73,47 @@ def test_a_vision_language_batch_holds_its_images_tokens(
         assert torch.equal(batch[name].bool(), batch["input_ids"] == image_token)
     assert "image tokens each" in built.notes[0].text
     assert run_training_step(built, seed=0).isfinite()  # the model's own count check passes
+
+
+def _gemma4_config(folder: Path, vision: bool) -> Path:
+    """The sweep's small Gemma 4 config: with its vision tower at the size its processor
+    picks (no image_size), or as its defaults have it, without one (a text model)."""
+    path = WorkloadSource.parse(write_hf_config(TASK, "gemma4", folder)).path
+    config = json.loads(path.read_text())
+    if vision:
+        del config["vision_config"]["image_size"]
+    else:
+        config["vision_config"] = None
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_gemma4_images_are_the_squares_its_soft_token_budget_allows(tmp_path: Path) -> None:
+    """768 x 768: 48 x 48 patches of 16, pooled 3 x 3 to 256 tokens, padded to 2520 patches
+    (280 tokens' worth) as its processor pads them; the fake step, whose pooling selects the
+    tokens by a mask made from the positions, records the real step's peak."""
+    path = _gemma4_config(tmp_path, vision=True)
+    source = WorkloadSource.hugging_face(path, 2, 256 + 2 + 8, "float32")
+    model_file = load_model_file(source)
+    built = build_workload(model_file, seed=0)
+    positions = built.batch["image_position_ids"]
+    assert tuple(positions.shape) == (2, 2520, 2)
+    assert positions[0, 48 * 48 - 1].tolist() == [47, 47] and positions[0, 1].tolist() == [1, 0]
+    assert (positions[:, 48 * 48 :] == -1).all()
+    assert int((built.batch["input_ids"][0] == built.model.config.image_token_id).sum()) == 256
+    assert "3 x 768 x 768 image" in built.notes[0].text
+    real = record_memory(built)
+    workload, session = build_fake_workload(model_file)
+    assert record_memory(workload, session=session).measured_peak_bytes == real.measured_peak_bytes
+
+
+def test_a_config_without_its_vision_tower_is_text_alone(tmp_path: Path) -> None:
+    path = _gemma4_config(tmp_path, vision=False)
+    built = build_workload(load_model_file(WorkloadSource.hugging_face(path, 2, 32, "float32")))
+    assert set(built.batch) == {"input_ids", "attention_mask", "labels"}
+    assert "no vision_config: text alone" in built.notes[0].text
+    with pytest.raises(ModelFileError, match="has no vision_config, so Gemma4For"):
+        load_model_file(WorkloadSource.hugging_face(path, 2, 32, "float32", 1))
 
 
 def test_images_zero_is_text_alone_and_two_is_two_images(tmp_path: Path) -> None:

@@ -171,19 +171,25 @@ def max_seq_len(source: WorkloadSource) -> int | None:
 def min_seq_len(source: WorkloadSource) -> int:
     """The shortest sequence the workload's batch can be: 1, or a vision-language model's
     images' tokens and one of text (:mod:`planner.measure.hf_images`)."""
-    _, model_class, _, kind, _ = _classified(source)
-    images = _images(source, kind, model_class)
+    config, model_class, _, kind, _ = _classified(source)
+    images = _images(source, kind, model_class, config)
     if not images:
         return 1
     return images * _image_spec(source, _shape(source)[2]).per_image + 1
 
 
-def _images(source: WorkloadSource, kind: InputKind, model_class: Any) -> int:
+def _images(source: WorkloadSource, kind: InputKind, model_class: Any, config: Any) -> int:
     """The images each sequence holds: ``--images``, else 1, for a vision-language model
-    (token ids, and images besides); 0 for any other."""
-    if kind is not InputKind.TOKENS or not takes_images(model_class):
+    (token ids, and images besides) whose config holds its vision tower; 0 for any other
+    (Gemma 4's config without ``vision_config`` builds a model of text alone)."""
+    if kind is not InputKind.TOKENS or not takes_images(model_class) or _no_vision(config):
         return 0
     return 1 if source.images is None else source.images
+
+
+def _no_vision(config: Any) -> bool:
+    """Whether the config leaves its vision tower out (``vision_config`` null)."""
+    return "vision_config" in config.to_dict() and config.vision_config is None
 
 
 def _image_spec(source: WorkloadSource, dtype_name: str) -> ImageTokens:
@@ -536,7 +542,13 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"--images {source.images}: {name} takes no images besides its "
             f"{kind.value}; leave out --images"
         )
-    images = _images(source, kind, model_class)
+    if source.images and _no_vision(config):
+        raise ModelFileError(
+            f"--images {source.images}: {source.path} has no vision_config, so {name} is "
+            "built without a vision tower; leave out --images, or add the vision_config "
+            "of the checkpoint"
+        )
+    images = _images(source, kind, model_class, config)
     image_spec = _image_spec(source, dtype_name) if images else None
     if kind is InputKind.IMAGES and seq_len is not None:
         channels, height, width = _image_shape(source.path, config)
@@ -628,7 +640,9 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         )
     else:
         inputs_said = f"{batch_size} x {seq_len} random token ids with attention_mask"
-        if vision_language:
+        if vision_language and _no_vision(config):
+            inputs_said += " (no vision_config: text alone)"
+        elif vision_language:
             inputs_said += " (--images 0: text alone)"
     transcript = blank = 0
     if head == "ctc":

@@ -8,10 +8,11 @@ not counted: the plan would go over on the first real batch. Here each sequence 
 ``--seq-len`` counts every token the language model sees, the images' included:
 
 * **The images** are square, of the vision tower's ``image_size`` (448 x 448 where it names
-  none: a model of dynamic resolution, Qwen2-VL's kin; set ``image_size`` in the config's
-  ``vision_config`` to plan another), ``num_channels`` deep (3), normal like a processor's
-  normalized pixels, in the parameters' dtype. Their tensors are what the class's
-  ``get_image_features`` takes, in one of five layouts (:class:`ImageLayout`).
+  none: a model of dynamic resolution, Qwen2-VL's kin; Gemma 4's, the largest its
+  processor's soft-token budget allows: :data:`SOFT_TOKEN_BUDGET`; set ``image_size`` in
+  the config's ``vision_config`` to plan another), ``num_channels`` deep (3), normal like a
+  processor's normalized pixels, in the parameters' dtype. Their tensors are what the
+  class's ``get_image_features`` takes, in one of six layouts (:class:`ImageLayout`).
 * **The sequence** is, per image, its start token where the config names one
   (``vision_start_token_id``, ``boi_token_index``, ...), as many image tokens as the vision
   tower gives features, its end token where named; then text tokens to ``--seq-len``,
@@ -23,11 +24,12 @@ not counted: the plan would go over on the first real batch. Here each sequence 
   image's tokens attend to each other both ways), PaliGemma's 1 after its prefix.
 * **How many tokens an image is** is the model's own answer: its ``get_image_features``
   run once on one image on fake tensors (no memory, any size; the small index tensors, a
-  grid of patches or the images' sizes, keep their values), its features counted. The
+  grid of patches or the images' sizes, keep their values), its features counted (its
+  ``pooler_output``, or where that is None, Llama 4's, its ``last_hidden_state``). The
   model checks the count on every step ("Image features and image tokens do not match"),
   so a wrong count cannot pass unseen.
 
-A class whose image inputs are none of the five (a Q-Former's prompt, target sizes, ...), or
+A class whose image inputs are none of the six (a Q-Former's prompt, target sizes, ...), or
 whose features cannot be counted on fake tensors, is an error naming what it takes and the
 two ways on: ``--images 0`` (text alone, as when fine-tuning a vision-language checkpoint on
 text) or a model file.
@@ -62,6 +64,12 @@ DYNAMIC_IMAGE_SIZE = 448
 """The side of the images of a model of dynamic resolution, whose config names no size:
 Qwen2-VL's processor resizes within a pixel budget; 448 x 448 is 1024 patches of 14, 256
 tokens after its 2 x 2 merge."""
+SOFT_TOKEN_BUDGET = 280
+"""Gemma 4's processor's default ``max_soft_tokens``: it resizes an image to the largest
+whose patches, pooled ``pooling_kernel_size`` x ``pooling_kernel_size``, are at most this
+many tokens, sides a multiple of the pooling window (a square one: 768 x 768 with patches of
+16 pooled 3 x 3, 256 tokens), and pads its patches to the budget's (280 x 9 = 2520) whatever
+the image's size (``image_size`` in the config's ``vision_config`` plans a smaller one)."""
 
 _START_FIELDS = ("vision_start_token_id", "image_start_token_id", "boi_token_id", "boi_token_index")
 _END_FIELDS = ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index")
@@ -80,6 +88,7 @@ class ImageLayout(enum.Enum):
     TILES_BY_SIZE = "tiles by size"  # (n, tiles, C, H, W) and image_sizes: LLaVA-NeXT
     PATCHES = "patches"  # flattened patches and image_grid_thw: Qwen2-VL and its kin
     TILES = "tiles"  # pixel_values (B, tiles, C, H, W), pixel_attention_mask: Idefics 3
+    POSITIONED = "patches with positions"  # (n, padded, C x patch^2), image_position_ids: Gemma 4
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,7 @@ class ImageTokens:
     temporal: int = 1  # PATCHES: frames per patch (an image is repeated to fill them)
     token_types: str | None = None  # the input marking the image tokens, where it takes one
     types_mark_text: bool = False  # PaliGemma's: 1 marks the text after its prefix (the image)
+    padded: int = 0  # POSITIONED: the patches each image is padded to (its soft-token budget's)
 
     @property
     def per_image(self) -> int:
@@ -193,6 +203,8 @@ def _layout(features_class: Any, config: Any) -> tuple[ImageLayout | None, list[
     parameters = inspect.signature(features_class.get_image_features).parameters
     if "image_grid_thw" in parameters:
         return ImageLayout.PATCHES, []
+    if "image_position_ids" in parameters:
+        return ImageLayout.POSITIONED, []
     if "pixel_attention_mask" in parameters:
         return ImageLayout.TILES, []
     needed = [
@@ -222,6 +234,17 @@ def _image_inputs(
             "pixel_values": torch.randn(count * grid * grid, width).to(dtype),
             "image_grid_thw": torch.tensor([[1, grid, grid]] * count),
         }
+    if spec.layout is ImageLayout.POSITIONED:  # (n, padded, C x patch^2), (x, y) or -1 each
+        grid = side // spec.patch
+        ys, xs = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+        positions = torch.full((spec.padded, 2), -1, dtype=torch.long)
+        positions[: grid * grid] = torch.stack([xs, ys], dim=-1).reshape(-1, 2)
+        patches = torch.zeros(count, spec.padded, channels * spec.patch**2)
+        patches[:, : grid * grid] = torch.rand(count, grid * grid, channels * spec.patch**2)
+        return {
+            "pixel_values": patches.to(dtype),
+            "image_position_ids": positions.expand(count, -1, -1).contiguous(),
+        }
     if spec.layout is ImageLayout.TILES:  # (B, images, C, H, W), every pixel real
         mask = torch.ones(batch_size, images, side, side, dtype=torch.bool)
         return {
@@ -250,7 +273,9 @@ def _counted(model_class: Any, config: Any, spec: ImageTokens, dtype: torch.dtyp
         features,
         _image_inputs(spec, 1, 1, dtype),
     )
-    pooled = getattr(output, "pooler_output", output)
+    pooled = getattr(output, "pooler_output", None)  # the features, where it pools them
+    if pooled is None:  # Llama 4's vision model gives them as its last hidden state
+        pooled = getattr(output, "last_hidden_state", output)
     parts = pooled if isinstance(pooled, list | tuple) else [pooled]
     return sum(math.prod(part.shape[:-1]) for part in parts)
 
@@ -287,8 +312,16 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         )
     patch = _side(getattr(vision, "patch_size", None)) or 0
     size = _side(getattr(vision, "image_size", None))
-    temporal = 1
-    if layout is ImageLayout.PATCHES:
+    temporal, padded = 1, 0
+    if layout is ImageLayout.POSITIONED:  # the largest square the soft-token budget allows
+        if not patch:
+            raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
+        pool = _int_field(owners, ("pooling_kernel_size",)) or 1
+        padded = SOFT_TOKEN_BUDGET * pool**2
+        window = pool * patch  # its sides are multiples of the pooling window, in pixels
+        largest = math.isqrt(padded) // pool * window
+        size = max(window, min(largest, (size or largest) // window * window))
+    elif layout is ImageLayout.PATCHES:
         if not patch:
             raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
         unit = patch * (_int_field(owners, ("spatial_merge_size",)) or 1)
@@ -309,6 +342,7 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         temporal=temporal,
         token_types=next((n for n in _TOKEN_TYPES if n in forward), None),
         types_mark_text=config.model_type == "paligemma",
+        padded=padded,
     )
     if layout is ImageLayout.TILES_BY_SIZE:
         try:  # the whole image and the tiles of the grid its size picks, as its processor
