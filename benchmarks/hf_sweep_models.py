@@ -298,6 +298,16 @@ EXTRA: dict[str, dict[str, Any]] = {
     "vipllava": {"vision_feature_layers": [-2, -1, 0, 1, 2]},
     # its defaults leave the vision tower out (a text model): its own, sized as towers are
     "gemma4": {"vision_config": {field: TOWER_SIZES[field] for field in _GEMMA4_TOWER}},
+    # its vision tower concatenates the features of 5 of its 32 layers (and the last) and
+    # ends in 8 global layers; its language model cross-attends every fifth layer from 3
+    "mllama": {
+        "vision_config": {
+            "intermediate_layers_indices": [0, 1],
+            "num_global_layers": NUM_LAYERS,
+            "vision_output_dim": 3 * HIDDEN_SIZE,
+        },
+        "text_config": {"cross_attention_layers": [1]},
+    },
     # its pixel shuffle (ratio 0.5) makes features 4 x the tower's width, which its adapter
     # takes as intermediate_size (the defaults, 768 wide, do not match: Scout's are 1408 and
     # 5632); its projector's widths are fields of their own

@@ -31,6 +31,7 @@ from planner.solve.planning import baseline_every_block
 pytestmark = pytest.mark.hf
 
 TASK = "image-text-to-text"
+_CROSS = "cross_attention_mask"
 
 
 def _source(folder: Path, model_type: str, seq_len: int = 64, images: int | None = None) -> str:
@@ -48,6 +49,8 @@ def _source(folder: Path, model_type: str, seq_len: int = 64, images: int | None
         ("llava_next", (2, 3, 3, 128, 128), {"image_sizes"}),  # the image and 2 tiles
         # patches of 16 padded to the 280-token budget's 2520, each with its (x, y) or -1
         ("gemma4", (2, 2520, 3 * 16 * 16), {"image_position_ids", "mm_token_type_ids"}),
+        # a token an image, its 2 x 2 tiles (of 4 at most) read by cross-attention layers
+        ("mllama", (2, 1, 4, 3, 56, 56), {"aspect_ratio_ids", "aspect_ratio_mask", _CROSS}),
     ],
 )
 def test_a_vision_language_batch_holds_its_images_tokens(
@@ -71,7 +74,10 @@ def test_a_vision_language_batch_holds_its_images_tokens(
     assert (batch["labels"][:, prefix:] == batch["input_ids"][:, prefix:]).all()
     for name in {"mm_token_type_ids", "token_type_ids"} & set(batch):  # as processors give
         assert torch.equal(batch[name].bool(), batch["input_ids"] == image_token)
-    assert "image tokens each" in built.notes[0].text
+    if _CROSS in batch:  # every token from the image's on reads its 4 tiles, as processors give
+        assert batch[_CROSS][:, 0].sum() == 2 * 4 and batch[_CROSS].sum() == 2 * 4 * 64
+        assert batch["aspect_ratio_ids"].tolist() == [[6], [6]]  # (2, 2) among 8 grids
+    assert " each, labels -100 there" in built.notes[0].text
     assert run_training_step(built, seed=0).isfinite()  # the model's own count check passes
 
 

@@ -12,7 +12,9 @@ not counted: the plan would go over on the first real batch. Here each sequence 
   processor's soft-token budget allows: :data:`SOFT_TOKEN_BUDGET`; set ``image_size`` in
   the config's ``vision_config`` to plan another), ``num_channels`` deep (3), normal like a
   processor's normalized pixels, in the parameters' dtype. Their tensors are what the
-  class's ``get_image_features`` takes, in one of six layouts (:class:`ImageLayout`).
+  class's ``get_image_features`` takes, in one of seven layouts (:class:`ImageLayout`);
+  Mllama's, one token an image and its tiles read by cross-attention layers, are built as
+  its processor builds them (:func:`_cross_attention_tiles`).
 * **The sequence** is, per image, its start token where the config names one
   (``vision_start_token_id``, ``boi_token_index``, ...), as many image tokens as the vision
   tower gives features, its end token where named; then text tokens to ``--seq-len``,
@@ -29,7 +31,7 @@ not counted: the plan would go over on the first real batch. Here each sequence 
   model checks the count on every step ("Image features and image tokens do not match"),
   so a wrong count cannot pass unseen.
 
-A class whose image inputs are none of the six (a Q-Former's prompt, target sizes, ...), or
+A class whose image inputs are none of the seven (a Q-Former's prompt, target sizes, ...), or
 whose features cannot be counted on fake tensors, is an error naming what it takes and the
 two ways on: ``--images 0`` (text alone, as when fine-tuning a vision-language checkpoint on
 text) or a model file.
@@ -89,6 +91,7 @@ class ImageLayout(enum.Enum):
     PATCHES = "patches"  # flattened patches and image_grid_thw: Qwen2-VL and its kin
     TILES = "tiles"  # pixel_values (B, tiles, C, H, W), pixel_attention_mask: Idefics 3
     POSITIONED = "patches with positions"  # (n, padded, C x patch^2), image_position_ids: Gemma 4
+    CROSS = "tiles for cross-attention"  # (B, images, tiles, C, H, W), aspect ratios: Mllama
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,9 @@ class ImageTokens:
     token_types: str | None = None  # the input marking the image tokens, where it takes one
     types_mark_text: bool = False  # PaliGemma's: 1 marks the text after its prefix (the image)
     padded: int = 0  # POSITIONED: the patches each image is padded to (its soft-token budget's)
+    grid: int = 1  # CROSS: tiles a side of the image (square: grid x grid of tiles)
+    aspect_ratio: int = 0  # CROSS: the id of that grid (1 + its index in the supported ones)
+    max_tiles: int = 1  # CROSS: the tiles every image is padded to
 
     @property
     def per_image(self) -> int:
@@ -117,11 +123,12 @@ class ImageTokens:
 
     def said(self, images: int) -> str:
         """The images, as a workload's assumptions say them."""
-        each = f"{self.channels} x {self.size} x {self.size}"
+        side = self.size * self.grid
+        each = f"{self.channels} x {side} x {side}"
         plural = "image" if images == 1 else "images"
         return (
             f"{images} random {each} {plural} a sequence ({self.layout.value}; "
-            f"{self.tokens} image tokens each, labels -100 there)"
+            f"{self.tokens} image token{'s' * (self.tokens != 1)} each, labels -100 there)"
         )
 
 
@@ -234,6 +241,17 @@ def _image_inputs(
             "pixel_values": torch.randn(count * grid * grid, width).to(dtype),
             "image_grid_thw": torch.tensor([[1, grid, grid]] * count),
         }
+    if spec.layout is ImageLayout.CROSS:  # (B, images, max tiles, C, H, W): grid x grid used
+        used = spec.grid**2
+        tiles = torch.zeros(batch_size, images, spec.max_tiles, channels, side, side)
+        tiles[:, :, :used] = torch.randn(batch_size, images, used, channels, side, side)
+        mask = torch.zeros(batch_size, images, spec.max_tiles, dtype=torch.long)
+        mask[:, :, :used] = 1
+        return {
+            "pixel_values": tiles.to(dtype),
+            "aspect_ratio_ids": torch.full((batch_size, images), spec.aspect_ratio),
+            "aspect_ratio_mask": mask,
+        }
     if spec.layout is ImageLayout.POSITIONED:  # (n, padded, C x patch^2), (x, y) or -1 each
         grid = side // spec.patch
         ys, xs = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
@@ -287,6 +305,8 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
     name = model_class.__name__
     way_on = "pass --images 0 to train it on text alone, or write a model file"
     forward = inspect.signature(model_class.forward).parameters
+    if {"cross_attention_mask", "aspect_ratio_ids"} <= set(forward):
+        return _cross_attention_tiles(path, config, way_on)
     features_class = _features_class(model_class, config)
     if features_class is None:
         raise ModelFileError(
@@ -368,6 +388,37 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
     return dataclasses.replace(spec, tokens=tokens)
 
 
+def _cross_attention_tiles(path: Path, config: Any, way_on: str) -> ImageTokens:
+    """Mllama's images: each one token in the sequence, its tiles read by the language
+    model's cross-attention layers. A square image large enough to be cut into the largest
+    square grid of tiles its ``supported_aspect_ratios`` hold (2 x 2 of 560 x 560: 1120 x
+    1120), padded to ``max_num_tiles``, as its processor cuts and pads it."""
+    vision = config.vision_config
+    image_token = _int_field((config, config.get_text_config()), _IMAGE_FIELDS)
+    size = _side(getattr(vision, "image_size", None))
+    ratios = [tuple(ratio) for ratio in getattr(vision, "supported_aspect_ratios", None) or []]
+    squares = [ratio for ratio in ratios if len(ratio) == 2 and ratio[0] == ratio[1]]
+    if image_token is None or size is None or not squares:
+        raise ModelFileError(
+            f"--hf {path}: the config names no image token, image_size or square aspect "
+            f"ratio for its tiles; {way_on}"
+        )
+    grid = max(squares)[0]
+    return ImageTokens(
+        layout=ImageLayout.CROSS,
+        channels=_int_field((vision,), ("num_channels",)) or 3,
+        size=size,
+        tokens=1,
+        image_token=image_token,
+        start=None,
+        end=None,
+        reserved=named_ids(config),
+        grid=grid,
+        aspect_ratio=ratios.index(max(squares)) + 1,
+        max_tiles=_int_field((vision,), ("max_num_tiles",)) or grid**2,
+    )
+
+
 def text_tokens(shape: tuple[int, int], vocab_size: int, reserved: tuple[int, ...]) -> Any:
     """Token ids uniform below ``vocab_size`` and none of ``reserved`` (sorted)."""
     import torch
@@ -407,6 +458,11 @@ def image_batch(
         **_image_inputs(spec, batch_size, images, dtype),
         "labels": labels,
     }
+    if spec.layout is ImageLayout.CROSS:  # each image's tiles, to the text from its token on
+        attends = torch.zeros(batch_size, seq_len, images, spec.max_tiles, dtype=torch.long)
+        for image in range(images):
+            attends[:, image:, image, : spec.grid**2] = 1
+        batch["cross_attention_mask"] = attends
     if spec.token_types is not None:  # as the processor gives them (module docstring)
         marked = input_ids == spec.image_token
         marked = ~marked if spec.types_mark_text else marked
