@@ -289,7 +289,15 @@ EXTRA: dict[str, dict[str, Any]] = {
     # 8 (GLM-4V's MoE and HY-V4: 4)
     **{
         model_type: {"text_config": {"rope_parameters": {"mrope_section": [2, 3, 3]}}}
-        for model_type in ("qwen2_vl", "qwen2_5_vl", "glm4v", "glm46v", "glm_ocr", "glmga")
+        for model_type in (
+            "qwen2_vl",
+            "qwen2_5_vl",
+            "glm4v",
+            "glm46v",
+            "glm_ocr",
+            "glmga",
+            "paddleocr_vl",
+        )
     },
     "glm4v_moe": {"text_config": {"rope_parameters": {"mrope_section": [1, 1, 2]}}},
     "cosmos3_edge": {"text_config": {"rope_parameters": {"mrope_section": [2, 3, 3]}}},

@@ -44,6 +44,8 @@ def _source(folder: Path, model_type: str, seq_len: int = 64, images: int | None
     [
         ("llava", (2, 3, 128, 128), set()),  # CLIP: 4 x 4 patches of 32, a token each
         ("qwen2_vl", (2 * 16, 3 * 2 * 14 * 14), {"image_grid_thw", "mm_token_type_ids"}),
+        # the same, each patch (C, patch, patch): its vision tower takes them so
+        ("paddleocr_vl", (2 * 16, 3, 14, 14), {"image_grid_thw", "mm_token_type_ids"}),
         ("smolvlm", (2, 1, 3, 128, 128), {"pixel_attention_mask"}),
         ("gemma3", (2, 3, 64, 64), {"token_type_ids"}),  # 1 at an image's tokens
         ("llava_next", (2, 3, 3, 128, 128), {"image_sizes"}),  # the image and 2 tiles

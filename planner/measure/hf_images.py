@@ -88,7 +88,7 @@ class ImageLayout(enum.Enum):
     IMAGES = "images"  # pixel_values (n, C, H, W): LLaVA, InternVL, Gemma 3, PaliGemma
     SIZES = "images with their sizes"  # and image_sizes (n, 2): Mistral 3 (Pixtral)
     TILES_BY_SIZE = "tiles by size"  # (n, tiles, C, H, W) and image_sizes: LLaVA-NeXT
-    PATCHES = "patches"  # flattened patches and image_grid_thw: Qwen2-VL and its kin
+    PATCHES = "patches"  # flat patches (PaddleOCR-VL: each C x p x p), image_grid_thw: Qwen2-VL
     TILES = "tiles"  # pixel_values (B, tiles, C, H, W), pixel_attention_mask: Idefics 3
     POSITIONED = "patches with positions"  # (n, padded, C x patch^2), image_position_ids: Gemma 4
     CROSS = "tiles for cross-attention"  # (B, images, tiles, C, H, W), aspect ratios: Mllama
@@ -115,6 +115,7 @@ class ImageTokens:
     grid: int = 1  # CROSS: tiles a side of the image (square: grid x grid of tiles)
     aspect_ratio: int = 0  # CROSS: the id of that grid (1 + its index in the supported ones)
     max_tiles: int = 1  # CROSS: the tiles every image is padded to
+    unflattened: bool = False  # PATCHES: each patch (C, patch, patch), not flat (PaddleOCR-VL)
 
     @property
     def per_image(self) -> int:
@@ -236,9 +237,11 @@ def _image_inputs(
     count, side, channels = batch_size * images, spec.size, spec.channels
     if spec.layout is ImageLayout.PATCHES:  # (patches, C x frames x patch x patch)
         grid = side // spec.patch
-        width = channels * spec.temporal * spec.patch**2
+        shape: tuple[int, ...] = (channels * spec.temporal * spec.patch**2,)
+        if spec.unflattened:
+            shape = (channels, spec.patch, spec.patch)
         return {
-            "pixel_values": torch.randn(count * grid * grid, width).to(dtype),
+            "pixel_values": torch.randn(count * grid * grid, *shape).to(dtype),
             "image_grid_thw": torch.tensor([[1, grid, grid]] * count),
         }
     if spec.layout is ImageLayout.CROSS:  # (B, images, max tiles, C, H, W): grid x grid used
@@ -380,6 +383,14 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
     try:
         tokens = _counted(model_class, config, spec, dtype)
     except Exception as error:  # the model's own, said in one line
+        if layout is ImageLayout.PATCHES and temporal == 1:  # its patches unflattened?
+            unflattened = dataclasses.replace(spec, unflattened=True)
+            try:
+                tokens = _counted(model_class, config, unflattened, dtype)
+            except Exception:
+                pass
+            else:
+                return dataclasses.replace(unflattened, tokens=tokens)
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise ModelFileError(
             f"--hf {path}: counting {name}'s image tokens on fake tensors failed "
