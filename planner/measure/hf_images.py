@@ -8,11 +8,12 @@ not counted: the plan would go over on the first real batch. Here each sequence 
 ``--seq-len`` counts every token the language model sees, the images' included:
 
 * **The images** are square, of the vision tower's ``image_size`` (448 x 448 where it names
-  none: a model of dynamic resolution, Qwen2-VL's kin; Gemma 4's, the largest its
-  processor's soft-token budget allows: :data:`SOFT_TOKEN_BUDGET`; set ``image_size`` in
-  the config's ``vision_config`` to plan another), ``num_channels`` deep (3), normal like a
-  processor's normalized pixels, in the parameters' dtype. Their tensors are what the
-  class's ``get_image_features`` takes, in one of seven layouts (:class:`ImageLayout`);
+  none: a model of dynamic resolution, Qwen2-VL's kin; Gemma 4's and LFM2-VL's, the
+  largest their processors' token budgets allow: :data:`SOFT_TOKEN_BUDGET`,
+  :data:`NAFLEX_TOKEN_BUDGET`; set ``image_size`` in the config's ``vision_config`` to plan
+  another), ``num_channels`` deep (3), normal like a processor's normalized pixels, in the
+  parameters' dtype. Their tensors are what the
+  class's ``get_image_features`` takes, in one of eight layouts (:class:`ImageLayout`);
   Mllama's, one token an image and its tiles read by cross-attention layers, are built as
   its processor builds them (:func:`_cross_attention_tiles`).
 * **The sequence** is, per image, its start token where the config names one
@@ -31,7 +32,7 @@ not counted: the plan would go over on the first real batch. Here each sequence 
   model checks the count on every step ("Image features and image tokens do not match"),
   so a wrong count cannot pass unseen.
 
-A class whose image inputs are none of the seven (a Q-Former's prompt, target sizes, ...), or
+A class whose image inputs are none of the eight (a Q-Former's prompt, target sizes, ...), or
 whose features cannot be counted on fake tensors, is an error naming what it takes and the
 two ways on: ``--images 0`` (text alone, as when fine-tuning a vision-language checkpoint on
 text) or a model file.
@@ -73,6 +74,12 @@ many tokens, sides a multiple of the pooling window (a square one: 768 x 768 wit
 16 pooled 3 x 3, 256 tokens), and pads its patches to the budget's (280 x 9 = 2520) whatever
 the image's size (``image_size`` in the config's ``vision_config`` plans a smaller one)."""
 
+NAFLEX_TOKEN_BUDGET = 256
+"""LFM2-VL's processor's default ``max_image_tokens``: an image is resized to at most this
+many tokens' patches (each token ``downsample_factor`` x ``downsample_factor`` patches: 1024
+of 16 x 16, a 512 x 512 image, the processor's tile) and its patches padded to as many, with
+their grid (``spatial_shapes``) and a mask of the real ones (``pixel_attention_mask``)."""
+
 _START_FIELDS = ("vision_start_token_id", "image_start_token_id", "boi_token_id", "boi_token_index")
 _END_FIELDS = ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index")
 _IMAGE_FIELDS = ("image_token_id", "image_token_index")
@@ -92,6 +99,7 @@ class ImageLayout(enum.Enum):
     TILES = "tiles"  # pixel_values (B, tiles, C, H, W), pixel_attention_mask: Idefics 3
     POSITIONED = "patches with positions"  # (n, padded, C x patch^2), image_position_ids: Gemma 4
     CROSS = "tiles for cross-attention"  # (B, images, tiles, C, H, W), aspect ratios: Mllama
+    SHAPED = "patches with their shapes"  # (n, padded, C x patch^2), spatial_shapes: LFM2-VL
 
 
 @dataclass(frozen=True)
@@ -213,6 +221,8 @@ def _layout(features_class: Any, config: Any) -> tuple[ImageLayout | None, list[
         return ImageLayout.PATCHES, []
     if "image_position_ids" in parameters:
         return ImageLayout.POSITIONED, []
+    if "spatial_shapes" in parameters and "pixel_attention_mask" in parameters:
+        return ImageLayout.SHAPED, []
     if "pixel_attention_mask" in parameters:
         return ImageLayout.TILES, []
     needed = [
@@ -265,6 +275,17 @@ def _image_inputs(
         return {
             "pixel_values": patches.to(dtype),
             "image_position_ids": positions.expand(count, -1, -1).contiguous(),
+        }
+    if spec.layout is ImageLayout.SHAPED:  # (n, padded, C x patch^2), its grid, its mask
+        grid = side // spec.patch
+        patches = torch.zeros(count, spec.padded, channels * spec.patch**2)
+        patches[:, : grid * grid] = torch.randn(count, grid * grid, channels * spec.patch**2)
+        real = torch.zeros(count, spec.padded, dtype=torch.long)
+        real[:, : grid * grid] = 1
+        return {
+            "pixel_values": patches.to(dtype),
+            "spatial_shapes": torch.tensor([[grid, grid]] * count),
+            "pixel_attention_mask": real,
         }
     if spec.layout is ImageLayout.TILES:  # (B, images, C, H, W), every pixel real
         mask = torch.ones(batch_size, images, side, side, dtype=torch.bool)
@@ -343,6 +364,14 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         padded = SOFT_TOKEN_BUDGET * pool**2
         window = pool * patch  # its sides are multiples of the pooling window, in pixels
         largest = math.isqrt(padded) // pool * window
+        size = max(window, min(largest, (size or largest) // window * window))
+    elif layout is ImageLayout.SHAPED:  # the largest square the token budget allows
+        if not patch:
+            raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
+        factor = _int_field(owners, ("downsample_factor",)) or 1
+        padded = NAFLEX_TOKEN_BUDGET * factor**2
+        window = factor * patch
+        largest = math.isqrt(padded) // factor * window
         size = max(window, min(largest, (size or largest) // window * window))
     elif layout is ImageLayout.PATCHES:
         if not patch:
