@@ -47,6 +47,7 @@ def _source(folder: Path, model_type: str, seq_len: int = 64, images: int | None
         # the same, each patch (C, patch, patch): its vision tower takes them so
         ("paddleocr_vl", (2 * 16, 3, 14, 14), {"image_grid_thw", "mm_token_type_ids"}),
         ("smolvlm", (2, 1, 3, 128, 128), {"pixel_attention_mask"}),
+        ("granite_docling", (2, 1, 3, 64, 64), {"pixel_attention_mask"}),  # a tile's mask
         ("gemma3", (2, 3, 64, 64), {"token_type_ids"}),  # 1 at an image's tokens
         ("llava_next", (2, 3, 3, 128, 128), {"image_sizes"}),  # the image and 2 tiles
         # patches of 16 padded to the 280-token budget's 2520, each with its (x, y) or -1
@@ -76,6 +77,11 @@ def test_a_vision_language_batch_holds_its_images_tokens(
     assert masked[:, :prefix].all() and not masked[:, prefix:].any()
     assert (batch["input_ids"][:, prefix:] == image_token).sum() == 0
     assert (batch["labels"][:, prefix:] == batch["input_ids"][:, prefix:]).all()
+    if "pixel_attention_mask" in batch:  # the real pixels, tiles (Granite) or patches (LFM2)
+        real = batch["pixel_attention_mask"]
+        shape = {"granite_docling": (2, 1), "lfm2_vl": (2, 1024)}.get(model_type)
+        assert tuple(real.shape) == (shape or (2, 1, *pixels[-2:]))
+        assert int(real.sum()) == (2 * 4 * 4 if model_type == "lfm2_vl" else real.numel())
     for name in {"mm_token_type_ids", "token_type_ids"} & set(batch):  # as processors give
         assert torch.equal(batch[name].bool(), batch["input_ids"] == image_token)
     if _CROSS in batch:  # every token from the image's on reads its 4 tiles, as processors give

@@ -96,7 +96,7 @@ class ImageLayout(enum.Enum):
     SIZES = "images with their sizes"  # and image_sizes (n, 2): Mistral 3 (Pixtral)
     TILES_BY_SIZE = "tiles by size"  # (n, tiles, C, H, W) and image_sizes: LLaVA-NeXT
     PATCHES = "patches"  # flat patches (PaddleOCR-VL: each C x p x p), image_grid_thw: Qwen2-VL
-    TILES = "tiles"  # pixel_values (B, tiles, C, H, W), pixel_attention_mask: Idefics 3
+    TILES = "tiles"  # (B, tiles, C, H, W), pixel_attention_mask (Granite Docling: a tile's)
     POSITIONED = "patches with positions"  # (n, padded, C x patch^2), image_position_ids: Gemma 4
     CROSS = "tiles for cross-attention"  # (B, images, tiles, C, H, W), aspect ratios: Mllama
     SHAPED = "patches with their shapes"  # (n, padded, C x patch^2), spatial_shapes: LFM2-VL
@@ -124,6 +124,7 @@ class ImageTokens:
     aspect_ratio: int = 0  # CROSS: the id of that grid (1 + its index in the supported ones)
     max_tiles: int = 1  # CROSS: the tiles every image is padded to
     unflattened: bool = False  # PATCHES: each patch (C, patch, patch), not flat (PaddleOCR-VL)
+    tile_mask: bool = False  # TILES: a mask of the real tiles, not pixels (Granite Docling)
 
     @property
     def per_image(self) -> int:
@@ -288,7 +289,8 @@ def _image_inputs(
             "pixel_attention_mask": real,
         }
     if spec.layout is ImageLayout.TILES:  # (B, images, C, H, W), every pixel real
-        mask = torch.ones(batch_size, images, side, side, dtype=torch.bool)
+        mask = torch.ones(batch_size, images, *(() if spec.tile_mask else (side, side)))
+        mask = mask.bool()
         return {
             "pixel_values": torch.randn(batch_size, images, channels, side, side).to(dtype),
             "pixel_attention_mask": mask,
@@ -412,20 +414,26 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
     try:
         tokens = _counted(model_class, config, spec, dtype)
     except Exception as error:  # the model's own, said in one line
-        if layout is ImageLayout.PATCHES and temporal == 1:  # its patches unflattened?
-            unflattened = dataclasses.replace(spec, unflattened=True)
+        other = _OTHER_FORM.get(layout) if temporal == 1 else None
+        if other is not None:  # the layout's other form, the model again the judge
+            again = dataclasses.replace(spec, **{other: True})
             try:
-                tokens = _counted(model_class, config, unflattened, dtype)
+                tokens = _counted(model_class, config, again, dtype)
             except Exception:
                 pass
             else:
-                return dataclasses.replace(unflattened, tokens=tokens)
+                return dataclasses.replace(again, tokens=tokens)
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise ModelFileError(
             f"--hf {path}: counting {name}'s image tokens on fake tensors failed "
             f"({type(error).__name__}: {first[:160]}); {way_on}"
         ) from error
     return dataclasses.replace(spec, tokens=tokens)
+
+
+_OTHER_FORM = {ImageLayout.PATCHES: "unflattened", ImageLayout.TILES: "tile_mask"}
+"""A layout's other form, tried where its image's tokens cannot be counted in the first:
+patches each (C, patch, patch) (PaddleOCR-VL), a mask of tiles (Granite Docling)."""
 
 
 def _cross_attention_tiles(path: Path, config: Any, way_on: str) -> ImageTokens:
