@@ -416,7 +416,9 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
     except Exception as error:  # the model's own, said in one line
         other = _OTHER_FORM.get(layout) if temporal == 1 else None
         if other is not None:  # the layout's other form, the model again the judge
-            again = dataclasses.replace(spec, **{other: True})
+            again = dataclasses.replace(
+                spec, unflattened=other == "unflattened", tile_mask=other == "tile_mask"
+            )
             try:
                 tokens = _counted(model_class, config, again, dtype)
             except Exception:
