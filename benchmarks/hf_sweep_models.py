@@ -316,6 +316,8 @@ EXTRA: dict[str, dict[str, Any]] = {
         },
         "text_config": {"cross_attention_layers": [1]},
     },
+    # their defaults name no image token (a checkpoint's config does)
+    **{t: {"image_token_id": 3} for t in ("minicpmv4_6", "minicpmv4_7", "minicpm_ocr")},
     # its pixel shuffle (ratio 0.5) makes features 4 x the tower's width, which its adapter
     # takes as intermediate_size (the defaults, 768 wide, do not match: Scout's are 1408 and
     # 5632); its projector's widths are fields of their own

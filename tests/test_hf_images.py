@@ -54,6 +54,8 @@ def _source(folder: Path, model_type: str, seq_len: int = 64, images: int | None
         ("gemma4", (2, 2520, 3 * 16 * 16), {"image_position_ids", "mm_token_type_ids"}),
         # 4 x 4 patches of 16 padded to the 256-token budget's 1024, their grid and mask
         ("lfm2_vl", (2, 1024, 3 * 16 * 16), {"spatial_shapes", "pixel_attention_mask"}),
+        # every image's 28 x 28 patches of 16 (a 448 x 448 slice) in one row, and their grid
+        ("minicpmv4_6", (1, 3, 16, 2 * 28 * 28 * 16), {"target_sizes"}),
         # a token an image, its 2 x 2 tiles (of 4 at most) read by cross-attention layers
         ("mllama", (2, 1, 4, 3, 56, 56), {"aspect_ratio_ids", "aspect_ratio_mask", _CROSS}),
     ],
@@ -148,7 +150,7 @@ def test_images_zero_is_text_alone_and_two_is_two_images(tmp_path: Path) -> None
     ("model_type", "seq_len", "images", "fragments"),
     [
         ("llava", 16, None, ("--seq-len 16 leaves no text", "pass --seq-len 17 or more")),
-        ("minicpmv4_6", 64, None, ("target_sizes", "--images 0", "model file")),
+        ("deepseek_vl_hybrid", 64, None, ("high_res_pixel_values", "--images 0", "model file")),
         ("aria", 64, None, ("counting AriaFor", "--images 0", "model file")),
     ],
 )

@@ -8,12 +8,13 @@ not counted: the plan would go over on the first real batch. Here each sequence 
 ``--seq-len`` counts every token the language model sees, the images' included:
 
 * **The images** are square, of the vision tower's ``image_size`` (448 x 448 where it names
-  none: a model of dynamic resolution, Qwen2-VL's kin; Gemma 4's and LFM2-VL's, the
-  largest their processors' token budgets allow: :data:`SOFT_TOKEN_BUDGET`,
-  :data:`NAFLEX_TOKEN_BUDGET`; set ``image_size`` in the config's ``vision_config`` to plan
-  another), ``num_channels`` deep (3), normal like a processor's normalized pixels, in the
-  parameters' dtype. Their tensors are what the
-  class's ``get_image_features`` takes, in one of eight layouts (:class:`ImageLayout`);
+  none: a model of dynamic resolution, Qwen2-VL's kin, and MiniCPM-V's slices, whose
+  ``image_size`` is its position grid's; Gemma 4's and LFM2-VL's, the largest their
+  processors' token budgets allow: :data:`SOFT_TOKEN_BUDGET`, :data:`NAFLEX_TOKEN_BUDGET`;
+  set ``image_size`` in the config's ``vision_config`` to plan another), ``num_channels``
+  deep (3), normal like a processor's normalized pixels, in the parameters' dtype. Their
+  tensors are what the class's ``get_image_features`` takes, in one of nine layouts
+  (:class:`ImageLayout`);
   Mllama's, one token an image and its tiles read by cross-attention layers, are built as
   its processor builds them (:func:`_cross_attention_tiles`).
 * **The sequence** is, per image, its start token where the config names one
@@ -32,7 +33,7 @@ not counted: the plan would go over on the first real batch. Here each sequence 
   model checks the count on every step ("Image features and image tokens do not match"),
   so a wrong count cannot pass unseen.
 
-A class whose image inputs are none of the eight (a Q-Former's prompt, target sizes, ...), or
+A class whose image inputs are none of the nine (a Q-Former's prompt, target sizes, ...), or
 whose features cannot be counted on fake tensors, is an error naming what it takes and the
 two ways on: ``--images 0`` (text alone, as when fine-tuning a vision-language checkpoint on
 text) or a model file.
@@ -100,6 +101,7 @@ class ImageLayout(enum.Enum):
     POSITIONED = "patches with positions"  # (n, padded, C x patch^2), image_position_ids: Gemma 4
     CROSS = "tiles for cross-attention"  # (B, images, tiles, C, H, W), aspect ratios: Mllama
     SHAPED = "patches with their shapes"  # (n, padded, C x patch^2), spatial_shapes: LFM2-VL
+    PACKED = "packed patches"  # (1, C, patch, all patches x patch), target_sizes: MiniCPM-V
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,8 @@ def _layout(features_class: Any, config: Any) -> tuple[ImageLayout | None, list[
         return ImageLayout.POSITIONED, []
     if "spatial_shapes" in parameters and "pixel_attention_mask" in parameters:
         return ImageLayout.SHAPED, []
+    if "target_sizes" in parameters:
+        return ImageLayout.PACKED, []
     if "pixel_attention_mask" in parameters:
         return ImageLayout.TILES, []
     needed = [
@@ -277,6 +281,11 @@ def _image_inputs(
             "pixel_values": patches.to(dtype),
             "image_position_ids": positions.expand(count, -1, -1).contiguous(),
         }
+    if spec.layout is ImageLayout.PACKED:  # every image's patches in one row, NaViT-like
+        grid = side // spec.patch
+        packed = torch.randn(1, channels, spec.patch, count * grid * grid * spec.patch)
+        sizes = torch.tensor([[grid, grid]] * count, dtype=torch.int32)
+        return {"pixel_values": packed.to(dtype), "target_sizes": sizes}
     if spec.layout is ImageLayout.SHAPED:  # (n, padded, C x patch^2), its grid, its mask
         grid = side // spec.patch
         patches = torch.zeros(count, spec.padded, channels * spec.patch**2)
@@ -375,6 +384,13 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         window = factor * patch
         largest = math.isqrt(padded) // factor * window
         size = max(window, min(largest, (size or largest) // window * window))
+    elif layout is ImageLayout.PACKED:  # its merger halves the grid twice: 4 x 4 a token
+        if not patch:
+            raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
+        # its vision_config's image_size is its position grid's (224), not the processor's
+        # slices' (448, MiniCPM-V's scale_resolution): a slice of 448 x 448
+        unit = 4 * patch
+        size = max(unit, round(DYNAMIC_IMAGE_SIZE / unit) * unit)
     elif layout is ImageLayout.PATCHES:
         if not patch:
             raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
