@@ -149,7 +149,7 @@ BISECTIONS = 2
 """Bisection steps after the curve's guess came out other than it said."""
 
 
-def _last_on_line(
+def _last_on_curve(
     sizes: tuple[int, ...], lowest: Callable[[int], int], budget_bytes: int
 ) -> int | None:
     """The largest size whose peak the curve through ``sizes``' lowest peaks (a line
@@ -190,7 +190,7 @@ def largest_fitting(
     guess: int | None
     fell_short = False  # the line's last guess fitted: it under-predicts, so grow 2x at least
     while failing is None and fitting < max_size:
-        guess = None if before is None else _last_on_line((before, fitting), lowest, budget_bytes)
+        guess = None if before is None else _last_on_curve((before, fitting), lowest, budget_bytes)
         if guess is None:
             size = 2 * fitting
         else:  # the first size the line says will not fit, within the bounds on growth
@@ -214,7 +214,7 @@ def largest_fitting(
     while failing - fitting > 1:
         guess = None
         if bisections == 0:
-            guess = _last_on_line(last, lowest, budget_bytes)
+            guess = _last_on_curve(last, lowest, budget_bytes)
         if guess is None:
             size = (fitting + failing) // 2
             bisections = max(bisections - 1, 0)

@@ -10,32 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
+from benchmarks.fit_search import doubling_and_bisection
 from planner.fit import largest_fitting
-
-
-def _doubling_and_bisection(smallest: int, max_size: int, fits: Callable[[int], bool]) -> int:
-    """The search fit made before: the count of sizes it records (``smallest``'s too)."""
-    recorded = {smallest}
-
-    def tried(size: int) -> bool:
-        recorded.add(size)
-        return fits(size)
-
-    fitting, failing = smallest, None
-    while failing is None and fitting < max_size:
-        size = min(2 * fitting, max_size)
-        if tried(size):
-            fitting = size
-        else:
-            failing = size
-    while failing is not None and failing - fitting > 1:
-        middle = (fitting + failing) // 2
-        if tried(middle):
-            fitting = middle
-        else:
-            failing = middle
-    return len(recorded)
-
 
 SHAPES: dict[str, Callable[[int], float]] = {
     "linear": lambda size: 3_000_000 + 41_000 * size,
@@ -101,7 +77,11 @@ def test_near_a_line_or_a_parabola_it_records_half_the_steps(shape: str) -> None
     for edge in (148, 1000, 3333):
         budget = int(peak(edge)) + 5
         steps = _check(peak, 1, 1 << 16, budget)
-        before = _doubling_and_bisection(
-            1, 1 << 16, lambda size, cap=budget: int(peak(size)) <= cap
-        )
-        assert 2 * steps <= before + 2, (edge, steps, before)
+        before = {1}  # the sizes the search fit made before records, the first's too
+
+        def lowest(size: int, peak=peak, before=before) -> int:  # type: ignore[no-untyped-def]
+            before.add(size)
+            return int(peak(size))
+
+        doubling_and_bisection(1, 1 << 16, lowest, budget)
+        assert 2 * steps <= len(before) + 2, (edge, steps, len(before))

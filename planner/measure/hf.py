@@ -189,7 +189,7 @@ def _images(source: WorkloadSource, kind: InputKind, model_class: Any, config: A
 
 def _no_vision(config: Any) -> bool:
     """Whether the config leaves its vision tower out (``vision_config`` null)."""
-    return "vision_config" in config.to_dict() and config.vision_config is None
+    return getattr(config, "vision_config", False) is None
 
 
 def _image_spec(source: WorkloadSource, dtype_name: str) -> ImageTokens:

@@ -33,10 +33,10 @@ not counted: the plan would go over on the first real batch. Here each sequence 
   model checks the count on every step ("Image features and image tokens do not match"),
   so a wrong count cannot pass unseen.
 
-A class whose image inputs are none of the nine (a Q-Former's prompt, target sizes, ...), or
-whose features cannot be counted on fake tensors, is an error naming what it takes and the
-two ways on: ``--images 0`` (text alone, as when fine-tuning a vision-language checkpoint on
-text) or a model file.
+A class whose image inputs are none of the nine (a Q-Former's prompt, high-resolution
+pixels, ...), or whose features cannot be counted on fake tensors, is an error naming what
+it takes and the two ways on: ``--images 0`` (text alone, as when fine-tuning a
+vision-language checkpoint on text) or a model file.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import dataclasses
 import enum
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -243,6 +244,19 @@ def _layout(features_class: Any, config: Any) -> tuple[ImageLayout | None, list[
     return (None, needed) if needed else (ImageLayout.IMAGES, [])
 
 
+def _padded_patches(
+    spec: ImageTokens, count: int, grid: int, draw: Callable[..., torch.Tensor]
+) -> torch.Tensor:
+    """``count`` images' ``grid`` x ``grid`` flat patches drawn by ``draw``, each image's
+    padded with zeros to ``spec.padded`` patches (POSITIONED, SHAPED)."""
+    import torch
+
+    width = spec.channels * spec.patch**2
+    patches = torch.zeros(count, spec.padded, width)
+    patches[:, : grid * grid] = draw(count, grid * grid, width)
+    return patches
+
+
 def _image_inputs(
     spec: ImageTokens, batch_size: int, images: int, dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
@@ -275,10 +289,8 @@ def _image_inputs(
         ys, xs = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
         positions = torch.full((spec.padded, 2), -1, dtype=torch.long)
         positions[: grid * grid] = torch.stack([xs, ys], dim=-1).reshape(-1, 2)
-        patches = torch.zeros(count, spec.padded, channels * spec.patch**2)
-        patches[:, : grid * grid] = torch.rand(count, grid * grid, channels * spec.patch**2)
         return {
-            "pixel_values": patches.to(dtype),
+            "pixel_values": _padded_patches(spec, count, grid, torch.rand).to(dtype),
             "image_position_ids": positions.expand(count, -1, -1).contiguous(),
         }
     if spec.layout is ImageLayout.PACKED:  # every image's patches in one row, NaViT-like
@@ -288,12 +300,10 @@ def _image_inputs(
         return {"pixel_values": packed.to(dtype), "target_sizes": sizes}
     if spec.layout is ImageLayout.SHAPED:  # (n, padded, C x patch^2), its grid, its mask
         grid = side // spec.patch
-        patches = torch.zeros(count, spec.padded, channels * spec.patch**2)
-        patches[:, : grid * grid] = torch.randn(count, grid * grid, channels * spec.patch**2)
         real = torch.zeros(count, spec.padded, dtype=torch.long)
         real[:, : grid * grid] = 1
         return {
-            "pixel_values": patches.to(dtype),
+            "pixel_values": _padded_patches(spec, count, grid, torch.randn).to(dtype),
             "spatial_shapes": torch.tensor([[grid, grid]] * count),
             "pixel_attention_mask": real,
         }
@@ -333,6 +343,26 @@ def _counted(model_class: Any, config: Any, spec: ImageTokens, dtype: torch.dtyp
     return sum(math.prod(part.shape[:-1]) for part in parts)
 
 
+_PATCH_LAYOUTS = (
+    ImageLayout.POSITIONED,
+    ImageLayout.SHAPED,
+    ImageLayout.PACKED,
+    ImageLayout.PATCHES,
+)
+"""The layouts built from the vision tower's ``patch_size``."""
+
+
+def _budget_square(budget: int, factor: int, patch: int, size: int | None) -> tuple[int, int]:
+    """The patches an image is padded to, for a processor allowing ``budget`` tokens of
+    ``factor`` x ``factor`` patches each, and the side of the square image it makes: the
+    largest within the budget, sides a multiple of a token's window (``size``, the config's
+    ``image_size``, where smaller)."""
+    padded = budget * factor**2
+    window = factor * patch  # its sides are multiples of a token's window, in pixels
+    largest = math.isqrt(padded) // factor * window
+    return padded, max(window, min(largest, (size or largest) // window * window))
+
+
 def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) -> ImageTokens:
     """How ``model_class``'s sequences hold an image of its config's size (module
     docstring); raises :class:`ModelFileError` for a class whose image inputs --hf cannot
@@ -368,32 +398,20 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
     patch = _side(getattr(vision, "patch_size", None)) or 0
     size = _side(getattr(vision, "image_size", None))
     temporal, padded = 1, 0
+    if layout in _PATCH_LAYOUTS and not patch:
+        raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
     if layout is ImageLayout.POSITIONED:  # the largest square the soft-token budget allows
-        if not patch:
-            raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
         pool = _int_field(owners, ("pooling_kernel_size",)) or 1
-        padded = SOFT_TOKEN_BUDGET * pool**2
-        window = pool * patch  # its sides are multiples of the pooling window, in pixels
-        largest = math.isqrt(padded) // pool * window
-        size = max(window, min(largest, (size or largest) // window * window))
+        padded, size = _budget_square(SOFT_TOKEN_BUDGET, pool, patch, size)
     elif layout is ImageLayout.SHAPED:  # the largest square the token budget allows
-        if not patch:
-            raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
         factor = _int_field(owners, ("downsample_factor",)) or 1
-        padded = NAFLEX_TOKEN_BUDGET * factor**2
-        window = factor * patch
-        largest = math.isqrt(padded) // factor * window
-        size = max(window, min(largest, (size or largest) // window * window))
+        padded, size = _budget_square(NAFLEX_TOKEN_BUDGET, factor, patch, size)
     elif layout is ImageLayout.PACKED:  # its merger halves the grid twice: 4 x 4 a token
-        if not patch:
-            raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
         # its vision_config's image_size is its position grid's (224), not the processor's
         # slices' (448, MiniCPM-V's scale_resolution): a slice of 448 x 448
         unit = 4 * patch
         size = max(unit, round(DYNAMIC_IMAGE_SIZE / unit) * unit)
     elif layout is ImageLayout.PATCHES:
-        if not patch:
-            raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
         unit = patch * (_int_field(owners, ("spatial_merge_size",)) or 1)
         size = max(unit, round((size or DYNAMIC_IMAGE_SIZE) / unit) * unit)
         temporal = _int_field(owners, ("temporal_patch_size",)) or 1
