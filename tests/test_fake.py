@@ -477,3 +477,21 @@ def test_a_constant_keeps_its_value_at_any_size_and_is_never_written() -> None:
         mask[:, :5] = 0  # written: what it holds is not known now
         assert shadows.shadow(mask) is None and shadows.shadow(mask.sum(-1)) is None
         assert torch.zeros(shape).sum().item() == 0  # a fresh one is
+
+
+def test_a_uniform_draw_compared_with_a_bound_outside_its_range_is_known() -> None:
+    """OmniASR's encoder draws `torch.rand([])` for every layer and compares it with its
+    LayerDrop probability, switched off (0) for the profile: every draw answers alike, so
+    the fake step goes on; a bound inside [0, 1) still depends on the draw."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    from planner.measure.shadows import _ValueShadows
+
+    with FakeTensorMode(), _ValueShadows():
+        draw = torch.rand([])
+        assert not bool(draw < 0.0) and bool(draw >= 0.0)
+        assert bool(torch.rand_like(draw) < 1) and not bool(draw > 1.5)
+        shifted = draw + 1  # no longer a draw in [0, 1)
+        for depends in (draw < 0.1, draw > 0.0, draw <= 0, shifted < 1):
+            with pytest.raises(DataDependentOutputException):
+                bool(depends)

@@ -38,6 +38,10 @@ Design notes
   any other (its views too: they take no memory), but none writes into it: an op writing
   in place into one marks its storage's values unknown instead. A small one made from known
   values (``ones(shape)``) keeps a dense copy, as before, which writes keep known.
+* **A draw's range is known.** A uniform draw's values are not (the fake step draws none),
+  but they lie in [0, 1): compared with a bound outside that range (``torch.rand([]) <
+  layerdrop`` with LayerDrop switched off, as OmniASR's encoder draws before looking at the
+  probability) the answer is the same for every draw, and is known.
 """
 
 from __future__ import annotations
@@ -151,6 +155,11 @@ def _geometry(tensor: torch.Tensor) -> tuple[Any, ...]:
     )
 
 
+_UNIT_DRAWS = frozenset({_aten.rand.default, _aten.rand_like.default})
+"""The ops drawing uniformly from [0, 1)."""
+_BOUND_COMPARISONS = frozenset({_aten.lt.Scalar, _aten.le.Scalar, _aten.gt.Scalar, _aten.ge.Scalar})
+
+
 class _ValueShadows(TorchDispatchMode):
     """Real values (shadows) of small fake tensors, kept through the ops that make them
     (see the module's design notes). Sits above the fake mode: each op runs fake first;
@@ -170,6 +179,10 @@ class _ValueShadows(TorchDispatchMode):
         # recorder holds saved tensors detached)
         self._aliases: dict[tuple[Any, ...], tuple[weakref.ref[Any], torch.Tensor, bool]] = {}
         self.expert_load = expert_load
+        # id(uniform draw in [0, 1): rand, rand_like) -> a weak reference to it: its
+        # comparisons with a bound outside that range are known (a WeakSet would compare
+        # tensors by value)
+        self._unit_draws: dict[int, weakref.ref[torch.Tensor]] = {}
         self.routing_seen = False  # a router's top-k pick got assumed values
         self.routing_decided = False  # ... and a shape or a value of the step depended on them
 
@@ -361,8 +374,39 @@ class _ValueShadows(TorchDispatchMode):
         constant (or a view of one), which cannot be written."""
         return writes_in_place(func) and self._constant_among(written_arguments(func, args, kwargs))
 
+    def _compared_draw(self, func: Any, args: Any) -> bool | None:
+        """The one answer of comparing a uniform draw with a bound outside [0, 1) (module
+        docstring), or None where the answer depends on the draw."""
+        if func not in _BOUND_COMPARISONS or len(args) < 2:
+            return None
+        drawn = self._unit_draws.get(id(args[0]))
+        if drawn is None or drawn() is not args[0]:
+            return None
+        bound = args[1]
+        if not isinstance(bound, int | float) or isinstance(bound, bool) or 0 < bound < 1:
+            return None
+        below = func in (_aten.lt.Scalar, _aten.le.Scalar)  # draw < bound, draw <= bound
+        if bound >= 1:  # every draw is below it
+            return below
+        if bound == 0 and func in (_aten.le.Scalar, _aten.gt.Scalar):
+            return None  # a draw of exactly 0 answers otherwise
+        return not below  # bound <= 0: no draw is below it
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if func in _UNIT_DRAWS and (kwargs.get("dtype") or torch.float32).is_floating_point:
+            out = func(*args, **kwargs)
+            self._unit_draws = {
+                key: ref for key, ref in self._unit_draws.items() if ref() is not None
+            }
+            self._unit_draws[id(out)] = weakref.ref(out)
+            return out
+        answer = self._compared_draw(func, args)
+        if answer is not None:
+            out = func(*args, **kwargs)
+            with torch._C._DisableTorchDispatch():  # real values, made outside the fake mode
+                self.attach(out, torch.full((), answer).expand(out.shape))
+            return out
         if is_routing_choice(func, args, kwargs) and self.shadow(args[0]) is None:
             return self._routing_choice(func, args, kwargs)
         if func in _CONSTANT_FILLS:
