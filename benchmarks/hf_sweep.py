@@ -72,9 +72,11 @@ from planner.core.fileio import atomic_path, atomic_write_text  # noqa: E402
 from planner.measure.workload import load_model_file  # noqa: E402
 
 DEFAULT_TIMEOUT_S = 180.0
-TIMEOUT_SCALE = {"gemma4": 3.0}
+TIMEOUT_SCALE = {"gemma4": 3.0, "omniasr": 3.0, "vibevoice_asr": 3.0}
 """Types given more than ``--timeout``: Gemma 4's images are 2520 patches each, padded to
-its processor's soft-token budget whatever their size (195 s here with 2 cores)."""
+its processor's soft-token budget whatever their size (195 s here with 2 cores); OmniASR's
+and VibeVoice-ASR's clips are 30 s of raw audio each, 480000 samples through their
+convolutions (259 s and 303 s)."""
 REFUSALS = (
     "the model's modules changed during its training step",
     "2 of 2 blocks cannot be checkpointed",

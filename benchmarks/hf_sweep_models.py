@@ -112,6 +112,12 @@ TASKS = {
     "image-text-to-text": Task(
         "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText", via_hf=True
     ),
+    "audio-text-to-text": Task(
+        "the speech language models of MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES and "
+        "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+        "AutoModelForSpeechSeq2Seq",
+        via_hf=True,
+    ),
 }
 """The tasks, each named as the batch kind it trains on: the zoo's language models
 (:func:`benchmarks.zoo_models.sample_batch`), and image classifiers, semantic
@@ -316,6 +322,25 @@ EXTRA: dict[str, dict[str, Any]] = {
         },
         "text_config": {"cross_attention_layers": [1]},
     },
+    # its encoder's convolutions have channels of their own (480): a size, made small
+    "qwen3_asr": {"audio_config": {"downsample_hidden_size": HIDDEN_SIZE}},
+    # its feature encoder's convolutions have channels of their own (512 each): sizes, made
+    # small (a 30 s clip is 480000 samples through them)
+    "omniasr": {"audio_config": {"conv_dim": [HIDDEN_SIZE] * 7}},
+    # its two audio tokenizers' convolutions: 32 channels first, doubling each of 6 stages
+    # (a 30 s clip is 480000 samples through them): sizes, made small
+    "vibevoice_asr": {
+        f"{kind}_tokenizer_encoder_config": {"num_filters": 4} for kind in ("acoustic", "semantic")
+    },
+    # its adaptor's width is tied to the language model's (a quarter of it)
+    "fun_asr_nano": {"adaptor_config": {"intermediate_size": HIDDEN_SIZE // 4}},
+    # their defaults name no audio token (Voxtral-Mini-3B's config: 24)
+    **{t: {"audio_token_id": 24} for t in ("voxtral", "voxtral_realtime")},
+    # its Q-Former projector reads the encoder's features: as wide as the encoder's
+    **{
+        t: {"projector_config": {"encoder_hidden_size": HIDDEN_SIZE}}
+        for t in ("granite_speech", "granite_speech_plus")
+    },
     # their defaults name no image token (a checkpoint's config does)
     **{t: {"image_token_id": 3} for t in ("minicpmv4_6", "minicpmv4_7", "minicpm_ocr")},
     # its pixel shuffle (ratio 0.5) makes features 4 x the tower's width, which its adapter
@@ -351,9 +376,37 @@ _TOKEN_PRIORITY = ("pad", "bos", "eos", "decoder_start", "unk", "sep", "cls", "m
 _FIRST_IDS = {"pad": 0, "bos": 1, "eos": 2}
 
 
+_AUDIO_TEXT_MAPPINGS = (
+    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+)
+"""The mappings naming speech language models (the audio-text-to-text task's): token ids
+with a clip besides (``planner/measure/hf_audio.py``); the speech-seq2seq task leaves them
+to it (the seq2seq task, whose batch is the zoo's text, keeps its own)."""
+
+
+def _speech_language_model(class_name: str) -> bool:
+    from planner.measure.hf_audio import takes_audio
+    from planner.measure.hf_images import takes_images
+
+    model_class = getattr(importlib.import_module("transformers"), class_name, None)
+    return model_class is not None and takes_audio(model_class) and not takes_images(model_class)
+
+
 def _mapping(task: str) -> dict[str, str]:
     modeling_auto = importlib.import_module("transformers.models.auto.modeling_auto")
-    return dict(getattr(modeling_auto, TASKS[task].mapping))
+    if task == "audio-text-to-text":
+        merged: dict[str, str] = {}
+        for name in _AUDIO_TEXT_MAPPINGS:
+            for model_type, class_name in getattr(modeling_auto, name).items():
+                if isinstance(class_name, str) and _speech_language_model(class_name):
+                    merged.setdefault(model_type, class_name)
+        return merged
+    mapping = dict(getattr(modeling_auto, TASKS[task].mapping))
+    if task == "speech-seq2seq":  # its speech language models take clips and token ids
+        speech = _mapping("audio-text-to-text")
+        mapping = {key: value for key, value in mapping.items() if key not in speech}
+    return mapping
 
 
 def model_types(task: str) -> list[str]:
@@ -647,13 +700,13 @@ def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     if window is not None:
         seq_len = f"&seq_len={window}"
     source = f"hf:{path.resolve()}?batch_size={BATCH_SIZE}{seq_len}&dtype=float32"
-    if task == "image-text-to-text":  # the zoo's sequence of text after the image's tokens
+    if task in ("image-text-to-text", "audio-text-to-text"):  # the zoo's text after the media
         parsed = WorkloadSource.parse(source)
         try:
-            image = min_seq_len(parsed) - 1
+            media = min_seq_len(parsed) - 1
         except ModelFileError:
-            image = 0  # refused: the sweep's step says why
-        source = str(parsed.with_seq_len(SEQ_LEN + image))
+            media = 0  # refused: the sweep's step says why
+        source = str(parsed.with_seq_len(SEQ_LEN + media))
     return source
 
 

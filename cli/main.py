@@ -33,6 +33,7 @@ from .boundary import (
 from .options import (
     BatchSizeOption,
     BudgetOption,
+    ClipsOption,
     Device,
     DeviceOption,
     DtypeOption,
@@ -155,6 +156,7 @@ def profile(
     batch_size: BatchSizeOption = None,
     seq_len: SeqLenOption = None,
     images: ImagesOption = None,
+    clips: ClipsOption = None,
     dtype: DtypeOption = None,
     out: Annotated[
         Path | None,
@@ -209,7 +211,7 @@ def profile(
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
         layout = parallel_layout(world_size, parallel, mesh, tp, pp, microbatches, schedule)
-        source = workload_source(model, hf, batch_size, seq_len, dtype, images=images)
+        source = workload_source(model, hf, batch_size, seq_len, dtype, images=images, clips=clips)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec, device = target_and_device(target, device)
@@ -352,6 +354,7 @@ def fit(
         ),
     ] = None,
     images: ImagesOption = None,
+    clips: ClipsOption = None,
     dtype: DtypeOption = None,
     zero_grad: ZeroGradOption = ZeroGrad.BEFORE_FORWARD,
     grad_accum: GradAccumOption = 1,
@@ -407,7 +410,7 @@ def fit(
         if hf is not None:  # the searched one starts at 1; fit_largest resizes it
             batch_size = batch_size or 1
             seq_len = 1 if dimension == "seq_len" else seq_len
-        source = workload_source(model, hf, batch_size, seq_len, dtype, images=images)
+        source = workload_source(model, hf, batch_size, seq_len, dtype, images=images, clips=clips)
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         if hf is not None and dimension == "seq_len":  # the search starts at the shortest
@@ -570,6 +573,7 @@ def solve(
     batch_size: BatchSizeOption = None,
     seq_len: SeqLenOption = None,
     images: ImagesOption = None,
+    clips: ClipsOption = None,
     dtype: DtypeOption = None,
     offload: OffloadOption = True,
     host_budget_text: HostBudgetOption = None,
@@ -596,6 +600,7 @@ def solve(
             seq_len,
             dtype,
             images=images,
+            clips=clips,
             model_option="--check MODEL.py",
             recorded=loaded.model_file,
         )
@@ -754,6 +759,7 @@ def verify(
     batch_size: BatchSizeOption = None,
     seq_len: SeqLenOption = None,
     images: ImagesOption = None,
+    clips: ClipsOption = None,
     dtype: DtypeOption = None,
     device: Annotated[
         Device | None,
@@ -805,7 +811,7 @@ def verify(
 
         recorded = load_plan(plan_path).model_file if hf is not None else None
         source = workload_source(
-            model, hf, batch_size, seq_len, dtype, images=images, recorded=recorded
+            model, hf, batch_size, seq_len, dtype, images=images, clips=clips, recorded=recorded
         )
 
         try:

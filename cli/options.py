@@ -270,6 +270,16 @@ ImagesOption = Annotated[
         show_default="1",
     ),
 ]
+ClipsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--clips",
+        min=0,
+        help="With --hf on a speech language model (Voxtral, Qwen2-Audio): 30 s clips per "
+        "sequence, their tokens counted in --seq-len; 0 trains it on text alone.",
+        show_default="1",
+    ),
+]
 DtypeOption = Annotated[
     Dtype | None,
     typer.Option(
@@ -288,14 +298,15 @@ def workload_source(
     dtype: Dtype | None,
     *,
     images: int | None = None,
+    clips: int | None = None,
     model_option: str = "MODEL.py",
     recorded: str | None = None,
 ) -> WorkloadSource | None:
     """The workload a command runs, as the library carries it: the model file (its path
     may carry a batch size, ``PATH?batch_size=N``, as printed commands write it), or the
     Hugging Face workload the ``--hf`` options name (``--batch-size``, ``--seq-len``,
-    ``--dtype`` and ``--images`` default to those of ``recorded``, the source a profile or
-    plan holds, where that is a Hugging Face workload). None when neither is given.
+    ``--dtype``, ``--images`` and ``--clips`` default to those of ``recorded``, the source a
+    profile or plan holds, where that is a Hugging Face workload). None when neither is given.
     Raises ModelFileError for a config that cannot be used; a bad combination of options is
     a usage error (exit 2)."""
     from planner.measure.hf import hf_workload
@@ -304,8 +315,8 @@ def workload_source(
     if model is not None and hf is not None:
         fail(f"pass either {model_option} or --hf CONFIG, not both", 2)
     if hf is None:
-        if (seq_len, dtype, images) != (None, None, None):
-            fail("--seq-len, --dtype and --images go with --hf CONFIG", 2)
+        if (seq_len, dtype, images, clips) != (None, None, None, None):
+            fail("--seq-len, --dtype, --images and --clips go with --hf CONFIG", 2)
         if model is None:
             if batch_size is not None:
                 fail(f"--batch-size goes with {model_option} or --hf CONFIG", 2)
@@ -320,9 +331,10 @@ def workload_source(
         seq_len = seq_len or before.seq_len
         dtype_name = dtype_name or before.dtype
         images = before.images if images is None else images
+        clips = before.clips if clips is None else clips
     if batch_size is None:
         fail("--hf needs --batch-size (and --seq-len, for a model taking token ids)", 2)
-    return hf_workload(hf, batch_size, seq_len, dtype_name, images)
+    return hf_workload(hf, batch_size, seq_len, dtype_name, images, clips)
 
 
 def target_and_device(target: str | None, device: Device) -> tuple[DeviceSpec | None, Device]:

@@ -205,11 +205,3 @@ def test_profile_a_vision_language_config_its_plan_exact_and_checked(
     assert "pixel_values" in plan.batch
     real = record_memory(build_workload(load_model_file(source), seed=0))
     assert real.measured_peak_bytes == profile.measured_peak_bytes
-
-
-def test_a_speech_model_taking_token_ids_is_refused_not_planned_on_text(tmp_path: Path) -> None:
-    """Voxtral's main input is token ids, its audio input_features besides: it was planned
-    on text alone, its audio encoder left out."""
-    written = WorkloadSource.parse(write_hf_config("seq2seq", "voxtral", tmp_path))
-    with pytest.raises(ModelFileError, match="is a speech model: it trains on audio"):
-        load_model_file(str(written))

@@ -45,10 +45,11 @@ What is built, and why:
   first, with no mask. The loss is the model's own ``output.loss``. Any other class
   whose main input is not token ids (a segmentation model's ``pixel_values``; AST's and
   Whisper's audio classifiers, whose spectrograms have one fixed length and layout), a
-  multiple-choice head (a batch of choices per example), or a speech model whose main
-  input is token ids (Voxtral: audio ``input_features`` beside them, which a plan for text
-  alone would leave out), is an error naming it: its batch needs a model file. A
-  vision-language model's sequences hold images (:mod:`planner.measure.hf_images`).
+  multiple-choice head (a batch of choices per example), or a speech model whose audio is
+  codes of its own codec (Kyutai's, Dia: a plan for text alone would leave its audio out),
+  is an error naming it: its batch needs a model file. A vision-language model's sequences
+  hold images (:mod:`planner.measure.hf_images`); a speech language model's (token ids, and
+  audio besides: Voxtral, Qwen2-Audio, Granite Speech) a clip (:mod:`planner.measure.hf_audio`).
 * **The optimizer**: ``torch.optim.AdamW(fused=True, lr=5e-5)``, the Hugging Face Trainer's
   default (``optim="adamw_torch_fused"``). Its state is in the parameters' dtype.
 * **The dtype**: ``--dtype``, else the config's own (``dtype`` or ``torch_dtype``), else
@@ -69,10 +70,12 @@ import enum
 import functools
 import inspect
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from planner.core.errors import ModelFileError
+from planner.measure.hf_audio import AudioTokens, audio_batch, audio_tokens, takes_audio
 from planner.measure.hf_images import (
     ImageTokens,
     image_batch,
@@ -170,12 +173,30 @@ def max_seq_len(source: WorkloadSource) -> int | None:
 
 def min_seq_len(source: WorkloadSource) -> int:
     """The shortest sequence the workload's batch can be: 1, or a vision-language model's
-    images' tokens and one of text (:mod:`planner.measure.hf_images`)."""
+    images' tokens and one of text (:mod:`planner.measure.hf_images`), or a speech language
+    model's clip's and one (:mod:`planner.measure.hf_audio`)."""
     config, model_class, _, kind, _ = _classified(source)
+    clips = _clips(source, kind, model_class)
+    if clips:
+        return clips * _audio_spec(source, _shape(source)[2]).per_clip + 1
     images = _images(source, kind, model_class, config)
     if not images:
         return 1
     return images * _image_spec(source, _shape(source)[2]).per_image + 1
+
+
+def _hears(kind: InputKind, model_class: Any) -> bool:
+    """Whether the class is a speech language model, whose sequences hold clips: token ids,
+    and audio besides (a model taking images too plans its images)."""
+    return kind is InputKind.TOKENS and takes_audio(model_class) and not takes_images(model_class)
+
+
+def _clips(source: WorkloadSource, kind: InputKind, model_class: Any) -> int:
+    """The clips each sequence holds: ``--clips``, else 1, for a speech language model; 0
+    for any other."""
+    if not _hears(kind, model_class):
+        return 0
+    return 1 if source.clips is None else source.clips
 
 
 def _images(source: WorkloadSource, kind: InputKind, model_class: Any, config: Any) -> int:
@@ -193,19 +214,31 @@ def _no_vision(config: Any) -> bool:
 
 
 def _image_spec(source: WorkloadSource, dtype_name: str) -> ImageTokens:
-    """How the workload's sequences hold an image (:func:`image_tokens`), counted once per
-    config file and dtype in a process: counting builds the model on fake tensors (5 s for
-    an 8B model)."""
+    """How the workload's sequences hold an image (:func:`image_tokens`)."""
+    spec: ImageTokens = _counted_spec(image_tokens, source, dtype_name)
+    return spec
+
+
+def _audio_spec(source: WorkloadSource, dtype_name: str) -> AudioTokens:
+    """How the workload's sequences hold a clip (:func:`audio_tokens`)."""
+    spec: AudioTokens = _counted_spec(audio_tokens, source, dtype_name)
+    return spec
+
+
+def _counted_spec(count: Callable[..., Any], source: WorkloadSource, dtype_name: str) -> Any:
+    """``count(path, config, class, dtype)``, once per config file and dtype in a process:
+    counting an image's or a clip's tokens builds the model on fake tensors (5 s for an 8B
+    model)."""
     path = source.path
-    return _counted_image_spec(str(path), path.stat().st_mtime_ns, dtype_name)
+    return _counted_once(count, str(path), path.stat().st_mtime_ns, dtype_name)
 
 
-@functools.lru_cache(maxsize=8)
-def _counted_image_spec(path: str, mtime_ns: int, dtype_name: str) -> ImageTokens:
+@functools.lru_cache(maxsize=16)
+def _counted_once(count: Callable[..., Any], path: str, mtime_ns: int, dtype_name: str) -> Any:
     del mtime_ns  # part of the key: an edited config is counted again
     source = WorkloadSource.hugging_face(path, 1, None, dtype_name)
     config = _build_config(source)
-    return image_tokens(source.path, config, _model_class(source, config), _torch_dtype(dtype_name))
+    return count(source.path, config, _model_class(source, config), _torch_dtype(dtype_name))
 
 
 def hf_workload(
@@ -214,6 +247,7 @@ def hf_workload(
     seq_len: int | None,
     dtype: str | None = None,
     images: int | None = None,
+    clips: int | None = None,
 ) -> WorkloadSource:
     """Check a Hugging Face workload before anything is built: ``config`` is a local
     ``config.json`` or a folder holding one, with a ``model_type``; ``batch_size`` and
@@ -221,7 +255,8 @@ def hf_workload(
     config's size; whether the class takes tokens, and fits them in its positions, is
     checked when it is loaded: :func:`load_hf_model_file`); ``dtype`` (default: the
     config's, else float32) is one of :data:`DTYPES`; ``images`` (a vision-language model's
-    images a sequence; None: its default) is not negative. Raises :class:`ModelFileError`
+    images a sequence; None: its default) and ``clips`` (a speech language model's) are not
+    negative. Raises :class:`ModelFileError`
     naming the fix."""
     path = _config_file(config)
     data = _read_config(path)
@@ -231,10 +266,11 @@ def hf_workload(
         )
     if dtype is not None and dtype not in DTYPES:
         raise ModelFileError(f"--dtype {dtype}: use one of {', '.join(DTYPES)}")
-    if images is not None and images < 0:
-        raise ModelFileError(f"--images {images}: give 0 (text alone) or more")
+    for option, count in (("--images", images), ("--clips", clips)):
+        if count is not None and count < 0:
+            raise ModelFileError(f"{option} {count}: give 0 (text alone) or more")
     return WorkloadSource.hugging_face(
-        path, batch_size, seq_len, dtype or _config_dtype(data, path), images
+        path, batch_size, seq_len, dtype or _config_dtype(data, path), images, clips
     )
 
 
@@ -461,14 +497,14 @@ def _classified(source: WorkloadSource) -> _Inputs:
             "audio for a speech recognizer or audio classifier; write a model file whose "
             f"sample_batch() gives {main_input}"
         )
-    hears = [name for name in ("input_features", "input_values") if name in forward]
-    speech = hears or head == "speech-seq2seq"  # Kyutai's, Dia's audio: codes of their own
-    if kind is InputKind.TOKENS and speech and not takes_images(model_class):
+    # Kyutai's, Dia's audio: codes of their own, which --hf does not build (a speech
+    # language model's clips it does: planner/measure/hf_audio.py)
+    codes = head == "speech-seq2seq" and not takes_audio(model_class)
+    if kind is InputKind.TOKENS and codes and not takes_images(model_class):
         raise ModelFileError(
-            f"--hf {source.path}: {name} is a speech model: it trains on audio "
-            f"({', '.join(hears) or 'audio codes'}) besides token ids, which --hf does not "
-            "build (a plan for text alone would leave its audio encoder out); write a model "
-            "file whose sample_batch() gives them"
+            f"--hf {source.path}: {name} is a speech model: it trains on audio codes besides "
+            "token ids, which --hf does not build (a plan for text alone would leave its "
+            "audio encoder out); write a model file whose sample_batch() gives them"
         )
     if head == "multiple-choice":
         raise ModelFileError(
@@ -531,7 +567,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     from planner.measure.model_file import ModelFile
 
     batch_size, seq_len, dtype_name = _shape(source)
-    source = hf_workload(source.path, batch_size, seq_len, dtype_name, source.images)
+    source = hf_workload(source.path, batch_size, seq_len, dtype_name, source.images, source.clips)
     transformers = _transformers()
     config, model_class, head, kind, main_input = _classified(source)
     name = model_class.__name__
@@ -550,6 +586,15 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         )
     images = _images(source, kind, model_class, config)
     image_spec = _image_spec(source, dtype_name) if images else None
+    if source.clips is not None and not _hears(kind, model_class):
+        raise ModelFileError(
+            f"--clips {source.clips}: {name} takes no audio besides its {kind.value}; leave "
+            "out --clips"
+        )
+    clips = _clips(source, kind, model_class)
+    audio_spec = _audio_spec(source, dtype_name) if clips else None
+    if _hears(kind, model_class):  # a language model (of the speech-seq2seq mapping or not)
+        head = None  # its labels are its tokens, with clips or without
     if kind is InputKind.IMAGES and seq_len is not None:
         channels, height, width = _image_shape(source.path, config)
         raise ModelFileError(
@@ -581,6 +626,12 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"--seq-len {seq_len} leaves no text after {name}'s {images} image(s) of "
             f"{image_spec.per_image} tokens each; pass --seq-len {least} or more (or fewer "
             "--images)"
+        )
+    if audio_spec is not None and seq_len is not None and seq_len <= clips * audio_spec.per_clip:
+        raise ModelFileError(
+            f"--seq-len {seq_len} leaves no text after {name}'s {clips} clip(s) of "
+            f"{audio_spec.per_clip} tokens each; pass --seq-len "
+            f"{clips * audio_spec.per_clip + 1} or more (or fewer --clips)"
         )
     # A sequence classifier's eos is its pad where the config names none (decoder-only
     # classifiers find each sequence's last token by the pad), and an encoder-decoder's
@@ -634,6 +685,10 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         inputs_said = "{} x {} x {} random feature frames{}".format(batch_size, *frames, masked)
     elif main_input == "input_values":
         inputs_said = f"{batch_size} x {seq_len} random audio samples (input_values)"
+    elif audio_spec is not None:
+        inputs_said = (
+            f"{batch_size} x {seq_len} token ids with attention_mask, {audio_spec.said(clips)}"
+        )
     elif image_spec is not None:
         inputs_said = (
             f"{batch_size} x {seq_len} token ids with attention_mask, {image_spec.said(images)}"
@@ -644,6 +699,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             inputs_said += " (no vision_config: text alone)"
         elif vision_language:
             inputs_said += " (--images 0: text alone)"
+        elif _hears(kind, model_class):
+            inputs_said += " (--clips 0: text alone)"
     transcript = blank = 0
     if head == "ctc":
         assert seq_len is not None and isinstance(vocab_size, int)
@@ -651,7 +708,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         pad = getattr(config, "pad_token_id", None)  # CTC's blank
         blank = pad if isinstance(pad, int) and 0 <= pad < vocab_size else 0
         targets_said = f"a transcript of {transcript} labels per clip (none the blank, {blank})"
-    elif head == "speech-seq2seq":  # as long as its decoder's positions allow
+    elif head == "speech-seq2seq" and kind is InputKind.AUDIO:  # as its decoder's positions allow
         assert seq_len is not None
         transcript = max(1, seq_len // _SAMPLES_PER_LABEL[main_input])
         longest = getattr(config, "max_target_positions", None)
@@ -684,6 +741,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
                 return {**batch, "labels": text_tokens(shape, vocab_size, named_ids(config))}
             return {**batch, **_targets(head, config, batch[main_input], dtype)}
         assert isinstance(vocab_size, int)
+        if audio_spec is not None:  # a clip, then text (planner/measure/hf_audio.py)
+            return audio_batch(audio_spec, clips, batch_size, seq_len, vocab_size, dtype)
         if image_spec is not None:  # images, then text (planner/measure/hf_images.py)
             return image_batch(image_spec, images, batch_size, seq_len, vocab_size, dtype)
         input_ids = torch.randint(0, vocab_size, (batch_size, seq_len))  # (B, T)

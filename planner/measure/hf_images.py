@@ -60,7 +60,9 @@ __all__ = [
     "ImageTokens",
     "image_batch",
     "image_tokens",
+    "int_field",
     "named_ids",
+    "placeholder_tokens",
     "takes_images",
     "text_tokens",
 ]
@@ -190,7 +192,9 @@ def _image_features(model: Any) -> Any:
     return features if callable(features) else model.base_model.get_image_features
 
 
-def _int_field(owners: tuple[Any, ...], fields: tuple[str, ...]) -> int | None:
+def int_field(owners: tuple[Any, ...], fields: tuple[str, ...]) -> int | None:
+    """The first of ``fields`` that one of ``owners`` (configs, in order) holds as a whole
+    number (not negative, not a bool), or None."""
     for owner in owners:
         for field in fields:
             value = getattr(owner, field, None)
@@ -389,7 +393,7 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         )
     vision = getattr(config, "vision_config", None)
     owners = tuple(owner for owner in (vision, config) if owner is not None)
-    image_token = _int_field((config, config.get_text_config()), _IMAGE_FIELDS)
+    image_token = int_field((config, config.get_text_config()), _IMAGE_FIELDS)
     if image_token is None:
         raise ModelFileError(
             f"--hf {path}: the config names no image_token_id, the token an image's features "
@@ -401,10 +405,10 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
     if layout in _PATCH_LAYOUTS and not patch:
         raise ModelFileError(f"--hf {path}: its vision_config names no patch_size; {way_on}")
     if layout is ImageLayout.POSITIONED:  # the largest square the soft-token budget allows
-        pool = _int_field(owners, ("pooling_kernel_size",)) or 1
+        pool = int_field(owners, ("pooling_kernel_size",)) or 1
         padded, size = _budget_square(SOFT_TOKEN_BUDGET, pool, patch, size)
     elif layout is ImageLayout.SHAPED:  # the largest square the token budget allows
-        factor = _int_field(owners, ("downsample_factor",)) or 1
+        factor = int_field(owners, ("downsample_factor",)) or 1
         padded, size = _budget_square(NAFLEX_TOKEN_BUDGET, factor, patch, size)
     elif layout is ImageLayout.PACKED:  # its merger halves the grid twice: 4 x 4 a token
         # its vision_config's image_size is its position grid's (224), not the processor's
@@ -412,19 +416,19 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         unit = 4 * patch
         size = max(unit, round(DYNAMIC_IMAGE_SIZE / unit) * unit)
     elif layout is ImageLayout.PATCHES:
-        unit = patch * (_int_field(owners, ("spatial_merge_size",)) or 1)
+        unit = patch * (int_field(owners, ("spatial_merge_size",)) or 1)
         size = max(unit, round((size or DYNAMIC_IMAGE_SIZE) / unit) * unit)
-        temporal = _int_field(owners, ("temporal_patch_size",)) or 1
+        temporal = int_field(owners, ("temporal_patch_size",)) or 1
     elif size is None:
         raise ModelFileError(f"--hf {path}: its vision_config names no image_size; {way_on}")
     spec = ImageTokens(
         layout=layout,
-        channels=_int_field(owners, ("num_channels", "in_channels", "in_chans")) or 3,
+        channels=int_field(owners, ("num_channels", "in_channels", "in_chans")) or 3,
         size=size,
         tokens=0,
         image_token=image_token,
-        start=_int_field((config,), _START_FIELDS),
-        end=_int_field((config,), _END_FIELDS),
+        start=int_field((config,), _START_FIELDS),
+        end=int_field((config,), _END_FIELDS),
         reserved=named_ids(config),
         patch=patch,
         temporal=temporal,
@@ -478,7 +482,7 @@ def _cross_attention_tiles(path: Path, config: Any, way_on: str) -> ImageTokens:
     square grid of tiles its ``supported_aspect_ratios`` hold (2 x 2 of 560 x 560: 1120 x
     1120), padded to ``max_num_tiles``, as its processor cuts and pads it."""
     vision = config.vision_config
-    image_token = _int_field((config, config.get_text_config()), _IMAGE_FIELDS)
+    image_token = int_field((config, config.get_text_config()), _IMAGE_FIELDS)
     size = _side(getattr(vision, "image_size", None))
     ratios = [tuple(ratio) for ratio in getattr(vision, "supported_aspect_ratios", None) or []]
     squares = [ratio for ratio in ratios if len(ratio) == 2 and ratio[0] == ratio[1]]
@@ -490,7 +494,7 @@ def _cross_attention_tiles(path: Path, config: Any, way_on: str) -> ImageTokens:
     grid = max(squares)[0]
     return ImageTokens(
         layout=ImageLayout.CROSS,
-        channels=_int_field((vision,), ("num_channels",)) or 3,
+        channels=int_field((vision,), ("num_channels",)) or 3,
         size=size,
         tokens=1,
         image_token=image_token,
@@ -499,7 +503,7 @@ def _cross_attention_tiles(path: Path, config: Any, way_on: str) -> ImageTokens:
         reserved=named_ids(config),
         grid=grid,
         aspect_ratio=ratios.index(max(squares)) + 1,
-        max_tiles=_int_field((vision,), ("max_num_tiles",)) or grid**2,
+        max_tiles=int_field((vision,), ("max_num_tiles",)) or grid**2,
     )
 
 
@@ -514,6 +518,29 @@ def text_tokens(shape: tuple[int, int], vocab_size: int, reserved: tuple[int, ..
     return tokens
 
 
+def placeholder_tokens(
+    one: list[int | None],
+    count: int,
+    shape: tuple[int, int],
+    vocab_size: int,
+    reserved: tuple[int, ...],
+) -> dict[str, torch.Tensor]:
+    """``input_ids``, ``attention_mask`` (all ones) and ``labels`` of ``shape`` (batch,
+    tokens): ``count`` times ``one`` (an image's or a clip's placeholder tokens, its start
+    and end where not None), then text to the sequence's end (:func:`text_tokens`); labels
+    the tokens, -100 at the placeholders."""
+    import torch
+
+    prefix = [token for token in one if token is not None] * count
+    batch_size, seq_len = shape
+    text = text_tokens((batch_size, seq_len - len(prefix)), vocab_size, reserved)
+    head = torch.tensor(prefix, dtype=torch.long).expand(batch_size, -1)
+    input_ids = torch.cat([head, text], dim=1)  # (B, T)
+    labels = input_ids.clone()
+    labels[:, : len(prefix)] = -100
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
+
+
 def image_batch(
     spec: ImageTokens,
     images: int,
@@ -526,22 +553,10 @@ def image_batch(
     tokens (module docstring)."""
     import torch
 
-    prefix: list[int] = []
-    for _ in range(images):
-        prefix += [spec.start] if spec.start is not None else []
-        prefix += [spec.image_token] * spec.tokens
-        prefix += [spec.end] if spec.end is not None else []
-    text = text_tokens((batch_size, seq_len - len(prefix)), vocab_size, spec.reserved)
-    head = torch.tensor(prefix, dtype=torch.long).expand(batch_size, -1)
-    input_ids = torch.cat([head, text], dim=1)  # (B, T)
-    labels = input_ids.clone()
-    labels[:, : len(prefix)] = -100
-    batch = {
-        "input_ids": input_ids,
-        "attention_mask": torch.ones_like(input_ids),
-        **_image_inputs(spec, batch_size, images, dtype),
-        "labels": labels,
-    }
+    one = [spec.start, *[spec.image_token] * spec.tokens, spec.end]
+    tokens = placeholder_tokens(one, images, (batch_size, seq_len), vocab_size, spec.reserved)
+    input_ids = tokens["input_ids"]
+    batch = {**tokens, **_image_inputs(spec, batch_size, images, dtype)}
     if spec.layout is ImageLayout.CROSS:  # each image's tiles, to the text from its token on
         attends = torch.zeros(batch_size, seq_len, images, spec.max_tiles, dtype=torch.long)
         for image in range(images):

@@ -9,7 +9,8 @@ profiles and plans (their ``model_file``) as one line of text, its source:
 * ``hf:/abs/path/config.json?batch_size=1&seq_len=4096&dtype=bfloat16``: a Hugging Face
   config and the synthetic batch to plan it for (:mod:`planner.measure.hf`); an image
   classifier's has no ``seq_len`` (its images are the config's size); a vision-language
-  model's may name its ``images`` a sequence (``&images=0``: text alone; none: the default).
+  model's may name its ``images`` a sequence (``&images=0``: text alone; none: the default),
+  a speech language model's its ``clips``.
 
 :class:`WorkloadSource` is that line as a record: :meth:`WorkloadSource.parse` reads it where
 text comes in (a path passed to :func:`~planner.measure.workload.load_model_file`, a profile's
@@ -46,8 +47,9 @@ class WorkloadSource:
     Hugging Face ``config.json``. ``batch_size``: for a model file, the one its
     ``sample_batch(batch_size=...)`` is given (None: its own default); for a Hugging Face
     workload, with ``seq_len`` (None for images) and ``dtype`` (the parameters'), the
-    synthetic batch's shape, and ``images``, a vision-language model's images a sequence
-    (None: its default, :mod:`planner.measure.hf_images`).
+    synthetic batch's shape, ``images``, a vision-language model's images a sequence
+    (None: its default, :mod:`planner.measure.hf_images`), and ``clips``, a speech language
+    model's clips (:mod:`planner.measure.hf_audio`).
     Build one with :meth:`model_file` or :meth:`hugging_face`; nothing here reads the file."""
 
     kind: SourceKind
@@ -56,14 +58,15 @@ class WorkloadSource:
     seq_len: int | None = None
     dtype: str | None = None
     images: int | None = None
+    clips: int | None = None
 
     def __post_init__(self) -> None:
         shape = (self.batch_size, self.dtype)
         if self.kind is SourceKind.HUGGING_FACE and None in shape:
             raise ValueError(f"a Hugging Face workload needs a batch size and dtype: {self}")
-        hf_only = (self.seq_len, self.dtype, self.images)
-        if self.kind is SourceKind.MODEL_FILE and hf_only != (None, None, None):
-            raise ValueError("a model file's source takes no seq_len, dtype or images")
+        hf_only = (self.seq_len, self.dtype, self.images, self.clips)
+        if self.kind is SourceKind.MODEL_FILE and hf_only != (None, None, None, None):
+            raise ValueError("a model file's source takes no seq_len, dtype, images or clips")
 
     @classmethod
     def model_file(
@@ -79,9 +82,10 @@ class WorkloadSource:
         seq_len: int | None,
         dtype: str,
         images: int | None = None,
+        clips: int | None = None,
     ) -> WorkloadSource:
         path = Path(config_path)
-        return cls(SourceKind.HUGGING_FACE, path, batch_size, seq_len, dtype, images)
+        return cls(SourceKind.HUGGING_FACE, path, batch_size, seq_len, dtype, images, clips)
 
     @classmethod
     def parse(cls, text: str | os.PathLike[str]) -> WorkloadSource:
@@ -96,13 +100,14 @@ class WorkloadSource:
                 batch_size, dtype = int(values["batch_size"]), values["dtype"]
                 seq_len = int(values["seq_len"]) if "seq_len" in values else None
                 images = int(values["images"]) if "images" in values else None
+                clips = int(values["clips"]) if "clips" in values else None
             except (KeyError, ValueError):
                 raise ModelFileError(
                     f"{text!r} is not a Hugging Face workload source (expected "
-                    f"{_HF_PREFIX}CONFIG?batch_size=B[&seq_len=S]&dtype=D[&images=N]); "
+                    f"{_HF_PREFIX}CONFIG?batch_size=B[&seq_len=S]&dtype=D[&images=N][&clips=N]); "
                     "re-create the profile"
                 ) from None
-            return cls.hugging_face(path, batch_size, seq_len, dtype, images)
+            return cls.hugging_face(path, batch_size, seq_len, dtype, images, clips)
         base, query, count = text.rpartition(_BATCH_SIZE_QUERY)
         if not query or Path(text).expanduser().is_file():
             return cls.model_file(text)
@@ -124,6 +129,7 @@ class WorkloadSource:
                 "seq_len": self.seq_len,
                 "dtype": self.dtype,
                 "images": self.images,
+                "clips": self.clips,
             }
             query = urllib.parse.urlencode({k: v for k, v in shape.items() if v is not None})
             return f"{_HF_PREFIX}{self.path}?{query}"
@@ -157,15 +163,18 @@ class WorkloadSource:
     def command_arguments(self, model: str | None = None) -> list[str]:
         """The command-line options that name this workload: a Hugging Face workload's
         ``--hf CONFIG --batch-size B --seq-len S --dtype D`` (no ``--seq-len`` for images;
-        ``--images N`` where it names them);
+        ``--images N``, ``--clips N`` where it names them);
         else the model file (``model``
         in its place where given, e.g. ``MODEL.py`` for a command to run on another machine)
         with ``--batch-size N`` where it has one."""
         if self.is_hugging_face:
             seq_len = ["--seq-len", str(self.seq_len)] if self.seq_len is not None else []
             batch = ["--batch-size", str(self.batch_size), *seq_len]
-            images = ["--images", str(self.images)] if self.images is not None else []
-            return ["--hf", str(self.path), *batch, "--dtype", str(self.dtype), *images]
+            media = [
+                *(["--images", str(self.images)] if self.images is not None else []),
+                *(["--clips", str(self.clips)] if self.clips is not None else []),
+            ]
+            return ["--hf", str(self.path), *batch, "--dtype", str(self.dtype), *media]
         sized = ["--batch-size", str(self.batch_size)] if self.batch_size is not None else []
         return [model or str(self.path), *sized]
 
