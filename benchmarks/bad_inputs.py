@@ -33,7 +33,7 @@ from planner.core.fileio import atomic_write_text  # noqa: E402
 from planner.core.records import Unit  # noqa: E402
 from planner.measure.profiler import profile_workload  # noqa: E402
 from planner.measure.workload import build_workload, load_model_file  # noqa: E402
-from planner.plan.plan_file import plan_to_dict, save_plan  # noqa: E402
+from planner.plan.plan_file import PLAN_SCHEMA_VERSION, plan_to_dict, save_plan  # noqa: E402
 from planner.solve.planning import build_plan  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
@@ -337,6 +337,34 @@ CASES = [
     ),
     Case(
         PROFILE,
+        "--hf --images on a model that takes none",
+        ("--hf", "{examples}/configs/gpt2.json", *HF_SHAPE, "--images", "1", *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "--hf --clips on a model that takes no audio",
+        ("--hf", "{examples}/configs/gpt2.json", *HF_SHAPE, "--clips", "1", *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "--hf sequence too short for a speech language model's clip",
+        (
+            "--hf",
+            "{examples}/configs/voxtral-mini-3b.json",
+            "--batch-size",
+            "1",
+            "--seq-len",
+            "256",
+            "-b",
+            "40GB",
+            *OUT,
+        ),
+        4,
+    ),
+    Case(
+        PROFILE,
         "MODEL.py and --hf together",
         ("{data}/small_cnn.py", "--hf", "{examples}/configs/gpt2.json", *HF_SHAPE, *OUT),
         2,
@@ -442,7 +470,8 @@ def write_plans(folder: Path) -> None:
     (folder / "corrupt.json").write_text(json.dumps(data)[:200])
     (folder / "list.json").write_text("[1, 2, 3]\n")
     (folder / "no_fields.json").write_text('{"schema_version": 1}\n')
-    (folder / "future.json").write_text(json.dumps({**data, "schema_version": 2}))
+    future = {**data, "schema_version": PLAN_SCHEMA_VERSION + 1}  # newer than any it reads
+    (folder / "future.json").write_text(json.dumps(future))
     bad_loop = {**data, "loop": {"zero_grad": "before-forward", "grad_accum": 0}}
     (folder / "bad_loop.json").write_text(json.dumps(bad_loop))
     no_restore = tuple(dataclasses.replace(d, restore_buffers=()) for d in good.modules)
