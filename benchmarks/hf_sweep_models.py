@@ -334,6 +334,13 @@ EXTRA: dict[str, dict[str, Any]] = {
     },
     # its adaptor's width is tied to the language model's (a quarter of it)
     "fun_asr_nano": {"adaptor_config": {"intermediate_size": HIDDEN_SIZE // 4}},
+    # their thinkers' defaults name no vision start token, which their rotary positions
+    # look for before an image (a checkpoint's thinker_config does: 151652)
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": 8},
+    "qwen2_5_omni_thinker": {
+        "vision_start_token_id": 8,
+        "text_config": {"rope_parameters": {"mrope_section": [2, 3, 3]}},
+    },
     # their defaults name no audio token (Voxtral-Mini-3B's config: 24)
     **{t: {"audio_token_id": 24} for t in ("voxtral", "voxtral_realtime")},
     # its Q-Former projector reads the encoder's features: as wide as the encoder's

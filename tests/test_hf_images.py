@@ -205,3 +205,16 @@ def test_profile_a_vision_language_config_its_plan_exact_and_checked(
     assert "pixel_values" in plan.batch
     real = record_memory(build_workload(load_model_file(source), seed=0))
     assert real.measured_peak_bytes == profile.measured_peak_bytes
+
+
+def test_a_model_taking_images_and_audio_is_planned_on_images_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """Qwen2.5-Omni's thinker takes clips too: `--hf` gives it images, and its assumptions
+    say its audio encoder is not run."""
+    built = build_workload(load_model_file(_source(tmp_path, "qwen2_5_omni_thinker")), seed=0)
+    assert "pixel_values" in built.batch and "input_features" not in built.batch
+    assert "(no audio: --hf plans a model taking images and audio on images)" in (
+        built.notes[0].text
+    )
+    assert run_training_step(built, seed=0).isfinite()

@@ -693,6 +693,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         inputs_said = (
             f"{batch_size} x {seq_len} token ids with attention_mask, {image_spec.said(images)}"
         )
+        if takes_audio(model_class):  # Qwen2.5-Omni's thinker, Gemma 3n, Phi-4-multimodal
+            inputs_said += " (no audio: --hf plans a model taking images and audio on images)"
     else:
         inputs_said = f"{batch_size} x {seq_len} random token ids with attention_mask"
         if vision_language and _no_vision(config):
