@@ -36,21 +36,28 @@ def _source(folder: Path, model_type: str, seq_len: int | None = None) -> str:
 
 
 @pytest.mark.parametrize(
-    ("model_type", "audio", "mask", "tokens"),
+    ("model_type", "audio", "masks", "tokens"),
     [
         # Whisper's encoder: 128 mel bins x 3000 frames, its projector 4 frames a token
-        ("glmasr", (2, 128, 3000), "input_features_mask", 375),
+        ("glmasr", (2, 128, 3000), {"input_features_mask": 3000}, 375),
         # no get_audio_features: its audio tower's 750 positions, counted
-        ("qwen2_audio", (2, 128, 3000), "feature_attention_mask", 750),
-        ("voxtral", (2, 128, 3000), None, 750),  # (the small config's projector: 2 a token)
+        ("qwen2_audio", (2, 128, 3000), {"feature_attention_mask": 3000}, 750),
+        ("voxtral", (2, 128, 3000), {}, 750),  # (the small config's projector: 2 a token)
+        # a mask of the frames, and one of the raw samples its get_audio_features asks for
+        (
+            "moss_transcribe_diarize",
+            (2, 80, 3000),
+            {"input_features_mask": 3000, "padding_mask": 480000},
+            375,
+        ),
         # its conformer takes two mel frames stacked, 50 a second; no mask of frames
-        ("granite_speech", (2, 1500, 160), None, 300),
+        ("granite_speech", (2, 1500, 160), {}, 300),
         # 30 s of raw 16 kHz audio, a channel; its convolutions' 1499 frames, as wav2vec 2.0's
-        ("omniasr", (2, 1, 480000), "padding_mask", 1499),
+        ("omniasr", (2, 1, 480000), {"padding_mask": 480000}, 1499),
     ],
 )
 def test_a_speech_language_batch_holds_a_clips_tokens(
-    tmp_path: Path, model_type: str, audio: tuple[int, ...], mask: str | None, tokens: int
+    tmp_path: Path, model_type: str, audio: tuple[int, ...], masks: dict[str, int], tokens: int
 ) -> None:
     """Each sequence: a clip's tokens (as many as its encoder gives features: the model
     checks that on every step), then text naming none of the config's ids; labels -100 at
@@ -58,10 +65,10 @@ def test_a_speech_language_batch_holds_a_clips_tokens(
     built = build_workload(load_model_file(_source(tmp_path, model_type)), seed=0)
     batch = built.batch
     main = "input_values" if model_type == "omniasr" else "input_features"
-    assert set(batch) == {"input_ids", "attention_mask", main, "labels"} | ({mask} - {None})
+    assert set(batch) == {"input_ids", "attention_mask", main, "labels", *masks}
     assert tuple(batch[main].shape) == audio
-    if mask is not None:
-        assert batch[mask].shape == (2, audio[-1]) and bool(batch[mask].all())
+    for mask, length in masks.items():  # every frame, or sample, real
+        assert batch[mask].shape == (2, length) and bool(batch[mask].all())
     audio_token = built.model.config.audio_token_id
     counts = (batch["input_ids"] == audio_token).sum(dim=1)
     assert counts.tolist() == [tokens, tokens]

@@ -16,8 +16,9 @@ every token the language model sees, the clips' included:
   (Whisper's encoder: Voxtral, Qwen2-Audio, Qwen3-ASR, GLM-ASR, Audio Flamingo 3), frames of
   its encoder's ``input_dim`` (Granite Speech: two mel frames stacked, 50 a second), or raw
   16 kHz samples (OmniASR; VibeVoice-ASR's processor samples at 24 kHz, so its 480000 are
-  20 s). Where the class takes a mask of them
-  (``input_features_mask``, ``feature_attention_mask``, ``padding_mask``), it is all ones.
+  20 s). Where the class takes masks of them (``input_features_mask`` or
+  ``feature_attention_mask`` of the frames, ``padding_mask`` of the raw samples), they are
+  all ones.
 * **The sequence** is the clip's start token where the config names one
   (``audio_bos_token_id``, ...), as many audio tokens as the encoder gives features, its end
   token where named; then text tokens to ``--seq-len``, uniform below ``vocab_size`` and none
@@ -91,7 +92,7 @@ class AudioTokens:
     start: int | None  # the token before each clip's, where the config names one
     end: int | None  # the token after them
     reserved: tuple[int, ...]  # every id the config names: text tokens are none of them
-    mask: str | None = None  # the input masking the clip's real frames, where it takes one
+    masks: tuple[str, ...] = ()  # the inputs masking the clip's real frames or samples
 
     @property
     def per_clip(self) -> int:
@@ -145,13 +146,16 @@ def _named(function: Any) -> list[str]:
 
 
 def _audio_features(model: Any) -> tuple[Any, list[str]]:
-    """The built model's ``get_audio_features`` and its named inputs, or where it passes
-    ``(*args, **kwargs)`` on, its base model's; where neither has one (Qwen2-Audio), its
-    audio tower."""
+    """The built model's ``get_audio_features`` and the inputs it and its base model's name,
+    or where it passes ``(*args, **kwargs)`` on, its base model's; where neither has one
+    (Qwen2-Audio), its audio tower."""
+    base = getattr(getattr(model, "base_model", None), "get_audio_features", None)
     for owner in (model, getattr(model, "base_model", None)):
         features = getattr(owner, "get_audio_features", None)
         if callable(features) and _named(features):
-            return features, _named(features)
+            # what it passes on to its base model's too (Moss's raw samples' padding_mask)
+            passed = _named(base) if callable(base) and owner is model else []
+            return features, [*_named(features), *passed]
     towers = [module for name, module in model.named_modules() if name.endswith("audio_tower")]
     if not towers:
         raise TypeError("it has no get_audio_features and no audio_tower to count by")
@@ -168,8 +172,9 @@ def audio_inputs(spec: AudioTokens, count: int, dtype: torch.dtype) -> dict[str,
         inputs = {"input_features": torch.randn(count, spec.width, spec.length).to(dtype)}
     else:  # (n, frames, features)
         inputs = {"input_features": torch.randn(count, spec.length, spec.width).to(dtype)}
-    if spec.mask is not None:
-        inputs[spec.mask] = torch.ones(count, spec.length, dtype=torch.long)
+    for mask in spec.masks:  # padding_mask marks raw samples, whatever the layout
+        length = SAMPLE_RATE * CLIP_SECONDS if mask == "padding_mask" else spec.length
+        inputs[mask] = torch.ones(count, length, dtype=torch.long)
     return inputs
 
 
@@ -223,10 +228,12 @@ def audio_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
             f"--hf {path}: {name} takes input_features, and its config names no feature "
             f"width (num_mel_bins, input_dim); add it, or {way_on}"
         )
-    # the mask of a clip's real frames or samples; Granite Speech's input_features_mask marks
-    # its projected features, not frames, and is left out (all of them real)
-    masks = [name for name in _MASKS if name in forward and layout is not AudioLayout.FRAMES]
-    mask = masks[0] if masks else None
+    # the masks of a clip's real frames or samples (Moss Transcribe-Diarize takes both);
+    # Granite Speech's input_features_mask marks its projected features, not frames, and is
+    # left out (all of them real)
+    masks = tuple(name for name in _MASKS if name in forward and layout is not AudioLayout.FRAMES)
+    if "feature_attention_mask" in masks:  # Qwen2-Audio's name for the frames' mask
+        masks = tuple(name for name in masks if name != "input_features_mask")
     spec = AudioTokens(
         layout=layout,
         width=width,
@@ -236,7 +243,7 @@ def audio_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         start=int_field((config,), _START_FIELDS),
         end=int_field((config,), _END_FIELDS),
         reserved=named_ids(config),
-        mask=mask,
+        masks=masks,
     )
     try:
         tokens = _counted(model_class, config, spec, dtype)
