@@ -256,8 +256,7 @@ def hf_workload(
     checked when it is loaded: :func:`load_hf_model_file`); ``dtype`` (default: the
     config's, else float32) is one of :data:`DTYPES`; ``images`` (a vision-language model's
     images a sequence; None: its default) and ``clips`` (a speech language model's) are not
-    negative. Raises :class:`ModelFileError`
-    naming the fix."""
+    negative. Raises :class:`ModelFileError` naming the fix."""
     path = _config_file(config)
     data = _read_config(path)
     if batch_size < 1 or (seq_len is not None and seq_len < 1):
@@ -710,7 +709,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         pad = getattr(config, "pad_token_id", None)  # CTC's blank
         blank = pad if isinstance(pad, int) and 0 <= pad < vocab_size else 0
         targets_said = f"a transcript of {transcript} labels per clip (none the blank, {blank})"
-    elif head == "speech-seq2seq" and kind is InputKind.AUDIO:  # as its decoder's positions allow
+    elif head == "speech-seq2seq":  # as long as its decoder's positions allow
         assert seq_len is not None
         transcript = max(1, seq_len // _SAMPLES_PER_LABEL[main_input])
         longest = getattr(config, "max_target_positions", None)
@@ -743,7 +742,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
                 return {**batch, "labels": text_tokens(shape, vocab_size, named_ids(config))}
             return {**batch, **_targets(head, config, batch[main_input], dtype)}
         assert isinstance(vocab_size, int)
-        if audio_spec is not None:  # a clip, then text (planner/measure/hf_audio.py)
+        if audio_spec is not None:  # clips, then text (planner/measure/hf_audio.py)
             return audio_batch(audio_spec, clips, batch_size, seq_len, vocab_size, dtype)
         if image_spec is not None:  # images, then text (planner/measure/hf_images.py)
             return image_batch(image_spec, images, batch_size, seq_len, vocab_size, dtype)
