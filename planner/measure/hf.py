@@ -585,14 +585,15 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         )
     images = _images(source, kind, model_class, config)
     image_spec = _image_spec(source, dtype_name) if images else None
-    if source.clips is not None and not _hears(kind, model_class):
+    hears = _hears(kind, model_class)
+    if source.clips is not None and not hears:
         raise ModelFileError(
             f"--clips {source.clips}: {name} takes no audio besides its {kind.value}; leave "
             "out --clips"
         )
     clips = _clips(source, kind, model_class)
     audio_spec = _audio_spec(source, dtype_name) if clips else None
-    if _hears(kind, model_class):  # a language model (of the speech-seq2seq mapping or not)
+    if hears:  # a language model (of the speech-seq2seq mapping or not)
         head = None  # its labels are its tokens, with clips or without
     if kind is InputKind.IMAGES and seq_len is not None:
         channels, height, width = _image_shape(source.path, config)
@@ -700,7 +701,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             inputs_said += " (no vision_config: text alone)"
         elif vision_language:
             inputs_said += " (--images 0: text alone)"
-        elif _hears(kind, model_class):
+        elif hears:
             inputs_said += " (--clips 0: text alone)"
     transcript = blank = 0
     if head == "ctc":

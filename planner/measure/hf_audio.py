@@ -38,13 +38,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.core.errors import ModelFileError
-from planner.measure.hf_images import int_field, named_ids, placeholder_tokens
+from planner.measure.hf_images import features_counted, int_field, named_ids, placeholder_tokens
 
 if TYPE_CHECKING:
     import torch
@@ -193,11 +192,7 @@ def _counted(model_class: Any, config: Any, spec: AudioTokens, dtype: torch.dtyp
         features,
         audio_inputs(spec, 1, dtype),
     )
-    pooled = getattr(output, "pooler_output", None)  # the features, where it gives them
-    if pooled is None:  # an audio tower's (Qwen2-Audio's): a feature a position
-        pooled = output.last_hidden_state
-    parts = pooled if isinstance(pooled, list | tuple) else [pooled]
-    return sum(math.prod(part.shape[:-1]) for part in parts)
+    return features_counted(output)  # an audio tower's (Qwen2-Audio's): a feature a position
 
 
 def audio_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) -> AudioTokens:

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ImageLayout",
     "ImageTokens",
+    "features_counted",
     "image_batch",
     "image_tokens",
     "int_field",
@@ -340,8 +341,16 @@ def _counted(model_class: Any, config: Any, spec: ImageTokens, dtype: torch.dtyp
         features,
         _image_inputs(spec, 1, 1, dtype),
     )
-    pooled = getattr(output, "pooler_output", None)  # the features, where it pools them
-    if pooled is None:  # Llama 4's vision model gives them as its last hidden state
+    return features_counted(output)
+
+
+def features_counted(output: Any) -> int:
+    """How many features (tokens) a ``get_image_features`` or ``get_audio_features`` output
+    holds: its ``pooler_output`` (one tensor, or one per image), or where that is None its
+    ``last_hidden_state`` (Llama 4's vision model; Qwen2-Audio's audio tower), every
+    dimension but the features' own."""
+    pooled = getattr(output, "pooler_output", None)
+    if pooled is None:
         pooled = getattr(output, "last_hidden_state", output)
     parts = pooled if isinstance(pooled, list | tuple) else [pooled]
     return sum(math.prod(part.shape[:-1]) for part in parts)

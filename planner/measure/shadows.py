@@ -396,10 +396,13 @@ class _ValueShadows(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in _UNIT_DRAWS and (kwargs.get("dtype") or torch.float32).is_floating_point:
             out = func(*args, **kwargs)
-            self._unit_draws = {
-                key: ref for key, ref in self._unit_draws.items() if ref() is not None
-            }
-            self._unit_draws[id(out)] = weakref.ref(out)
+            key = id(out)
+
+            def forget(reference: weakref.ref[torch.Tensor]) -> None:
+                if self._unit_draws.get(key) is reference:
+                    del self._unit_draws[key]
+
+            self._unit_draws[key] = weakref.ref(out, forget)
             return out
         answer = self._compared_draw(func, args)
         if answer is not None:
