@@ -42,6 +42,7 @@ from .options import (
     HfOption,
     HostBudgetOption,
     ImagesOption,
+    LoraOption,
     MeshOption,
     MicrobatchesOption,
     OffloadOption,
@@ -157,6 +158,7 @@ def profile(
     seq_len: SeqLenOption = None,
     images: ImagesOption = None,
     clips: ClipsOption = None,
+    lora: LoraOption = None,
     dtype: DtypeOption = None,
     out: Annotated[
         Path | None,
@@ -211,7 +213,9 @@ def profile(
     budget_bytes = parse_budget(budget)
     with errors_to_exit_codes(verbose):
         layout = parallel_layout(world_size, parallel, mesh, tp, pp, microbatches, schedule)
-        source = workload_source(model, hf, batch_size, seq_len, dtype, images=images, clips=clips)
+        source = workload_source(
+            model, hf, batch_size, seq_len, dtype, images=images, clips=clips, lora=lora
+        )
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         spec, device = target_and_device(target, device)
@@ -355,6 +359,7 @@ def fit(
     ] = None,
     images: ImagesOption = None,
     clips: ClipsOption = None,
+    lora: LoraOption = None,
     dtype: DtypeOption = None,
     zero_grad: ZeroGradOption = ZeroGrad.BEFORE_FORWARD,
     grad_accum: GradAccumOption = 1,
@@ -410,7 +415,9 @@ def fit(
         if hf is not None:  # the searched one starts at 1; fit_largest resizes it
             batch_size = batch_size or 1
             seq_len = 1 if dimension == "seq_len" else seq_len
-        source = workload_source(model, hf, batch_size, seq_len, dtype, images=images, clips=clips)
+        source = workload_source(
+            model, hf, batch_size, seq_len, dtype, images=images, clips=clips, lora=lora
+        )
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
         if hf is not None and dimension == "seq_len":  # the search starts at the shortest
@@ -574,6 +581,7 @@ def solve(
     seq_len: SeqLenOption = None,
     images: ImagesOption = None,
     clips: ClipsOption = None,
+    lora: LoraOption = None,
     dtype: DtypeOption = None,
     offload: OffloadOption = True,
     host_budget_text: HostBudgetOption = None,
@@ -601,6 +609,7 @@ def solve(
             dtype,
             images=images,
             clips=clips,
+            lora=lora,
             model_option="--check MODEL.py",
             recorded=loaded.model_file,
         )
@@ -760,6 +769,7 @@ def verify(
     seq_len: SeqLenOption = None,
     images: ImagesOption = None,
     clips: ClipsOption = None,
+    lora: LoraOption = None,
     dtype: DtypeOption = None,
     device: Annotated[
         Device | None,
@@ -811,7 +821,15 @@ def verify(
 
         recorded = load_plan(plan_path).model_file if hf is not None else None
         source = workload_source(
-            model, hf, batch_size, seq_len, dtype, images=images, clips=clips, recorded=recorded
+            model,
+            hf,
+            batch_size,
+            seq_len,
+            dtype,
+            images=images,
+            clips=clips,
+            lora=lora,
+            recorded=recorded,
         )
 
         try:

@@ -280,6 +280,18 @@ ClipsOption = Annotated[
         show_default="1",
     ),
 ]
+LoraOption = Annotated[
+    str | None,
+    typer.Option(
+        "--lora",
+        help="With --hf: plan LoRA fine-tuning (peft.get_peft_model) instead of training every "
+        "weight: a rank (16: adapters on every linear layer but the head, peft's defaults), "
+        "or peft's adapter_config.json (LoraConfig(...).save_pretrained(folder) writes one), "
+        "or its folder. Apply the plan after get_peft_model, with the same config.",
+        metavar="RANK|ADAPTER_CONFIG",
+        show_default=False,
+    ),
+]
 DtypeOption = Annotated[
     Dtype | None,
     typer.Option(
@@ -299,24 +311,25 @@ def workload_source(
     *,
     images: int | None = None,
     clips: int | None = None,
+    lora: str | None = None,
     model_option: str = "MODEL.py",
     recorded: str | None = None,
 ) -> WorkloadSource | None:
     """The workload a command runs, as the library carries it: the model file (its path
     may carry a batch size, ``PATH?batch_size=N``, as printed commands write it), or the
     Hugging Face workload the ``--hf`` options name (``--batch-size``, ``--seq-len``,
-    ``--dtype``, ``--images`` and ``--clips`` default to those of ``recorded``, the source a
-    profile or plan holds, where that is a Hugging Face workload). None when neither is given.
-    Raises ModelFileError for a config that cannot be used; a bad combination of options is
-    a usage error (exit 2)."""
+    ``--dtype``, ``--images``, ``--clips`` and ``--lora`` default to those of ``recorded``,
+    the source a profile or plan holds, where that is a Hugging Face workload). None when
+    neither is given. Raises ModelFileError for a config that cannot be used; a bad
+    combination of options is a usage error (exit 2)."""
     from planner.measure.hf import hf_workload
     from planner.measure.source import WorkloadSource
 
     if model is not None and hf is not None:
         fail(f"pass either {model_option} or --hf CONFIG, not both", 2)
     if hf is None:
-        if (seq_len, dtype, images, clips) != (None, None, None, None):
-            fail("--seq-len, --dtype, --images and --clips go with --hf CONFIG", 2)
+        if (seq_len, dtype, images, clips, lora) != (None, None, None, None, None):
+            fail("--seq-len, --dtype, --images, --clips and --lora go with --hf CONFIG", 2)
         if model is None:
             if batch_size is not None:
                 fail(f"--batch-size goes with {model_option} or --hf CONFIG", 2)
@@ -332,9 +345,10 @@ def workload_source(
         dtype_name = dtype_name or before.dtype
         images = before.images if images is None else images
         clips = before.clips if clips is None else clips
+        lora = before.lora if lora is None else lora
     if batch_size is None:
         fail("--hf needs --batch-size (and --seq-len, for a model taking token ids)", 2)
-    return hf_workload(hf, batch_size, seq_len, dtype_name, images, clips)
+    return hf_workload(hf, batch_size, seq_len, dtype_name, images, clips, lora)
 
 
 def target_and_device(target: str | None, device: Device) -> tuple[DeviceSpec | None, Device]:

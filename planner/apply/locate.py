@@ -120,7 +120,7 @@ def planned_model(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
             f"times ({_name_list(names)}): apply it to the one that trains, e.g. "
             f"apply_plan(model.{names[0]}, plan)"
         )
-    inner, hint = _unwrapped(model)
+    inner, hint = _unwrapped(model, _has_adapters(expected))
     raise PlanMismatchError(
         f"this plan was made for another model ({plan.model_name}): "
         f"{_describe_mismatch(expected, model_fingerprint(inner))}{hint}; re-run "
@@ -176,17 +176,35 @@ def _sharded_module_names(model: torch.nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, kinds)]
 
 
-def _unwrapped(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+def _has_adapters(fingerprint: dict[str, Any]) -> bool:
+    """Whether a fingerprint is a peft model's with LoRA adapters (``--lora``)."""
+    return any(".lora_A." in row[0] for row in fingerprint.get("parameters", []))
+
+
+def _unwrapped(model: torch.nn.Module, planned_peft: bool) -> tuple[torch.nn.Module, str]:
     """The model inside the wrappers that hold one (to say what differs from the plan's
-    model), and a hint where a wrapper changes what the plan must be made for."""
-    hint = ""
+    model), and a hint where a wrapper changes what the plan must be made for.
+    ``planned_peft``: the plan was made for a model with LoRA adapters (``--lora``)."""
+    hint = (
+        "; the plan is for LoRA fine-tuning (its model has peft's adapters): apply it to the "
+        "model get_peft_model(model, config) returns, with the config it was made with"
+        if planned_peft
+        else ""
+    )
     for _ in range(8):  # wrappers of wrappers: compile(DDP(peft model)), and no deeper
         get_base_model = getattr(model, "get_base_model", None)
         if isinstance(getattr(model, "peft_config", None), dict) and callable(get_base_model):
+            if planned_peft:  # compared as it is: its adapters differ from the plan's
+                return model, (
+                    f"; this peft model's adapters ({_kind(model)}) are not the plan's: give "
+                    "get_peft_model the LoRA config the plan was made with, or re-plan with "
+                    "this one (--hf CONFIG --lora FOLDER, after "
+                    "model.peft_config['default'].save_pretrained(FOLDER))"
+                )
             hint = (
                 f"; this is a peft model ({_kind(model)}), whose adapters add parameters and "
                 "modules: make the plan for the model with its adapters (build_model() "
-                "returning get_peft_model(model, config))"
+                "returning get_peft_model(model, config), or --hf CONFIG --lora)"
             )
             inner = get_base_model()
         else:

@@ -54,6 +54,9 @@ What is built, and why:
   default (``optim="adamw_torch_fused"``). Its state is in the parameters' dtype.
 * **The dtype**: ``--dtype``, else the config's own (``dtype`` or ``torch_dtype``), else
   float32. The parameters are made in it; no autocast.
+* **LoRA** (``--lora``): the model ``peft.get_peft_model`` returns, its base weights frozen
+  and its adapters trained (:mod:`planner.measure.hf_lora`); the optimizer takes the
+  parameters that train, as the Trainer's does.
 
 Nothing is downloaded: the config is read from disk, and a config that needs remote code (a
 class ``transformers`` does not have) is an error naming the fix.
@@ -84,6 +87,7 @@ from planner.measure.hf_images import (
     takes_images,
     text_tokens,
 )
+from planner.measure.hf_lora import lora_adapters, lora_spec
 from planner.measure.source import WorkloadSource
 
 if TYPE_CHECKING:
@@ -248,6 +252,7 @@ def hf_workload(
     dtype: str | None = None,
     images: int | None = None,
     clips: int | None = None,
+    lora: str | Path | None = None,
 ) -> WorkloadSource:
     """Check a Hugging Face workload before anything is built: ``config`` is a local
     ``config.json`` or a folder holding one, with a ``model_type``; ``batch_size`` and
@@ -256,7 +261,8 @@ def hf_workload(
     checked when it is loaded: :func:`load_hf_model_file`); ``dtype`` (default: the
     config's, else float32) is one of :data:`DTYPES`; ``images`` (a vision-language model's
     images a sequence; None: its default) and ``clips`` (a speech language model's) are not
-    negative. Raises :class:`ModelFileError` naming the fix."""
+    negative; ``lora`` (LoRA adapters to train, :mod:`planner.measure.hf_lora`) a rank of 1
+    or more or an adapter config on disk. Raises :class:`ModelFileError` naming the fix."""
     path = _config_file(config)
     data = _read_config(path)
     if batch_size < 1 or (seq_len is not None and seq_len < 1):
@@ -268,8 +274,10 @@ def hf_workload(
     for option, count in (("--images", images), ("--clips", clips)):
         if count is not None and count < 0:
             raise ModelFileError(f"{option} {count}: give 0 (text alone) or more")
+    adapters = lora_spec(lora) if lora is not None else None
+    dtype_name = dtype or _config_dtype(data, path)
     return WorkloadSource.hugging_face(
-        path, batch_size, seq_len, dtype or _config_dtype(data, path), images, clips
+        path, batch_size, seq_len, dtype_name, images, clips, adapters
     )
 
 
@@ -566,7 +574,9 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     from planner.measure.model_file import ModelFile
 
     batch_size, seq_len, dtype_name = _shape(source)
-    source = hf_workload(source.path, batch_size, seq_len, dtype_name, source.images, source.clips)
+    source = hf_workload(
+        source.path, batch_size, seq_len, dtype_name, source.images, source.clips, source.lora
+    )
     transformers = _transformers()
     config, model_class, head, kind, main_input = _classified(source)
     name = model_class.__name__
@@ -657,6 +667,12 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         )
     causal_models = transformers.MODEL_FOR_CAUSAL_LM_MAPPING  # lazy: look up one key only
     causal = type(config) in causal_models and causal_models[type(config)] is model_class
+    adapters = None
+    if source.lora is not None:
+        seq2seq = transformers.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
+        seq2seq_lm = type(config) in seq2seq and seq2seq[type(config)] is model_class
+        task = "causal-lm" if causal else "seq2seq-lm" if seq2seq_lm else head
+        adapters = lora_adapters(source.lora, task)
 
     def build_model() -> torch.nn.Module:
         built_config = _build_config(source)
@@ -668,6 +684,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             # ("GPT2LMHeadModel") do not match: it falls back to this same loss with a
             # warning. Naming it avoids the warning.
             model.loss_type = "ForCausalLM"
+        if adapters is not None:  # the model peft fine-tunes (planner/measure/hf_lora.py)
+            return adapters.apply(model)
         return model
 
     targets_said = _TARGETS_SAID[head]
@@ -755,7 +773,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), **targets}
 
     def build_optimizer(parameters: Any) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(parameters, lr=_LEARNING_RATE, fused=True)
+        trained = [parameter for parameter in parameters if parameter.requires_grad]  # Trainer's
+        return torch.optim.AdamW(trained, lr=_LEARNING_RATE, fused=True)
 
     return ModelFile(
         path=source.path,
@@ -770,5 +789,6 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"Hugging Face {name} from {source.path} in {dtype_name} (use_cache=False); "
             f"a synthetic batch of {inputs_said} with {targets_said}{batch_note}; "
             "AdamW(fused=True, lr=5e-5), the Trainer's default",
+            *([adapters.said] if adapters is not None else []),
         ),
     )

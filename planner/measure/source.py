@@ -10,7 +10,8 @@ profiles and plans (their ``model_file``) as one line of text, its source:
   config and the synthetic batch to plan it for (:mod:`planner.measure.hf`); an image
   classifier's has no ``seq_len`` (its images are the config's size); a vision-language
   model's may name its ``images`` a sequence (``&images=0``: text alone; none: the default),
-  a speech language model's its ``clips``.
+  a speech language model's its ``clips``; one fine-tuned with LoRA its adapters, ``&lora=16``
+  (a rank) or ``&lora=/abs/path/adapter_config.json`` (:mod:`planner.measure.hf_lora`).
 
 :class:`WorkloadSource` is that line as a record: :meth:`WorkloadSource.parse` reads it where
 text comes in (a path passed to :func:`~planner.measure.workload.load_model_file`, a profile's
@@ -49,7 +50,8 @@ class WorkloadSource:
     workload, with ``seq_len`` (None for images) and ``dtype`` (the parameters'), the
     synthetic batch's shape, ``images``, a vision-language model's images a sequence
     (None: its default, :mod:`planner.measure.hf_images`), and ``clips``, a speech language
-    model's clips (:mod:`planner.measure.hf_audio`).
+    model's clips (:mod:`planner.measure.hf_audio`), and ``lora``, LoRA adapters to train
+    instead of the weights (a rank, or an adapter config's path: :mod:`planner.measure.hf_lora`).
     Build one with :meth:`model_file` or :meth:`hugging_face`; nothing here reads the file."""
 
     kind: SourceKind
@@ -59,14 +61,15 @@ class WorkloadSource:
     dtype: str | None = None
     images: int | None = None
     clips: int | None = None
+    lora: str | None = None
 
     def __post_init__(self) -> None:
         shape = (self.batch_size, self.dtype)
         if self.kind is SourceKind.HUGGING_FACE and None in shape:
             raise ValueError(f"a Hugging Face workload needs a batch size and dtype: {self}")
-        hf_only = (self.seq_len, self.dtype, self.images, self.clips)
-        if self.kind is SourceKind.MODEL_FILE and hf_only != (None, None, None, None):
-            raise ValueError("a model file's source takes no seq_len, dtype, images or clips")
+        hf_only = (self.seq_len, self.dtype, self.images, self.clips, self.lora)
+        if self.kind is SourceKind.MODEL_FILE and hf_only != (None,) * len(hf_only):
+            raise ValueError("a model file's source takes no seq_len, dtype, images, clips or lora")
 
     @classmethod
     def model_file(
@@ -83,9 +86,10 @@ class WorkloadSource:
         dtype: str,
         images: int | None = None,
         clips: int | None = None,
+        lora: str | None = None,
     ) -> WorkloadSource:
         path = Path(config_path)
-        return cls(SourceKind.HUGGING_FACE, path, batch_size, seq_len, dtype, images, clips)
+        return cls(SourceKind.HUGGING_FACE, path, batch_size, seq_len, dtype, images, clips, lora)
 
     @classmethod
     def parse(cls, text: str | os.PathLike[str]) -> WorkloadSource:
@@ -101,13 +105,15 @@ class WorkloadSource:
                 seq_len = int(values["seq_len"]) if "seq_len" in values else None
                 images = int(values["images"]) if "images" in values else None
                 clips = int(values["clips"]) if "clips" in values else None
+                lora = values.get("lora") or None
             except (KeyError, ValueError):
                 raise ModelFileError(
                     f"{text!r} is not a Hugging Face workload source (expected "
-                    f"{_HF_PREFIX}CONFIG?batch_size=B[&seq_len=S]&dtype=D[&images=N][&clips=N]); "
+                    f"{_HF_PREFIX}CONFIG?batch_size=B[&seq_len=S]&dtype=D[&images=N][&clips=N]"
+                    "[&lora=R]); "
                     "re-create the profile"
                 ) from None
-            return cls.hugging_face(path, batch_size, seq_len, dtype, images, clips)
+            return cls.hugging_face(path, batch_size, seq_len, dtype, images, clips, lora)
         base, query, count = text.rpartition(_BATCH_SIZE_QUERY)
         if not query or Path(text).expanduser().is_file():
             return cls.model_file(text)
@@ -130,6 +136,7 @@ class WorkloadSource:
                 "dtype": self.dtype,
                 "images": self.images,
                 "clips": self.clips,
+                "lora": self.lora,
             }
             query = urllib.parse.urlencode({k: v for k, v in shape.items() if v is not None})
             return f"{_HF_PREFIX}{self.path}?{query}"
@@ -163,7 +170,7 @@ class WorkloadSource:
     def command_arguments(self, model: str | None = None) -> list[str]:
         """The command-line options that name this workload: a Hugging Face workload's
         ``--hf CONFIG --batch-size B --seq-len S --dtype D`` (no ``--seq-len`` for images;
-        ``--images N``, ``--clips N`` where it names them);
+        ``--images N``, ``--clips N``, ``--lora R`` where it names them);
         else the model file (``model``
         in its place where given, e.g. ``MODEL.py`` for a command to run on another machine)
         with ``--batch-size N`` where it has one."""
@@ -173,6 +180,7 @@ class WorkloadSource:
             media = [
                 *(["--images", str(self.images)] if self.images is not None else []),
                 *(["--clips", str(self.clips)] if self.clips is not None else []),
+                *(["--lora", self.lora] if self.lora is not None else []),
             ]
             return ["--hf", str(self.path), *batch, "--dtype", str(self.dtype), *media]
         sized = ["--batch-size", str(self.batch_size)] if self.batch_size is not None else []
