@@ -775,3 +775,17 @@ def test_a_plan_from_before_the_model_file_was_recorded_asks_for_it(workdir: Pat
 def test_a_bad_source_string_is_a_model_file_error() -> None:
     with pytest.raises(ModelFileError, match="not a Hugging Face workload source"):
         load_model_file("hf:/some/config.json?batch_size=two")
+
+
+def test_a_config_saved_with_special_floats_builds(tmp_path: Path) -> None:
+    """transformers 5 writes an infinite float as {"__float__": "Infinity"} (Bamba's,
+    Falcon-H1's, Granite 4's time_step_limit): read back as transformers reads it. Before,
+    such a config, saved as the docs say (save_pretrained), was rejected by its own class."""
+    from benchmarks.hf_sweep_models import write_hf_config
+
+    source = WorkloadSource.parse(write_hf_config("causal-lm", "bamba", tmp_path))
+    written = json.loads(source.path.read_text(encoding="utf-8"))
+    assert written["time_step_limit"] == [0.0, {"__float__": "Infinity"}]
+    built = build_workload(load_model_file(source), seed=0)
+    assert tuple(built.model.config.time_step_limit) == (0.0, float("inf"))
+    assert run_training_step(built, seed=0).isfinite()

@@ -126,10 +126,28 @@ def _config_file(config: str | Path) -> Path:
     return path.resolve()
 
 
+_SPECIAL_FLOATS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+"""How ``transformers`` 5 writes the floats JSON has none for: ``{"__float__": "Infinity"}``
+(Mamba-2's, Bamba's, Falcon-H1's and Granite 4's ``time_step_limit``), read back as it reads
+them (``PreTrainedConfig._decode_special_floats``)."""
+
+
+def _special_floats(value: Any) -> Any:
+    if isinstance(value, dict):
+        tag = value.get("__float__")
+        if len(value) == 1 and isinstance(tag, str) and tag in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[tag]
+        return {key: _special_floats(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_special_floats(item) for item in value]
+    return value
+
+
 def _read_config(path: Path) -> dict[str, Any]:
-    """The config's JSON object, with a ``model_type``."""
+    """The config's JSON object, with a ``model_type`` (special floats decoded:
+    :data:`_SPECIAL_FLOATS`)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _special_floats(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ModelFileError(
             f"--hf {path}: not a readable JSON config ({error}); pass a Hugging Face config.json"
