@@ -33,6 +33,11 @@ one-line error, or ``raw TYPE`` for an exception that is not the tool's), or **t
     python benchmarks/hf_sweep.py --task causal-lm --limit 10
     python benchmarks/hf_sweep.py --task image --only swin,resnet
     python benchmarks/hf_sweep.py --task causal-lm --resume # after Ctrl-C: the rest
+    python benchmarks/hf_sweep.py --task causal-lm --lora 8 # LoRA fine-tuning (peft)
+
+``--lora R`` plans each type as peft fine-tunes it (``--hf CONFIG --lora R``: rank R on every
+linear layer but the head, :mod:`planner.measure.hf_lora`), through ``--hf`` for every task;
+its reports are hf_sweep_TASK_lora.csv and .md.
 
 Writes reports/benchmarks/hf_sweep_TASK.csv and .md (atomically; rows as they come go to
 hf_sweep_TASK.partial.jsonl, which ``--resume`` reads) and prints the summary. Exits 1 if a
@@ -128,17 +133,26 @@ def verdict(planned: dict[str, object]) -> tuple[str, str]:
     return ("refused" if refused else "failed" if bad else "ok"), _one_line(reason)
 
 
-def sweep_one(task: str, model_type: str, folder: Path) -> dict[str, object]:
-    """Steps 1 and 2 of the module docstring for one type, in this process: its row."""
+def sweep_one(
+    task: str, model_type: str, folder: Path, lora: str | None = None
+) -> dict[str, object]:
+    """Steps 1 and 2 of the module docstring for one type, in this process: its row
+    (``lora``: with LoRA adapters of that rank, through ``--hf``)."""
+    import dataclasses
+
     import torch
+
+    from planner.measure.source import WorkloadSource
 
     row: dict[str, object] = {"task": task, "model_type": model_type}
     started = time.perf_counter()
     path: Path | str
     try:
         torch.manual_seed(0)
-        if TASKS[task].via_hf:  # the model and batch `--hf` builds from the config
+        if TASKS[task].via_hf or lora:  # the model and batch `--hf` builds from the config
             path = write_hf_config(task, model_type, folder)
+            if lora:
+                path = str(dataclasses.replace(WorkloadSource.parse(path), lora=lora))
             hf_file = load_model_file(path)
             model, batch = hf_file.build_model(), hf_file.sample_batch()
         else:
@@ -165,7 +179,7 @@ def sweep_one(task: str, model_type: str, folder: Path) -> dict[str, object]:
     return row
 
 
-def _child(task: str, model_type: str, out: Path) -> int:
+def _child(task: str, model_type: str, out: Path, lora: str | None) -> int:
     import logging
     import warnings
 
@@ -173,7 +187,7 @@ def _child(task: str, model_type: str, out: Path) -> int:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="ckpt-plan-hf-sweep-") as folder:
         try:
-            row = sweep_one(task, model_type, Path(folder))
+            row = sweep_one(task, model_type, Path(folder), lora)
         except Exception as error:  # the sweep's own failure: report it as a row
             row = {
                 "task": task,
@@ -186,12 +200,15 @@ def _child(task: str, model_type: str, out: Path) -> int:
     return 0
 
 
-def run_isolated(task: str, model_type: str, timeout_s: float) -> dict[str, object]:
+def run_isolated(
+    task: str, model_type: str, timeout_s: float, lora: str | None = None
+) -> dict[str, object]:
     """:func:`sweep_one` in a fresh process, killed (with its children) after ``timeout_s``."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ckpt-plan-hf-sweep-") as folder:
         out = Path(folder) / "row.json"
         command = [sys.executable, __file__, "--child", task, model_type, str(out)]
+        command += ["--lora", lora] if lora else []
         process = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
@@ -223,7 +240,7 @@ def run_isolated(task: str, model_type: str, timeout_s: float) -> dict[str, obje
         }
 
 
-def report(task: str, frame: pd.DataFrame) -> str:
+def report(task: str, frame: pd.DataFrame, lora: str | None = None) -> str:
     """The Markdown report: counts, every type not ok with why, the ok ones' figures."""
     versions = ", ".join(
         f"{package} {importlib.metadata.version(package)}" for package in ("torch", "transformers")
@@ -233,13 +250,20 @@ def report(task: str, frame: pd.DataFrame) -> str:
     how = (
         "every type planned through `--hf` on its config (the batch is ckpt-plan's own), "
         "the zoo's included"
-        if TASKS[task].via_hf
+        if TASKS[task].via_hf or lora
         else "the zoo's types are left out (benchmarks/zoo.py checks them)"
     )
+    lora_title = f", LoRA rank {lora}" if lora else ""
+    if lora:
+        how += (
+            f", fine-tuned as peft does it (`--lora {lora}`: rank {lora} on every linear layer "
+            "but the head, the base weights frozen)"
+        )
+    option = f" --lora {lora}" if lora else ""
     lines = [
-        f"# Hugging Face sweep: {task} ({TASKS[task].mapping})",
+        f"# Hugging Face sweep: {task} ({TASKS[task].mapping}){lora_title}",
         "",
-        f"Written by `python benchmarks/hf_sweep.py --task {task}` ({versions}); {how}.",
+        f"Written by `python benchmarks/hf_sweep.py --task {task}{option}` ({versions}); {how}.",
         "",
         ", ".join(f"**{count} {outcome}**" for outcome, count in counts.items())
         + f" of {len(frame)} types.",
@@ -267,13 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="keep the rows of a stopped run")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds a type")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
+    parser.add_argument("--lora", help="plan LoRA fine-tuning of this rank (--hf --lora R)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.child:
         task, model_type, out = arguments.child
-        return _child(task, model_type, Path(out))
+        return _child(task, model_type, Path(out), arguments.lora)
 
-    types = model_types(arguments.task)
+    types = model_types(arguments.task, via_hf=bool(arguments.lora))
     if arguments.only:
         unknown = [name for name in arguments.only if name not in types]
         if unknown:
@@ -281,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         types = arguments.only
     types = types[: arguments.limit]
     arguments.out.mkdir(parents=True, exist_ok=True)
-    stem = arguments.out / f"hf_sweep_{arguments.task}"
+    stem = arguments.out / f"hf_sweep_{arguments.task}{'_lora' if arguments.lora else ''}"
     partial = stem.with_suffix(".partial.jsonl")
     rows: dict[str, dict[str, object]] = {}
     if arguments.resume and partial.exists():
@@ -296,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             if model_type in rows:
                 continue
             timeout_s = arguments.timeout * TIMEOUT_SCALE.get(model_type, 1.0)
-            row = run_isolated(arguments.task, model_type, timeout_s)
+            row = run_isolated(arguments.task, model_type, timeout_s, arguments.lora)
             rows[model_type] = row
             progress.write(json.dumps(row, default=str) + "\n")
             progress.flush()
@@ -313,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         frame[column] = frame[column].astype("Int64")
     with atomic_path(stem.with_suffix(".csv")) as temp_path:
         frame.to_csv(temp_path, index=False)
-    text = report(arguments.task, frame)
+    text = report(arguments.task, frame, arguments.lora)
     atomic_write_text(stem.with_suffix(".md"), text)
     partial.unlink()
     print(text)

@@ -416,10 +416,11 @@ def _mapping(task: str) -> dict[str, str]:
     return mapping
 
 
-def model_types(task: str) -> list[str]:
+def model_types(task: str, via_hf: bool = False) -> list[str]:
     """The model types of ``task``'s mapping, in its order, less the zoo's where the task is
-    planned by model file (the zoo checks those; the ``--hf`` tasks keep them)."""
-    keep_zoo = TASKS[task].via_hf
+    planned by model file (the zoo checks those; the ``--hf`` tasks keep them, as does
+    ``via_hf``: a sweep through ``--hf`` of a task that is not, ``--lora``'s)."""
+    keep_zoo = TASKS[task].via_hf or via_hf
     return [model_type for model_type in _mapping(task) if keep_zoo or model_type not in ZOO_TYPES]
 
 
@@ -707,7 +708,7 @@ def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     if window is not None:
         seq_len = f"&seq_len={window}"
     source = f"hf:{path.resolve()}?batch_size={BATCH_SIZE}{seq_len}&dtype=float32"
-    if task in ("image-text-to-text", "audio-text-to-text"):  # the zoo's text after the media
+    if tokens:  # the zoo's text after the media (a vision or speech language model's)
         parsed = WorkloadSource.parse(source)
         try:
             media = min_seq_len(parsed) - 1

@@ -139,10 +139,24 @@ def test_a_type_is_planned_and_checked(tmp_path: Path) -> None:
     assert row["plan_mib"] <= row["budget_mib"] < row["unplanned_mib"]  # type: ignore[operator]
 
 
+@pytest.mark.slow
+def test_a_lora_sweep_takes_every_type_through_hf_with_adapters(tmp_path: Path) -> None:
+    """``--lora R``: the zoo's types too (the zoo plans no adapters), each through ``--hf
+    --lora R``: its row is the peft model's, planned and checked as any."""
+    assert "llama" in model_types("causal-lm", via_hf=True)
+    row = hf_sweep.sweep_one("causal-lm", "llama", tmp_path, lora="4")
+    assert row["outcome"] == "ok", row
+    assert row["bit_identical"] is True and float(row["error_pct"]) == 0.0  # type: ignore[arg-type]
+    assert row["plan_mib"] <= row["budget_mib"] < row["unplanned_mib"]  # type: ignore[operator]
+    assert "LoRA rank 4" in hf_sweep.report("causal-lm", pd.DataFrame([row]), "4")
+
+
 def test_a_stopped_run_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ran = []
 
-    def run_isolated(task: str, model_type: str, timeout_s: float) -> dict[str, object]:
+    def run_isolated(
+        task: str, model_type: str, timeout_s: float, lora: str | None = None
+    ) -> dict[str, object]:
         ran.append(model_type)
         return {"task": task, "model_type": model_type, "outcome": "ok", "seconds": 2.0}
 
