@@ -190,7 +190,25 @@ def test_targets_the_model_does_not_have_are_one_line(tmp_path: Path) -> None:
         model_file.build_model()
     message = str(caught.value)
     assert "peft could not put the adapters on LlamaForCausalLM" in message
-    assert "target_modules" in message and "\n" not in message
+    assert f"name layers the model has in target_modules in {path}" in message
+    assert "\n" not in message
+
+
+def test_a_rank_peft_cannot_put_on_every_linear_layer_says_how_to_name_them(
+    tmp_path: Path,
+) -> None:
+    """peft refuses its own "all-linear" on Mamba-family models (out_proj): one line saying
+    to name the layers in an adapter config, as users then do."""
+    model_file = load_model_file(_source(tmp_path, "4", model_type="mamba"))
+    with pytest.raises(ModelFileError) as caught:
+        model_file.build_model()
+    message = str(caught.value)
+    assert "peft could not put the adapters on MambaForCausalLM" in message
+    assert "out_proj" in message and "\n" not in message
+    assert message.endswith(
+        "give --lora peft's adapter_config.json naming the layers to adapt instead: "
+        "LoraConfig(r=4, target_modules=[...]).save_pretrained(FOLDER), then --lora FOLDER"
+    )
 
 
 def test_a_sequence_classifier_trains_its_head_too(tmp_path: Path) -> None:

@@ -116,6 +116,7 @@ class LoraAdapters:
 
     config: Any  # peft.LoraConfig
     said: str
+    fix: str  # what to do where peft cannot put them on the model
 
     def apply(self, model: torch.nn.Module) -> torch.nn.Module:
         import peft
@@ -128,9 +129,8 @@ class LoraAdapters:
             except (ValueError, TypeError, KeyError) as error:
                 first = str(error).strip().splitlines()[0] if str(error).strip() else ""
                 raise ModelFileError(
-                    f"--lora: peft could not put the adapters on {type(model).__name__}: "
-                    f"{type(error).__name__}: {first}; name its layers in target_modules "
-                    f"(a module name's last part, e.g. q_proj) in the {ADAPTER_CONFIG}"
+                    f"--lora: peft could not put the adapters on {type(model).__name__} "
+                    f"({type(error).__name__}: {first.rstrip('.')}); {self.fix}"
                 ) from None
 
 
@@ -152,7 +152,12 @@ def lora_adapters(spec: str, head: str | None) -> LoraAdapters:
             f"LoRA adapters (peft {peft.__version__}): rank {spec} on every linear layer but "
             f"the output head, lora_alpha {config.lora_alpha}, no dropout{task}"
         )
-        return LoraAdapters(config, said + _FROZEN)
+        fix = (
+            f"give --lora peft's {ADAPTER_CONFIG} naming the layers to adapt instead: "
+            f"LoraConfig(r={spec}, target_modules=[...]).save_pretrained(FOLDER), then "
+            "--lora FOLDER"
+        )
+        return LoraAdapters(config, said + _FROZEN, fix)
     path = Path(spec)
     data = _read(path)
     known = {field.name for field in dataclasses.fields(peft.LoraConfig)}
@@ -190,4 +195,5 @@ def lora_adapters(spec: str, head: str | None) -> LoraAdapters:
         f"LoRA adapters (peft {peft.__version__}) from {path}: rank {config.r} on {shown}"
         f"{''.join(', ' + extra for extra in extras)}{task}"
     )
-    return LoraAdapters(config, said + _FROZEN)
+    fix = f"name layers the model has in target_modules in {path} (a name's last part: q_proj)"
+    return LoraAdapters(config, said + _FROZEN, fix)
