@@ -152,6 +152,12 @@ class CheckpointEffect:
     # checkpoint's inputs, made again by the outer recomputation and held until the inner
     # backward ends).
     revived: tuple[tuple[int, int, int, int], ...] = ()
+    # ``(storage_index, size_bytes, drop_event, free_event)`` of storages saved inside the
+    # call for a result the forward discards before its backward (MiniMax's attention
+    # returns the next chunk's state, which its layer drops): unplanned, the saving ops'
+    # graph holds them until that result dies (``free_event``); checkpointed, it holds
+    # none, and they die when their call returns (``drop_event``), never made again.
+    dropped: tuple[tuple[int, int, int, int], ...] = ()
     # Under offload: ``(storage_index, size_bytes, from_event, until_event)`` of the host
     # copies, and no recompute spike (point 7 of the module notes).
     host: tuple[tuple[int, int, int, int], ...] = ()
@@ -480,6 +486,7 @@ class _EffectBuilder:
 
         retained = []
         released_outputs = []
+        dropped = []
         if recompute_event >= 0:
             for index in made_inside:
                 record = storages[index]
@@ -487,7 +494,7 @@ class _EffectBuilder:
                     index not in saved
                     or index in outputs
                     or index in keep
-                    or record.free_event <= max(end, recompute_event)
+                    or record.free_event <= end
                 ):
                     continue
                 # Dropped when the innermost call that made it returns without it; one
@@ -505,6 +512,12 @@ class _EffectBuilder:
                     drop = max(drop, self.cache_cleared_after(record.alloc_event))
                     if drop >= record.free_event:
                         continue
+                if record.free_event <= recompute_event:
+                    # Saved for a result discarded before the backward: unplanned, its
+                    # graph held it until then; checkpointed, nothing does.
+                    if drop < record.free_event:
+                        dropped.append((index, record.size_bytes, drop, record.free_event))
+                    continue
                 retained.append((index, record.size_bytes, drop))
 
             for index in outputs:
@@ -543,6 +556,7 @@ class _EffectBuilder:
             input_storages=inputs,
             recompute_peak_bytes=recompute_peak,
             saved_bytes=sum(storages[index].size_bytes for index in saved),
+            dropped=tuple(dropped),
             kept=tuple(
                 (
                     index,
@@ -798,6 +812,8 @@ class MemoryModel:
                     continue
                 for index, _size, drop_event in effect.retained + effect.released_outputs:
                     gaps.setdefault(index, []).append((drop_event, effect.recompute_event))
+                for index, _size, drop_event, free_event in effect.dropped:
+                    gaps.setdefault(index, []).append((drop_event, free_event))
                 if not effect.offload:
                     spikes.append((effect.recompute_event, effect.recompute_peak_bytes))
                 for index in effect.input_storages:
