@@ -218,3 +218,17 @@ def test_a_model_taking_images_and_audio_is_planned_on_images_and_says_so(
         built.notes[0].text
     )
     assert run_training_step(built, seed=0).isfinite()
+
+
+def test_a_vision_language_classifier_gets_a_label_per_sequence(tmp_path: Path) -> None:
+    """Gemma3ForSequenceClassification takes images: its sequences hold one, and its targets
+    are its head's, a label per sequence (they were the language model's token labels, which
+    its loss refused: "Expected input batch_size (4) to match target batch_size (280)")."""
+    source = WorkloadSource.parse(write_hf_config("sequence-classification", "gemma3", tmp_path))
+    built = build_workload(load_model_file(source), seed=0)
+    assert "pixel_values" in built.batch
+    assert built.batch["labels"].shape == (source.batch_size,)
+    assert int(built.batch["labels"].max()) < built.model.config.num_labels
+    said = built.notes[0].text
+    assert "a label per sequence" in said and "labels -100" not in said
+    assert run_training_step(built, seed=0).isfinite()

@@ -729,6 +729,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         inputs_said = (
             f"{batch_size} x {seq_len} token ids with attention_mask, {image_spec.said(images)}"
         )
+        if head is not None:  # its targets are the head's (below), not token labels
+            inputs_said = inputs_said.replace(", labels -100 there", "")
         if takes_audio(model_class):  # Qwen2.5-Omni's thinker, Gemma 3n, Phi-4-multimodal
             inputs_said += " (no audio: --hf plans a model taking images and audio on images)"
     else:
@@ -782,7 +784,11 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         if audio_spec is not None:  # clips, then text (planner/measure/hf_audio.py)
             return audio_batch(audio_spec, clips, batch_size, seq_len, vocab_size, dtype)
         if image_spec is not None:  # images, then text (planner/measure/hf_images.py)
-            return image_batch(image_spec, images, batch_size, seq_len, vocab_size, dtype)
+            batch = image_batch(image_spec, images, batch_size, seq_len, vocab_size, dtype)
+            if head is not None:  # a classifier's targets, not a language model's labels
+                del batch["labels"]
+                batch.update(_targets(head, config, batch["input_ids"], dtype))
+            return batch
         input_ids = torch.randint(0, vocab_size, (batch_size, seq_len))  # (B, T)
         if eos_last is not None:  # one eos, last, as the tokenizer appends it
             input_ids[input_ids == eos_last] = (eos_last + 1) % vocab_size
