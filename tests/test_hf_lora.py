@@ -249,7 +249,8 @@ def test_profile_with_lora_then_verify_from_the_plan_alone(
     written = WorkloadSource.parse(write_hf_config("causal-lm", "llama", tmp_path))
     shape = ["--batch-size", "2", "--seq-len", str(written.seq_len), "--lora", "4"]
     source = hf_workload(written.path, 2, written.seq_len, "float32", lora="4")
-    profile = profile_model_file(load_model_file(source))
+    workload, session = build_fake_workload(load_model_file(source))
+    profile = record_memory(workload, session=session)  # no times: the budget only
     low = baseline_every_block(profile).predicted_peak_bytes
     budget = (low + profile.measured_peak_bytes) // 2
     runner = CliRunner()
