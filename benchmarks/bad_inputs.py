@@ -49,6 +49,8 @@ MODEL_SOURCES = {
         "example = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(example)\n"
         "build_model, sample_batch = example.build_model, example.sample_batch\n"
     ),
+    "ia3.json": '{"peft_type": "IA3", "target_modules": ["k_proj", "v_proj", "down_proj"]}',
+    "c_attn.json": '{"peft_type": "LORA", "r": 8, "target_modules": ["c_attn"]}',
     "syntax_error.py": "import torch\n\ndef build_model(:\n    pass\n",
     # Hugging Face configs that cannot be planned (for --hf).
     "no_model_type.json": '{"hidden_size": 64, "num_hidden_layers": 2}\n',
@@ -362,6 +364,36 @@ CASES = [
             *OUT,
         ),
         4,
+    ),
+    Case(
+        PROFILE,
+        "--hf --lora 0",
+        ("--hf", "{examples}/configs/tiny-llama.json", *HF_SHAPE, "--lora", "0", *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "--hf --lora naming no file",
+        ("--hf", "{examples}/configs/tiny-llama.json", *HF_SHAPE, "--lora", "adapter", *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "--hf --lora with another kind of adapter (IA3)",
+        ("--hf", "{examples}/configs/tiny-llama.json", *HF_SHAPE, "--lora", "ia3.json", *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "--hf --lora on layers the model does not have",
+        ("--hf", "{examples}/configs/tiny-llama.json", *HF_SHAPE, "--lora", "c_attn.json", *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "--lora with a model file",
+        ("{data}/small_cnn.py", *HF_SHAPE[4:], "--lora", "8", *OUT),
+        2,
     ),
     Case(
         PROFILE,
