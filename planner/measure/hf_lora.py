@@ -18,8 +18,8 @@ another workload. ``--lora`` names the adapters, in one of two forms:
   and an ``init_lora_weights`` that computes from the weights (PiSSA, OLoRA, LoftQ, EVA,
   ...) as peft's default initialization: the same shapes and dtypes, so the same memory.
 
-``peft.get_peft_model`` builds the adapters exactly as training does (its
-``autocast_adapter_dtype``: adapters in float32 on a bfloat16 or float16 model), so the
+``peft.get_peft_model`` builds the adapters exactly as training does (float32 adapters
+on a bfloat16 or float16 model, as peft makes them), so the
 plan names the modules of the model it returns: in ``train.py``, ``apply_plan`` after
 ``get_peft_model(model, config)`` with the same config. The check is the fingerprint, as
 for any plan: other adapters are a :class:`~planner.core.errors.PlanMismatchError`.
