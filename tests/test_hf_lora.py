@@ -156,6 +156,7 @@ def test_peft_s_own_config_file_is_planned_as_written(tmp_path: Path) -> None:
         ("0", "--lora 0: a LoRA rank is 1 or more"),
         ("-3", "--lora -3: a LoRA rank is 1 or more"),
         ("nowhere.json", "--lora nowhere.json: not a rank or a file"),
+        ("+-5", "--lora +-5: not a rank or a file"),  # a ValueError out of int() before
     ],
 )
 def test_a_bad_rank_or_path_is_one_line(tmp_path: Path, lora: str, said: str) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,7 +69,7 @@ def lora_spec(value: str | Path) -> str:
     :class:`ModelFileError` naming the fix for anything else. Reads the file: it must be
     a JSON object of a LoRA adapter."""
     text = str(value).strip()
-    if text.lstrip("+-").isdigit():
+    if re.fullmatch(r"[+-]?\d+", text):
         if int(text) < 1:
             raise ModelFileError(
                 f"--lora {text}: a LoRA rank is 1 or more (16 is common); or give peft's "
