@@ -726,11 +726,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"{batch_size} x {seq_len} token ids with attention_mask, {audio_spec.said(clips)}"
         )
     elif image_spec is not None:
-        inputs_said = (
-            f"{batch_size} x {seq_len} token ids with attention_mask, {image_spec.said(images)}"
-        )
-        if head is not None:  # its targets are the head's (below), not token labels
-            inputs_said = inputs_said.replace(", labels -100 there", "")
+        shown = image_spec.said(images, token_labels=head is None)  # a classifier: its head's
+        inputs_said = f"{batch_size} x {seq_len} token ids with attention_mask, {shown}"
         if takes_audio(model_class):  # Qwen2.5-Omni's thinker, Gemma 3n, Phi-4-multimodal
             inputs_said += " (no audio: --hf plans a model taking images and audio on images)"
     else:

@@ -137,14 +137,16 @@ class ImageTokens:
         """Tokens one image takes in a sequence, its start and end tokens included."""
         return self.tokens + (self.start is not None) + (self.end is not None)
 
-    def said(self, images: int) -> str:
-        """The images, as a workload's assumptions say them."""
+    def said(self, images: int, token_labels: bool = True) -> str:
+        """The images, as a workload's assumptions say them (``token_labels``: the batch's
+        labels are its tokens, -100 at the images; a classifier's are its head's)."""
         side = self.size * self.grid
         each = f"{self.channels} x {side} x {side}"
         plural = "image" if images == 1 else "images"
+        masked = ", labels -100 there" if token_labels else ""
         return (
             f"{images} random {each} {plural} a sequence ({self.layout.value}; "
-            f"{self.tokens} image token{'s' * (self.tokens != 1)} each, labels -100 there)"
+            f"{self.tokens} image token{'s' * (self.tokens != 1)} each{masked})"
         )
 
 

@@ -514,9 +514,9 @@ class _EffectBuilder:
                         continue
                 if record.free_event <= recompute_event:
                     # Saved for a result discarded before the backward: unplanned, its
-                    # graph held it until then; checkpointed, nothing does.
-                    if drop < record.free_event:
-                        dropped.append((index, record.size_bytes, drop, record.free_event))
+                    # graph held it until then; checkpointed, nothing does (drop <= end,
+                    # and a cast held past its free was skipped above).
+                    dropped.append((index, record.size_bytes, drop, record.free_event))
                     continue
                 retained.append((index, record.size_bytes, drop))
 
