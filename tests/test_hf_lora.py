@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -36,6 +35,7 @@ from planner.measure.workload import build_workload, load_model_file, run_traini
 from planner.pipeline import profile_model_file
 from planner.plan.plan_file import load_plan
 from planner.solve.planning import baseline_every_block, build_plan, plan_for_budget
+from tests.test_hf_config import _error_line
 
 pytestmark = pytest.mark.hf
 
@@ -237,13 +237,6 @@ def test_a_source_carries_its_adapters(tmp_path: Path) -> None:
 
 
 # -- through the CLI ----------------------------------------------------------------------------
-def _only_error_line(result: Any) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert "Traceback" not in result.output
-    return lines[0]
-
-
 @pytest.mark.slow
 def test_profile_with_lora_then_verify_from_the_plan_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -287,7 +280,7 @@ def test_a_bad_lora_exits_with_one_line_and_writes_nothing(
     shape = ["--batch-size", "2", "--seq-len", "16", "--budget", "1GB"]
     result = CliRunner().invoke(app, ["profile", "--hf", str(written.path), *shape, *arguments])
     assert result.exit_code == code, result.output
-    assert said in _only_error_line(result)
+    _error_line(result, said)  # the one line on stderr, no traceback
     assert sorted(tmp_path.rglob("*")) == before
 
 
