@@ -113,6 +113,18 @@ def test_the_probe_finds_layers_that_read_a_cache_their_forward_filled() -> None
     assert "CheckpointError" in reason and "saves 6 tensors" in reason and "saved 10" in reason
 
 
+def test_the_probe_re_runs_a_call_in_the_autocast_regions_it_ran_in() -> None:
+    """A step under torch.autocast: each block's forward, re-run outside it, would save
+    float32 tensors where the forward saved bf16 (or hand a float32 layer a bf16 input),
+    and every block was excluded as differing. checkpoint re-enters the regions; so does
+    the probe."""
+    from tests.models import amp_file
+
+    workload = build_workload(amp_file(), seed=0)
+    names = [name for name, _ in workload.model.named_modules() if name]
+    assert find_recompute_mismatches(workload, names) == {}
+
+
 def test_what_the_probe_finds_really_fails_when_checkpointed_and_the_rest_does_not() -> None:
     # Ground truth for the probe: torch.utils.checkpoint on a flagged module raises ...
     with pytest.raises(CheckpointError, match="different number of tensors"):

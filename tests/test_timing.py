@@ -190,3 +190,36 @@ def test_selective_options_are_timed_on_the_path_a_recomputation_takes() -> None
     body = profile.module("body")
     assert {option.option for option in body.options} >= {"save-matmuls"}
     assert all(option.recompute_ms > 0 for option in body.options)
+
+
+def test_selective_options_are_timed_in_the_autocast_regions_of_their_call() -> None:
+    """A step under torch.autocast: the second block is handed the first's bf16 output. Timed
+    on its own outside autocast, its float32 Linear refused the bf16 input and profiling
+    failed ("mat1 and mat2 must have the same dtype"); it runs in its call's regions."""
+    import torch
+    from torch import nn
+
+    from tests.models import model_file
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = nn.Linear(256, 512), nn.Linear(512, 256)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.down(nn.functional.gelu(self.up(x)))  # bf16 under autocast
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(Block(), Block())
+
+    def step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x).float().pow(2).mean()
+
+    amp = model_file(build, lambda: torch.randn(256, 256), training_step=step, name="amp-chain")
+    profile = profile_model_file(amp)
+    assert {record.module_name for record in profile.candidates} == {"0", "1"}
+    second = profile.module("1")
+    assert {option.option for option in second.options} >= {"save-matmuls"}
+    assert all(option.recompute_ms > 0 for option in second.options)

@@ -68,7 +68,7 @@ from planner.apply.tensors import iter_tensors
 from planner.core.errors import ProfilingError
 from planner.core.records import Profile
 from planner.measure.fake import FakeSession
-from planner.measure.rng import RngState
+from planner.measure.rng import AutocastState, RngState
 from planner.measure.shadows import is_fake
 from planner.measure.tracking import written_arguments
 from planner.measure.workload import Workload, compute_loss, user_code_errors
@@ -87,6 +87,7 @@ class _ProbedCall:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     rng: RngState  # at the call's start
+    autocast: AutocastState  # the regions the call ran in (checkpoint enters them again)
     # Version counters of the positional tensor inputs, which checkpoint saves (and checks).
     input_versions: tuple[tuple[torch.Tensor, int], ...] = ()
     saved: list[torch.Tensor] = field(default_factory=list)
@@ -247,6 +248,7 @@ class _RecomputeProbe:
             args=args,
             kwargs=kwargs,
             rng=RngState.now(self.workload.device),
+            autocast=AutocastState.now(),
             input_versions=tuple((a, a._version) for a in args if isinstance(a, torch.Tensor)),
         )
         self.open_calls.append(call)
@@ -292,6 +294,7 @@ class _RecomputeProbe:
                 call.rng.restore()
                 with (
                     torch.enable_grad(),
+                    call.autocast.entered(),
                     torch.autograd.graph.saved_tensors_hooks(record, lambda tensor: tensor),
                     writes,
                 ):

@@ -11,7 +11,7 @@ import logging
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from planner.apply import selective_contexts
 from planner.core.records import ModuleProfile, Profile, StorageKind
 from planner.measure.clock import Clock
-from planner.measure.rng import RngState
+from planner.measure.rng import AutocastState, RngState
 from planner.measure.tracking import MemoryLimitExceeded, PeakMemoryTracker, workload_tensors
 from planner.measure.workload import Workload, compute_loss, user_code_errors
 from planner.plan.memory_model import MemoryModel
@@ -28,21 +28,29 @@ from planner.plan.plan_file import ModuleDecision
 logger = logging.getLogger(__name__)
 
 
+class CapturedCall(NamedTuple):
+    """A module's call, to make again on its own: its arguments (detached), and the
+    autocast regions it ran in."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    autocast: AutocastState
+
+
 @contextlib.contextmanager
-def _capturing_inputs(
-    workload: Workload, names: list[str]
-) -> Iterator[dict[str, tuple[tuple[Any, ...], dict[str, Any]]]]:
+def _capturing_inputs(workload: Workload, names: list[str]) -> Iterator[dict[str, CapturedCall]]:
     """While open, the arguments of each named module's first forward call (not a
     recomputation during backward), detached, to call the module again on its own."""
     modules = dict(workload.model.named_modules())
-    captured: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+    captured: dict[str, CapturedCall] = {}
 
     def capture(name: str) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             if name not in captured and torch._C._current_graph_task_id() == -1:
-                captured[name] = tree_map_only(
+                detached_args, detached_kwargs = tree_map_only(
                     torch.Tensor, torch.Tensor.detach, (tuple(args), dict(kwargs))
                 )
+                captured[name] = CapturedCall(detached_args, detached_kwargs, AutocastState.now())
 
         return hook
 
@@ -58,7 +66,7 @@ def _capturing_inputs(
 
 def _captured_inputs(
     workload: Workload, names: list[str], seed: int, limit_bytes: int | None
-) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
+) -> dict[str, CapturedCall]:
     """The first-call inputs of the ``names`` modules, from a forward without grad of its
     own: captured in a training step they would stay alive past where the step frees them
     and add to its peak, which the budget has no room for. Without grad the forward keeps
@@ -86,7 +94,7 @@ def _captured_inputs(
 
 def _held_within(
     workload: Workload,
-    inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]],
+    inputs: dict[str, CapturedCall],
     limit_bytes: int | None,
 ) -> contextlib.AbstractContextManager[object]:
     """A region stopped if live memory (the step's tensors and the held ``inputs``) would
@@ -118,7 +126,7 @@ def _option_groups(profile: Profile) -> list[list[ModuleProfile]]:
 def _option_ratios(
     workload: Workload,
     profile: Profile,
-    inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]],
+    inputs: dict[str, CapturedCall],
     repeats: int = 7,
     *,
     limit_bytes: int | None = None,
@@ -144,7 +152,7 @@ def _option_ratios(
         name = members[0].module_name
         if name not in inputs:
             continue
-        args, kwargs = inputs[name]
+        call = inputs[name]
         module = modules[name]
         forward = type(module).forward.__get__(module)  # not the plan's wrapper
         per_option: dict[str, float] = {}
@@ -159,9 +167,7 @@ def _option_ratios(
                 for round_ in range(repeats + 1):  # the first round warms caches up
                     try:
                         with _held_within(workload, inputs, limit if not round_ else None):
-                            times = _policy_round(
-                                clock, decision, forward, args, kwargs, workload.device
-                            )
+                            times = _policy_round(clock, decision, forward, call, workload.device)
                     except MemoryLimitExceeded:
                         logger.info("option %s of %s not timed: over the budget", option, name)
                         break
@@ -181,13 +187,13 @@ def _policy_round(
     clock: Clock,
     decision: ModuleDecision,
     forward: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    call: CapturedCall,
     device: torch.device,
 ) -> dict[str, float]:
     """One round of :func:`_option_ratios`: ms of the forward plain, under the policy's
-    caching context and under its cached one. Its own function so that the contexts (and
-    the outputs the caching one saved) are gone when it returns, before the next round.
+    caching context and under its cached one, each in the call's autocast regions. Its own
+    function so that the contexts (and the outputs the caching one saved) are gone when it
+    returns, before the next round.
 
     Each run starts from the same RNG state, as a recomputation replays the forward's
     (``preserve_rng_state``): a forward that draws to choose its path (LayerDrop skips
@@ -204,8 +210,8 @@ def _policy_round(
         ):
             start.restore()
             begin = clock.mark()
-            with context:
-                forward(*args, **kwargs)
+            with call.autocast.entered(), context:
+                forward(*call.args, **call.kwargs)
             times[label] = clock.elapsed_ms(begin, clock.mark())
     return times
 

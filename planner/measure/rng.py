@@ -1,6 +1,7 @@
-"""The global RNG state a forward starts from, taken and put back: what
-``torch.utils.checkpoint``'s ``preserve_rng_state`` does for a recomputation, for the places
-that re-run a forward themselves (the recomputation probe, the timing of selective options).
+"""The global state a forward starts from, for the places that re-run a forward themselves
+(the recomputation probe, the timing of selective options), as ``torch.utils.checkpoint``
+does for a recomputation: the RNG state, taken and put back (its ``preserve_rng_state``),
+and the autocast regions the forward ran in, entered again (:class:`AutocastState`).
 """
 
 from __future__ import annotations
@@ -8,10 +9,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["RngState"]
+__all__ = ["AutocastState", "RngState"]
 
 
 @dataclass(frozen=True)
@@ -37,4 +39,34 @@ class RngState:
     def forked(device: torch.device) -> Iterator[None]:
         """Draws inside leave the step's RNG state (CPU's, and ``device``'s) as it was."""
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            yield
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+class AutocastState(NamedTuple):
+    """The autocast regions open when a forward ran, ``(device type, dtype, cache
+    enabled)`` for each device autocasting then. Re-run outside them, a forward under
+    ``torch.autocast`` (``Trainer(bf16=True)``) hands its float32 layers bf16 inputs they
+    were cast for and fails, or saves other tensors."""
+
+    regions: tuple[tuple[str, torch.dtype, bool], ...]
+
+    @classmethod
+    def now(cls) -> AutocastState:
+        cache = torch.is_autocast_cache_enabled()
+        return cls(
+            tuple(
+                (device, torch.get_autocast_dtype(device), cache)
+                for device in _AUTOCAST_DEVICES
+                if torch.is_autocast_enabled(device)
+            )
+        )
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for device_type, dtype, cache_enabled in self.regions:
+                stack.enter_context(torch.autocast(device_type, dtype, cache_enabled=cache_enabled))
             yield
