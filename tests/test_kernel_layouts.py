@@ -146,6 +146,16 @@ CPU_CASES = {
         ("transposed_1d", _transposed(4, 6, 8)),  # BatchNorm1d over (batch, time, channels)
         ("transposed_2d", torch.randn(8, 4).t()),
     ]
+} | {
+    # a float32 LayerNorm under autocast, given a bf16 layer's output: float32 statistics
+    "layer_norm_mixed": (
+        aten.native_layer_norm,
+        (torch.randn(2, 6, 8).bfloat16(), [8], torch.randn(8), torch.randn(8), 1e-5),
+    ),
+    "layer_norm_bf16": (
+        aten.native_layer_norm,
+        (torch.randn(2, 6, 8).bfloat16(), [8], torch.randn(8).bfloat16(), None, 1e-5),
+    ),
 }
 """The CPU kernels' own rules (planned for the CPU only)."""
 
@@ -178,6 +188,7 @@ def test_torch_fake_kernels_lay_some_of_them_out_otherwise() -> None:
         "view_batch1_channels_last",
         "batch_norm_1x1",
         "batch_norm_transposed_1d",
+        "layer_norm_mixed",
     ]
     for case in cases:
         op, args = CASES[case] if case in CASES else CPU_CASES[case]
@@ -192,6 +203,28 @@ def test_the_cpu_kernels_rules_are_left_out_where_the_step_is_planned_for_cuda()
     with mode, KernelLayouts(used, cpu=False):
         assert op(*fake_args)[0].stride() == (64, 1, 64, 64)  # the fake kernel's, as it was
     assert not used
+
+
+def test_layer_norm_statistics_are_float32_for_a_16_bit_input_where_cuda_is_planned() -> None:
+    """CUDA's kernel keeps them in the input's accumulate type (float32) whatever the
+    weight's; the fake kernel on the CPU tensors that emulate CUDA keeps them in bf16."""
+    op, args = CPU_CASES["layer_norm_bf16"]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_args = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+    used: set[str] = set()
+    with mode:
+        assert [t.dtype for t in op(*fake_args)][1:] == [torch.bfloat16] * 2  # torch's
+        with KernelLayouts(used, cpu=False):
+            output, mean, rstd = op(*fake_args)
+    assert (output.dtype, mean.dtype, rstd.dtype) == (torch.bfloat16, *[torch.float32] * 2)
+    assert used == {"native_layer_norm: outputs laid out as its real kernel lays them out"}
+
+
+@pytest.mark.cuda
+def test_layer_norm_statistics_are_float32_on_cuda() -> None:
+    op, args = CPU_CASES["layer_norm_bf16"]
+    on_cuda = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+    assert [t.dtype for t in op(*on_cuda)] == [torch.bfloat16, torch.float32, torch.float32]
 
 
 @pytest.mark.parametrize(

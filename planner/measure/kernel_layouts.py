@@ -41,8 +41,8 @@ CUDA kernel where there is one).
   read it: PVT's stages ``upsample`` a view whose batch of 1 has such a stride, and their
   backward then copied on one side only.
 
-One rule is the CPU kernel's alone, applied only where the step is planned for the CPU
-(:data:`_CPU_RULES`; the CUDA kernel is not checked here):
+Some rules are one device's kernel's alone, applied only where the step is planned for
+that device (:data:`_CPU_RULES`, :data:`_CUDA_RULES`):
 
 * ``native_batch_norm``: the output contiguous where the input is contiguous (a size-1
   dimension's stride aside), else channels-last where the input is that, else contiguous
@@ -50,6 +50,15 @@ One rule is the CPU kernel's alone, applied only where the step is planned for t
   pool features to 1 x 1 and batch-normalize them: their strides are both, the CPU kernel's
   output contiguous, the fake one's channels-last, and every upsampled map after it copied
   on one side only (0.58 MiB, 4.5% of the step).
+* ``native_layer_norm``'s saved mean and reciprocal deviation, a float per row: the fake
+  kernel makes them in the input's dtype on a CPU tensor (in float32 on a CUDA one). The CPU
+  kernel makes them in float32 where the input is 16-bit and the weight or bias float32
+  (``is_mixed_type``: a float32 LayerNorm under autocast, whose input a bf16 layer made),
+  else in the input's dtype; the CUDA kernel (``layer_norm_cuda``) in the input's accumulate
+  type, float32 for a 16-bit input, always. Both differ from the fake kernel's on the fake
+  CPU tensors that emulate CUDA (:mod:`planner.measure.cuda_emulation`): a bf16 GPT-2's two
+  LayerNorms a layer, or BERT's under autocast on the CPU (512 bytes in the sweep's small
+  BERT).
 """
 
 from __future__ import annotations
@@ -76,6 +85,7 @@ class Allocation:
 
     strides: Strides
     storage_elements: int | None = None
+    dtype: torch.dtype | None = None  # None: the fake kernel's
 
 
 def _contiguous_strides(shape: Sequence[int]) -> Strides:
@@ -214,6 +224,34 @@ def _batch_norm_cpu(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Al
     return {0: Allocation(_format_strides(outputs[0].shape, memory_format))}
 
 
+def _layer_norm_stats(
+    args: Sequence[Any], outputs: Sequence[Any], dtype: Any
+) -> dict[int, Allocation]:
+    """The output contiguous (as on every device), the mean and reciprocal deviation
+    (outputs 1 and 2, one per row, contiguous) in ``dtype``."""
+    made = _contiguous_like_first(args, outputs)
+    for index in (1, 2):
+        made[index] = Allocation(_contiguous_strides(outputs[index].shape), dtype=dtype)
+    return made
+
+
+_SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+
+
+def _layer_norm_cpu(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    source, weight, bias = args[0], args[2], args[3]
+    params = [param for param in (weight, bias) if isinstance(param, torch.Tensor)]
+    mixed = source.dtype in _SIXTEEN_BIT and any(p.dtype == torch.float32 for p in params)
+    return _layer_norm_stats(args, outputs, torch.float32 if mixed else source.dtype)
+
+
+def _layer_norm_cuda(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    source = args[0]
+    return _layer_norm_stats(
+        args, outputs, torch.float32 if source.dtype in _SIXTEEN_BIT else source.dtype
+    )
+
+
 def _col2im(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
     """Both kernels allocate the output like the input, then resize it to the output's
     shape: a smaller output keeps the input's storage."""
@@ -238,12 +276,20 @@ _RULES: dict[Any, _Rule] = {
     aten.upsample_bicubic2d.default: _upsample,
 }
 
-_CPU_RULES: dict[Any, _Rule] = {aten.native_batch_norm.default: _batch_norm_cpu}
+_CPU_RULES: dict[Any, _Rule] = {
+    aten.native_batch_norm.default: _batch_norm_cpu,
+    aten.native_layer_norm.default: _layer_norm_cpu,
+}
 """The CPU kernels' rules (module docstring), where the step is planned for the CPU."""
+
+_CUDA_RULES: dict[Any, _Rule] = {aten.native_layer_norm.default: _layer_norm_cuda}
+"""The CUDA kernels' rules (module docstring), where the step is planned for CUDA."""
 
 
 def _as_made(tensor: torch.Tensor, allocation: Allocation) -> bool:
     if tuple(tensor.stride()) != allocation.strides:
+        return False
+    if allocation.dtype is not None and tensor.dtype != allocation.dtype:
         return False
     elements = allocation.storage_elements
     return elements is None or tensor.untyped_storage().nbytes() == elements * tensor.element_size()
@@ -267,12 +313,13 @@ class KernelLayouts(TorchDispatchMode):
     gives back outputs laid out as the real kernel lays them out (a fresh fake tensor of
     the same shape and dtype, the fake kernel's dropped before anything records it). Each
     op corrected is added to ``used`` (the session's assumptions). ``cpu``: the step is
-    planned for the CPU, whose kernels' own rules (:data:`_CPU_RULES`) apply too."""
+    planned for the CPU, whose kernels' own rules (:data:`_CPU_RULES`) apply too, else for
+    CUDA (:data:`_CUDA_RULES`)."""
 
     def __init__(self, used: set[str], *, cpu: bool = True) -> None:
         super().__init__()
         self.used = used
-        self.rules = {**_RULES, **_CPU_RULES} if cpu else _RULES
+        self.rules = {**_RULES, **(_CPU_RULES if cpu else _CUDA_RULES)}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -288,16 +335,17 @@ class KernelLayouts(TorchDispatchMode):
             if not isinstance(tensor, torch.Tensor) or _as_made(tensor, allocation):
                 continue
             strides = allocation.strides
+            dtype = allocation.dtype or tensor.dtype
             if func in _VIEWS:
                 outputs[index] = tensor.as_strided(tensor.shape, strides, tensor.storage_offset())
             elif allocation.storage_elements is not None:
                 storage = torch.empty(
-                    allocation.storage_elements, dtype=tensor.dtype, device=tensor.device
+                    allocation.storage_elements, dtype=dtype, device=tensor.device
                 )
                 outputs[index] = storage.as_strided(tensor.shape, strides, 0)
             else:
                 outputs[index] = torch.empty_strided(
-                    tensor.shape, strides, dtype=tensor.dtype, device=tensor.device
+                    tensor.shape, strides, dtype=dtype, device=tensor.device
                 )
             changed = True
         if not changed:
