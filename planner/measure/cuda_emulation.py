@@ -15,7 +15,8 @@ Design notes
   kernel for fp16/bf16 without a mask and the memory-efficient kernel otherwise (CPU's
   flash kernel saves a different log-sum-exp), dropout uses the fused kernel that keeps a
   1-byte mask (CPU keeps a mask of the input's dtype), and ``autocast("cuda")`` regions
-  run as CPU autocast with CUDA's dtype. Each replacement made is listed in
+  run as CPU autocast with CUDA's dtype, casting as CUDA's lists cast
+  (:mod:`planner.measure.cuda_autocast`). Each replacement made is listed in
   :attr:`~planner.measure.fake.FakeSession.assumptions`, which the profile records.
 """
 
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from planner.apply.wrap import RecomputedUnder
+from planner.measure.cuda_autocast import CudaAutocastLists
 
 __all__ = ["fake_tensor_device"]
 
@@ -174,23 +176,28 @@ def _device_kernel_dtypes(replaced: set[str]) -> Iterator[None]:
 @contextlib.contextmanager
 def _autocast_emulated(device_type: str, replaced: set[str]) -> Iterator[None]:
     """Inside the emulation, ``torch.autocast("cuda", ...)`` becomes CPU autocast with the
-    same dtype (the fake tensors are CPU tensors, which CUDA autocast would not touch)."""
+    same dtype (the fake tensors are CPU tensors, which CUDA autocast would not touch), and
+    CPU autocast casts as CUDA's does (:class:`CudaAutocastLists`). A step that autocasts on
+    the device its tensors are on (``--hf --autocast``) opens a CPU region here: the same."""
     original_init = torch.amp.autocast_mode.autocast.__init__
 
     def init(self: Any, device_type_: str | None = None, *args: Any, **kwargs: Any) -> None:
         if device_type_ is None:  # by keyword, as torch.utils.checkpoint's recomputation does
             device_type_ = kwargs.pop("device_type")
-        if device_type_ == device_type:
+        enabled = kwargs.get("enabled", args[1] if len(args) > 1 else True)  # after dtype
+        if device_type_ in (device_type, "cpu") and enabled:
             replaced.add(
-                f'autocast("{device_type}"): emulated by CPU autocast with the same dtype '
-                "(CPU's lists of ops it casts)"
+                f'autocast("{device_type}"): emulated by CPU autocast with the same dtype, '
+                "casting as CUDA's lists cast (torch's autocast_mode.h)"
             )
+        if device_type_ == device_type:  # a disabled region too: it turns the CPU one off
             device_type_ = "cpu"
         original_init(self, device_type_, *args, **kwargs)
 
     autocast = torch.amp.autocast_mode.autocast
     setattr(autocast, "__init__", init)  # noqa: B010
     try:
-        yield
+        with CudaAutocastLists():
+            yield
     finally:
         setattr(autocast, "__init__", original_init)  # noqa: B010
