@@ -397,6 +397,18 @@ CASES = [
     ),
     Case(
         PROFILE,
+        "--hf --autocast in a dtype it does not take",
+        ("--hf", "{examples}/configs/tiny-llama.json", *HF_SHAPE, "--autocast", "fp8", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "--autocast with a model file",
+        ("{data}/small_cnn.py", *HF_SHAPE[4:], "--autocast", "bfloat16", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
         "MODEL.py and --hf together",
         ("{data}/small_cnn.py", "--hf", "{examples}/configs/gpt2.json", *HF_SHAPE, *OUT),
         2,

@@ -34,10 +34,14 @@ one-line error, or ``raw TYPE`` for an exception that is not the tool's), or **t
     python benchmarks/hf_sweep.py --task image --only swin,resnet
     python benchmarks/hf_sweep.py --task causal-lm --resume # after Ctrl-C: the rest
     python benchmarks/hf_sweep.py --task causal-lm --lora 8 # LoRA fine-tuning (peft)
+    python benchmarks/hf_sweep.py --task causal-lm --autocast bfloat16  # Trainer(bf16=True)
 
 ``--lora R`` plans each type as peft fine-tunes it (``--hf CONFIG --lora R``: rank R on every
 linear layer but the head, :mod:`planner.measure.hf_lora`), through ``--hf`` for every task;
-its reports are hf_sweep_TASK_lora.csv and .md.
+its reports are hf_sweep_TASK_lora.csv and .md. ``--autocast D`` plans each type's float32
+weights trained under ``torch.autocast`` in D, as ``Trainer(bf16=True)`` trains them
+(``--hf CONFIG --autocast D``), through ``--hf`` too; its reports are
+hf_sweep_TASK_autocast.csv and .md (hf_sweep_TASK_lora_autocast with both).
 
 Writes reports/benchmarks/hf_sweep_TASK.csv and .md (atomically; rows as they come go to
 hf_sweep_TASK.partial.jsonl, which ``--resume`` reads) and prints the summary. Exits 1 if a
@@ -134,10 +138,11 @@ def verdict(planned: dict[str, object]) -> tuple[str, str]:
 
 
 def sweep_one(
-    task: str, model_type: str, folder: Path, lora: str | None = None
+    task: str, model_type: str, folder: Path, lora: str | None = None, autocast: str | None = None
 ) -> dict[str, object]:
     """Steps 1 and 2 of the module docstring for one type, in this process: its row
-    (``lora``: with LoRA adapters of that rank, through ``--hf``)."""
+    (``lora``: with LoRA adapters of that rank, through ``--hf``; ``autocast``: its forward
+    under autocast in that dtype, through ``--hf``)."""
     import dataclasses
 
     import torch
@@ -149,10 +154,11 @@ def sweep_one(
     path: Path | str
     try:
         torch.manual_seed(0)
-        if TASKS[task].via_hf or lora:  # the model and batch `--hf` builds from the config
+        if TASKS[task].via_hf or lora or autocast:  # the model and batch `--hf` builds
             path = write_hf_config(task, model_type, folder)
-            if lora:
-                path = str(dataclasses.replace(WorkloadSource.parse(path), lora=lora))
+            if lora or autocast:
+                written = WorkloadSource.parse(path)
+                path = str(dataclasses.replace(written, lora=lora, autocast=autocast))
             hf_file = load_model_file(path)
             model, batch = hf_file.build_model(), hf_file.sample_batch()
         else:
@@ -179,7 +185,7 @@ def sweep_one(
     return row
 
 
-def _child(task: str, model_type: str, out: Path, lora: str | None) -> int:
+def _child(task: str, model_type: str, out: Path, lora: str | None, autocast: str | None) -> int:
     import logging
     import warnings
 
@@ -187,7 +193,7 @@ def _child(task: str, model_type: str, out: Path, lora: str | None) -> int:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="ckpt-plan-hf-sweep-") as folder:
         try:
-            row = sweep_one(task, model_type, Path(folder), lora)
+            row = sweep_one(task, model_type, Path(folder), lora, autocast)
         except Exception as error:  # the sweep's own failure: report it as a row
             row = {
                 "task": task,
@@ -201,7 +207,11 @@ def _child(task: str, model_type: str, out: Path, lora: str | None) -> int:
 
 
 def run_isolated(
-    task: str, model_type: str, timeout_s: float, lora: str | None = None
+    task: str,
+    model_type: str,
+    timeout_s: float,
+    lora: str | None = None,
+    autocast: str | None = None,
 ) -> dict[str, object]:
     """:func:`sweep_one` in a fresh process, killed (with its children) after ``timeout_s``."""
     started = time.perf_counter()
@@ -209,6 +219,7 @@ def run_isolated(
         out = Path(folder) / "row.json"
         command = [sys.executable, __file__, "--child", task, model_type, str(out)]
         command += ["--lora", lora] if lora else []
+        command += ["--autocast", autocast] if autocast else []
         process = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
@@ -240,7 +251,9 @@ def run_isolated(
         }
 
 
-def report(task: str, frame: pd.DataFrame, lora: str | None = None) -> str:
+def report(
+    task: str, frame: pd.DataFrame, lora: str | None = None, autocast: str | None = None
+) -> str:
     """The Markdown report: counts, every type not ok with why, the ok ones' figures."""
     versions = ", ".join(
         f"{package} {importlib.metadata.version(package)}" for package in ("torch", "transformers")
@@ -250,7 +263,7 @@ def report(task: str, frame: pd.DataFrame, lora: str | None = None) -> str:
     how = (
         "every type planned through `--hf` on its config (the batch is ckpt-plan's own), "
         "the zoo's included"
-        if TASKS[task].via_hf or lora
+        if TASKS[task].via_hf or lora or autocast
         else "the zoo's types are left out (benchmarks/zoo.py checks them)"
     )
     lora_title = f", LoRA rank {lora}" if lora else ""
@@ -259,7 +272,14 @@ def report(task: str, frame: pd.DataFrame, lora: str | None = None) -> str:
             f", fine-tuned as peft does it (`--lora {lora}`: rank {lora} on every linear layer "
             "but the head, the base weights frozen)"
         )
-    option = f" --lora {lora}" if lora else ""
+    if autocast:
+        lora_title += f", autocast {autocast}"
+        how += (
+            f", float32 weights trained under autocast as Trainer(bf16=True) trains them "
+            f"(`--autocast {autocast}`: the forward under torch.autocast, its outputs cast to "
+            "float32)"
+        )
+    option = (f" --lora {lora}" if lora else "") + (f" --autocast {autocast}" if autocast else "")
     lines = [
         f"# Hugging Face sweep: {task} ({TASKS[task].mapping}){lora_title}",
         "",
@@ -292,13 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds a type")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
     parser.add_argument("--lora", help="plan LoRA fine-tuning of this rank (--hf --lora R)")
+    parser.add_argument(
+        "--autocast", choices=["bfloat16", "float16"], help="plan the forward under autocast"
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.child:
         task, model_type, out = arguments.child
-        return _child(task, model_type, Path(out), arguments.lora)
+        return _child(task, model_type, Path(out), arguments.lora, arguments.autocast)
 
-    types = model_types(arguments.task, via_hf=bool(arguments.lora))
+    types = model_types(arguments.task, via_hf=bool(arguments.lora or arguments.autocast))
     if arguments.only:
         unknown = [name for name in arguments.only if name not in types]
         if unknown:
@@ -306,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         types = arguments.only
     types = types[: arguments.limit]
     arguments.out.mkdir(parents=True, exist_ok=True)
-    stem = arguments.out / f"hf_sweep_{arguments.task}{'_lora' if arguments.lora else ''}"
+    suffix = ("_lora" if arguments.lora else "") + ("_autocast" if arguments.autocast else "")
+    stem = arguments.out / f"hf_sweep_{arguments.task}{suffix}"
     partial = stem.with_suffix(".partial.jsonl")
     rows: dict[str, dict[str, object]] = {}
     if arguments.resume and partial.exists():
@@ -321,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
             if model_type in rows:
                 continue
             timeout_s = arguments.timeout * TIMEOUT_SCALE.get(model_type, 1.0)
-            row = run_isolated(arguments.task, model_type, timeout_s, arguments.lora)
+            row = run_isolated(
+                arguments.task, model_type, timeout_s, arguments.lora, arguments.autocast
+            )
             rows[model_type] = row
             progress.write(json.dumps(row, default=str) + "\n")
             progress.flush()
@@ -338,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         frame[column] = frame[column].astype("Int64")
     with atomic_path(stem.with_suffix(".csv")) as temp_path:
         frame.to_csv(temp_path, index=False)
-    text = report(arguments.task, frame, arguments.lora)
+    text = report(arguments.task, frame, arguments.lora, arguments.autocast)
     atomic_write_text(stem.with_suffix(".md"), text)
     partial.unlink()
     print(text)

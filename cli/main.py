@@ -31,6 +31,7 @@ from .boundary import (
     warn,
 )
 from .options import (
+    AutocastOption,
     BatchSizeOption,
     BudgetOption,
     ClipsOption,
@@ -159,6 +160,7 @@ def profile(
     images: ImagesOption = None,
     clips: ClipsOption = None,
     lora: LoraOption = None,
+    autocast: AutocastOption = None,
     dtype: DtypeOption = None,
     out: Annotated[
         Path | None,
@@ -214,7 +216,15 @@ def profile(
     with errors_to_exit_codes(verbose):
         layout = parallel_layout(world_size, parallel, mesh, tp, pp, microbatches, schedule)
         source = workload_source(
-            model, hf, batch_size, seq_len, dtype, images=images, clips=clips, lora=lora
+            model,
+            hf,
+            batch_size,
+            seq_len,
+            dtype,
+            images=images,
+            clips=clips,
+            lora=lora,
+            autocast=autocast,
         )
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
@@ -360,6 +370,7 @@ def fit(
     images: ImagesOption = None,
     clips: ClipsOption = None,
     lora: LoraOption = None,
+    autocast: AutocastOption = None,
     dtype: DtypeOption = None,
     zero_grad: ZeroGradOption = ZeroGrad.BEFORE_FORWARD,
     grad_accum: GradAccumOption = 1,
@@ -416,7 +427,15 @@ def fit(
             batch_size = batch_size or 1
             seq_len = 1 if dimension == "seq_len" else seq_len
         source = workload_source(
-            model, hf, batch_size, seq_len, dtype, images=images, clips=clips, lora=lora
+            model,
+            hf,
+            batch_size,
+            seq_len,
+            dtype,
+            images=images,
+            clips=clips,
+            lora=lora,
+            autocast=autocast,
         )
         if source is None:
             fail("pass a model file (MODEL.py) or --hf CONFIG", 2)
@@ -582,6 +601,7 @@ def solve(
     images: ImagesOption = None,
     clips: ClipsOption = None,
     lora: LoraOption = None,
+    autocast: AutocastOption = None,
     dtype: DtypeOption = None,
     offload: OffloadOption = True,
     host_budget_text: HostBudgetOption = None,
@@ -610,6 +630,7 @@ def solve(
             images=images,
             clips=clips,
             lora=lora,
+            autocast=autocast,
             model_option="--check MODEL.py",
             recorded=loaded.model_file,
         )
@@ -770,6 +791,7 @@ def verify(
     images: ImagesOption = None,
     clips: ClipsOption = None,
     lora: LoraOption = None,
+    autocast: AutocastOption = None,
     dtype: DtypeOption = None,
     device: Annotated[
         Device | None,
@@ -829,6 +851,7 @@ def verify(
             images=images,
             clips=clips,
             lora=lora,
+            autocast=autocast,
             recorded=recorded,
         )
 

@@ -63,6 +63,11 @@ class Dtype(str, enum.Enum):
     float16 = "float16"
 
 
+class AutocastDtype(str, enum.Enum):
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
 class ReferenceChoice(str, enum.Enum):
     auto = "auto"
     unplanned = "unplanned"
@@ -292,6 +297,17 @@ LoraOption = Annotated[
         show_default=False,
     ),
 ]
+AutocastOption = Annotated[
+    AutocastDtype | None,
+    typer.Option(
+        "--autocast",
+        help="With --hf: run the forward under torch.autocast in this dtype, as "
+        "Trainer(bf16=True) (bfloat16) or Trainer(fp16=True) (float16) does, its outputs cast "
+        "to float32 after it; the parameters stay in --dtype (float32 for classic mixed "
+        "precision).",
+        show_default="no autocast",
+    ),
+]
 DtypeOption = Annotated[
     Dtype | None,
     typer.Option(
@@ -312,13 +328,15 @@ def workload_source(
     images: int | None = None,
     clips: int | None = None,
     lora: str | None = None,
+    autocast: AutocastDtype | None = None,
     model_option: str = "MODEL.py",
     recorded: str | None = None,
 ) -> WorkloadSource | None:
     """The workload a command runs, as the library carries it: the model file (its path
     may carry a batch size, ``PATH?batch_size=N``, as printed commands write it), or the
     Hugging Face workload the ``--hf`` options name (``--batch-size``, ``--seq-len``,
-    ``--dtype``, ``--images``, ``--clips`` and ``--lora`` default to those of ``recorded``,
+    ``--dtype``, ``--images``, ``--clips``, ``--lora`` and ``--autocast`` default to those of
+    ``recorded``,
     the source a profile or plan holds, where that is a Hugging Face workload). None when
     neither is given. Raises ModelFileError for a config that cannot be used; a bad
     combination of options is a usage error (exit 2)."""
@@ -328,8 +346,11 @@ def workload_source(
     if model is not None and hf is not None:
         fail(f"pass either {model_option} or --hf CONFIG, not both", 2)
     if hf is None:
-        if (seq_len, dtype, images, clips, lora) != (None, None, None, None, None):
-            fail("--seq-len, --dtype, --images, --clips and --lora go with --hf CONFIG", 2)
+        if (seq_len, dtype, images, clips, lora, autocast) != (None,) * 6:
+            fail(
+                "--seq-len, --dtype, --images, --clips, --lora and --autocast go with --hf CONFIG",
+                2,
+            )
         if model is None:
             if batch_size is not None:
                 fail(f"--batch-size goes with {model_option} or --hf CONFIG", 2)
@@ -338,6 +359,7 @@ def workload_source(
             return WorkloadSource.parse(model)
         return WorkloadSource.model_file(model, batch_size)
     dtype_name = dtype.value if dtype is not None else None
+    autocast_name = autocast.value if autocast is not None else None
     before = WorkloadSource.parse(recorded) if recorded is not None else None
     if before is not None and before.is_hugging_face:
         batch_size = batch_size or before.batch_size
@@ -346,9 +368,12 @@ def workload_source(
         images = before.images if images is None else images
         clips = before.clips if clips is None else clips
         lora = before.lora if lora is None else lora
+        autocast_name = before.autocast if autocast_name is None else autocast_name
     if batch_size is None:
         fail("--hf needs --batch-size (and --seq-len, for a model taking token ids)", 2)
-    return hf_workload(hf, batch_size, seq_len, dtype_name, images, clips, lora)
+    return hf_workload(
+        hf, batch_size, seq_len, dtype_name, images, clips, lora, autocast=autocast_name
+    )
 
 
 def target_and_device(target: str | None, device: Device) -> tuple[DeviceSpec | None, Device]:

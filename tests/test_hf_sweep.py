@@ -140,22 +140,29 @@ def test_a_type_is_planned_and_checked(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_lora_sweep_takes_every_type_through_hf_with_adapters(tmp_path: Path) -> None:
-    """``--lora R``: the zoo's types too (the zoo plans no adapters), each through ``--hf
-    --lora R``: its row is the peft model's, planned and checked as any."""
+def test_a_lora_autocast_sweep_takes_every_type_through_hf_with_adapters(tmp_path: Path) -> None:
+    """``--lora R --autocast D``: the zoo's types too (the zoo plans neither), each through
+    ``--hf --lora R --autocast D`` (LoRA under Trainer(bf16=True), as it is mostly run): its
+    row is the peft model's under autocast, planned and checked as any."""
     assert "llama" in model_types("causal-lm", via_hf=True)
-    row = hf_sweep.sweep_one("causal-lm", "llama", tmp_path, lora="4")
+    row = hf_sweep.sweep_one("causal-lm", "llama", tmp_path, lora="4", autocast="bfloat16")
     assert row["outcome"] == "ok", row
     assert row["bit_identical"] is True and float(row["error_pct"]) == 0.0  # type: ignore[arg-type]
     assert row["plan_mib"] <= row["budget_mib"] < row["unplanned_mib"]  # type: ignore[operator]
-    assert "LoRA rank 4" in hf_sweep.report("causal-lm", pd.DataFrame([row]), "4")
+    report = hf_sweep.report("causal-lm", pd.DataFrame([row]), "4", "bfloat16")
+    assert "LoRA rank 4, autocast bfloat16" in report
+    assert "--lora 4 --autocast bfloat16" in report
 
 
 def test_a_stopped_run_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ran = []
 
     def run_isolated(
-        task: str, model_type: str, timeout_s: float, lora: str | None = None
+        task: str,
+        model_type: str,
+        timeout_s: float,
+        lora: str | None = None,
+        autocast: str | None = None,
     ) -> dict[str, object]:
         ran.append(model_type)
         return {"task": task, "model_type": model_type, "outcome": "ok", "seconds": 2.0}

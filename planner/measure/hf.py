@@ -53,7 +53,15 @@ What is built, and why:
 * **The optimizer**: ``torch.optim.AdamW(fused=True, lr=5e-5)``, the Hugging Face Trainer's
   default (``optim="adamw_torch_fused"``). Its state is in the parameters' dtype.
 * **The dtype**: ``--dtype``, else the config's own (``dtype`` or ``torch_dtype``), else
-  float32. The parameters are made in it; no autocast.
+  float32. The parameters are made in it.
+* **Autocast** (``--autocast bfloat16``/``float16``; none by default): the step
+  ``Trainer(bf16=True)`` (``fp16=True``) runs, as ``accelerate`` wraps the model's forward:
+  the forward under ``torch.autocast`` on the device the step runs on, then its outputs'
+  16-bit tensors cast to float32 (a float32 copy of the logits, alive from the forward's
+  end until the loss is taken). The parameters stay in the dtype above: float32 for
+  classic mixed precision (``--dtype float32``). ``fp16=True``'s loss scaling is left out:
+  ``GradScaler`` scales the loss and unscales the gradients in place, holding no tensor
+  of the model's size (two scalars a device).
 * **LoRA** (``--lora``): the model ``peft.get_peft_model`` returns, its base weights frozen
   and its adapters trained (:mod:`planner.measure.hf_lora`); the optimizer takes the
   parameters that train, as the Trainer's does.
@@ -96,6 +104,7 @@ if TYPE_CHECKING:
     from planner.measure.model_file import ModelFile
 
 __all__ = [
+    "AUTOCAST",
     "DTYPES",
     "InputKind",
     "hf_workload",
@@ -108,6 +117,9 @@ __all__ = [
 
 DTYPES = ("float32", "bfloat16", "float16")
 """The parameter dtypes ``--dtype`` takes."""
+
+AUTOCAST = ("bfloat16", "float16")
+"""The dtypes ``--autocast`` takes (``Trainer(bf16=True)``, ``Trainer(fp16=True)``)."""
 
 # The Hugging Face Trainer's default optimizer (optim="adamw_torch_fused", learning_rate).
 _LEARNING_RATE = 5e-5
@@ -271,6 +283,8 @@ def hf_workload(
     images: int | None = None,
     clips: int | None = None,
     lora: str | Path | None = None,
+    *,
+    autocast: str | None = None,
 ) -> WorkloadSource:
     """Check a Hugging Face workload before anything is built: ``config`` is a local
     ``config.json`` or a folder holding one, with a ``model_type``; ``batch_size`` and
@@ -280,7 +294,8 @@ def hf_workload(
     config's, else float32) is one of :data:`DTYPES`; ``images`` (a vision-language model's
     images a sequence; None: its default) and ``clips`` (a speech language model's) are not
     negative; ``lora`` (LoRA adapters to train, :mod:`planner.measure.hf_lora`) a rank of 1
-    or more or an adapter config on disk. Raises :class:`ModelFileError` naming the fix."""
+    or more or an adapter config on disk; ``autocast`` (the forward's autocast dtype) one of
+    :data:`AUTOCAST`. Raises :class:`ModelFileError` naming the fix."""
     path = _config_file(config)
     data = _read_config(path)
     if batch_size < 1 or (seq_len is not None and seq_len < 1):
@@ -289,13 +304,15 @@ def hf_workload(
         )
     if dtype is not None and dtype not in DTYPES:
         raise ModelFileError(f"--dtype {dtype}: use one of {', '.join(DTYPES)}")
+    if autocast is not None and autocast not in AUTOCAST:
+        raise ModelFileError(f"--autocast {autocast}: use one of {', '.join(AUTOCAST)}")
     for option, count in (("--images", images), ("--clips", clips)):
         if count is not None and count < 0:
             raise ModelFileError(f"{option} {count}: give 0 (text alone) or more")
     adapters = lora_spec(lora) if lora is not None else None
     dtype_name = dtype or _config_dtype(data, path)
     return WorkloadSource.hugging_face(
-        path, batch_size, seq_len, dtype_name, images, clips, adapters
+        path, batch_size, seq_len, dtype_name, images, clips, adapters, autocast=autocast
     )
 
 
@@ -593,7 +610,14 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
 
     batch_size, seq_len, dtype_name = _shape(source)
     source = hf_workload(
-        source.path, batch_size, seq_len, dtype_name, source.images, source.clips, source.lora
+        source.path,
+        batch_size,
+        seq_len,
+        dtype_name,
+        source.images,
+        source.clips,
+        source.lora,
+        autocast=source.autocast,
     )
     transformers = _transformers()
     config, model_class, head, kind, main_input = _classified(source)
@@ -797,12 +821,23 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         trained = [parameter for parameter in parameters if parameter.requires_grad]  # Trainer's
         return torch.optim.AdamW(trained, lr=_LEARNING_RATE, fused=True)
 
+    training_step = None
+    autocast_said: tuple[str, ...] = ()
+    if source.autocast is not None:
+        training_step = _autocast_step(_torch_dtype(source.autocast))
+        flag = "bf16" if source.autocast == "bfloat16" else "fp16"
+        autocast_said = (
+            f"the forward under torch.autocast({source.autocast}) and its 16-bit outputs cast "
+            f"to float32, as Trainer({flag}=True) runs it (accelerate)"
+            + ("; no GradScaler (its scaling is in place)" if flag == "fp16" else ""),
+        )
+
     return ModelFile(
         path=source.path,
         name=source.name,
         build_model=build_model,
         sample_batch=sample_batch,
-        training_step=None,
+        training_step=training_step,
         loss_fn=None,
         build_optimizer=build_optimizer,
         source=source,
@@ -811,5 +846,38 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"a synthetic batch of {inputs_said} with {targets_said}{batch_note}; "
             "AdamW(fused=True, lr=5e-5), the Trainer's default",
             *([adapters.said] if adapters is not None else []),
+            *autocast_said,
         ),
     )
+
+
+def _autocast_step(dtype: torch.dtype) -> Callable[[torch.nn.Module, Any], torch.Tensor]:
+    """The training step of ``Trainer(bf16=True)`` (``dtype`` bfloat16) or ``fp16=True``, as
+    ``accelerate`` wraps the model's forward (``Accelerator.prepare_model``): the forward under
+    ``torch.autocast`` on the device the batch is on, then every 16-bit tensor of its output
+    cast to float32 (``convert_outputs_to_fp32``), outside autocast; the loss is the output's
+    ``.loss``, as the Trainer takes it."""
+    import torch
+
+    def step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        device_type = next(iter(batch.values())).device.type
+        with torch.autocast(device_type, dtype=dtype):
+            output = model(**batch)
+        loss: torch.Tensor = _in_float32(output).loss
+        return loss
+
+    return step
+
+
+def _in_float32(value: Any) -> Any:
+    """``value`` with its float16 and bfloat16 tensors cast to float32, in containers of the
+    same types (``accelerate.utils.convert_to_fp32``: a ``ModelOutput`` stays one)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
+    if isinstance(value, dict):  # ModelOutput is an OrderedDict of its fields that are set
+        return type(value)({key: _in_float32(item) for key, item in value.items()})
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_in_float32(item) for item in value)
+    return value

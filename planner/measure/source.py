@@ -11,7 +11,9 @@ profiles and plans (their ``model_file``) as one line of text, its source:
   classifier's has no ``seq_len`` (its images are the config's size); a vision-language
   model's may name its ``images`` a sequence (``&images=0``: text alone; none: the default),
   a speech language model's its ``clips``; one fine-tuned with LoRA its adapters, ``&lora=16``
-  (a rank) or ``&lora=/abs/path/adapter_config.json`` (:mod:`planner.measure.hf_lora`).
+  (a rank) or ``&lora=/abs/path/adapter_config.json`` (:mod:`planner.measure.hf_lora`); one
+  whose forward runs under ``torch.autocast`` (``Trainer(bf16=True)``) its dtype,
+  ``&autocast=bfloat16``.
 
 :class:`WorkloadSource` is that line as a record: :meth:`WorkloadSource.parse` reads it where
 text comes in (a path passed to :func:`~planner.measure.workload.load_model_file`, a profile's
@@ -50,8 +52,9 @@ class WorkloadSource:
     workload, with ``seq_len`` (None for images) and ``dtype`` (the parameters'), the
     synthetic batch's shape, ``images``, a vision-language model's images a sequence
     (None: its default, :mod:`planner.measure.hf_images`), and ``clips``, a speech language
-    model's clips (:mod:`planner.measure.hf_audio`), and ``lora``, LoRA adapters to train
-    instead of the weights (a rank, or an adapter config's path: :mod:`planner.measure.hf_lora`).
+    model's clips (:mod:`planner.measure.hf_audio`), ``lora``, LoRA adapters to train
+    instead of the weights (a rank, or an adapter config's path: :mod:`planner.measure.hf_lora`),
+    and ``autocast``, the dtype the forward autocasts to (None: no autocast).
     Build one with :meth:`model_file` or :meth:`hugging_face`; nothing here reads the file."""
 
     kind: SourceKind
@@ -62,14 +65,17 @@ class WorkloadSource:
     images: int | None = None
     clips: int | None = None
     lora: str | None = None
+    autocast: str | None = None
 
     def __post_init__(self) -> None:
         shape = (self.batch_size, self.dtype)
         if self.kind is SourceKind.HUGGING_FACE and None in shape:
             raise ValueError(f"a Hugging Face workload needs a batch size and dtype: {self}")
-        hf_only = (self.seq_len, self.dtype, self.images, self.clips, self.lora)
+        hf_only = (self.seq_len, self.dtype, self.images, self.clips, self.lora, self.autocast)
         if self.kind is SourceKind.MODEL_FILE and hf_only != (None,) * len(hf_only):
-            raise ValueError("a model file's source takes no seq_len, dtype, images, clips or lora")
+            raise ValueError(
+                "a model file's source takes no seq_len, dtype, images, clips, lora or autocast"
+            )
 
     @classmethod
     def model_file(
@@ -87,9 +93,12 @@ class WorkloadSource:
         images: int | None = None,
         clips: int | None = None,
         lora: str | None = None,
+        *,
+        autocast: str | None = None,
     ) -> WorkloadSource:
         path = Path(config_path)
-        return cls(SourceKind.HUGGING_FACE, path, batch_size, seq_len, dtype, images, clips, lora)
+        shape = (batch_size, seq_len, dtype, images, clips, lora, autocast)
+        return cls(SourceKind.HUGGING_FACE, path, *shape)
 
     @classmethod
     def parse(cls, text: str | os.PathLike[str]) -> WorkloadSource:
@@ -106,14 +115,15 @@ class WorkloadSource:
                 images = int(values["images"]) if "images" in values else None
                 clips = int(values["clips"]) if "clips" in values else None
                 lora = values.get("lora") or None
+                autocast = values.get("autocast") or None
             except (KeyError, ValueError):
                 raise ModelFileError(
                     f"{text!r} is not a Hugging Face workload source (expected "
                     f"{_HF_PREFIX}CONFIG?batch_size=B[&seq_len=S]&dtype=D[&images=N][&clips=N]"
-                    "[&lora=R]); "
-                    "re-create the profile"
+                    "[&lora=R][&autocast=D]); re-create the profile"
                 ) from None
-            return cls.hugging_face(path, batch_size, seq_len, dtype, images, clips, lora)
+            shape = (batch_size, seq_len, dtype, images, clips, lora)
+            return cls.hugging_face(path, *shape, autocast=autocast)
         base, query, count = text.rpartition(_BATCH_SIZE_QUERY)
         if not query or Path(text).expanduser().is_file():
             return cls.model_file(text)
@@ -137,6 +147,7 @@ class WorkloadSource:
                 "images": self.images,
                 "clips": self.clips,
                 "lora": self.lora,
+                "autocast": self.autocast,
             }
             query = urllib.parse.urlencode({k: v for k, v in shape.items() if v is not None})
             return f"{_HF_PREFIX}{self.path}?{query}"
@@ -170,7 +181,7 @@ class WorkloadSource:
     def command_arguments(self, model: str | None = None) -> list[str]:
         """The command-line options that name this workload: a Hugging Face workload's
         ``--hf CONFIG --batch-size B --seq-len S --dtype D`` (no ``--seq-len`` for images;
-        ``--images N``, ``--clips N``, ``--lora R`` where it names them);
+        ``--images N``, ``--clips N``, ``--lora R``, ``--autocast D`` where it names them);
         else the model file (``model``
         in its place where given, e.g. ``MODEL.py`` for a command to run on another machine)
         with ``--batch-size N`` where it has one."""
@@ -181,6 +192,7 @@ class WorkloadSource:
                 *(["--images", str(self.images)] if self.images is not None else []),
                 *(["--clips", str(self.clips)] if self.clips is not None else []),
                 *(["--lora", self.lora] if self.lora is not None else []),
+                *(["--autocast", self.autocast] if self.autocast is not None else []),
             ]
             return ["--hf", str(self.path), *batch, "--dtype", str(self.dtype), *media]
         sized = ["--batch-size", str(self.batch_size)] if self.batch_size is not None else []
