@@ -10,7 +10,11 @@ sweep (benchmarks/hf_sweep_models.py).
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,18 +24,32 @@ pytest.importorskip("transformers")
 from typer.testing import CliRunner
 
 from benchmarks.hf_sweep_models import write_hf_config
+from planner import apply_plan
 from planner.check.compare import check_plan
 from planner.cli.main import app
 from planner.core.errors import ModelFileError
+from planner.core.records import Unit
 from planner.measure.fake import build_fake_workload
 from planner.measure.hf import hf_workload
 from planner.measure.profiler import record_memory
 from planner.measure.source import WorkloadSource
 from planner.measure.workload import build_workload, load_model_file, run_training_step
 from planner.plan.plan_file import load_plan
-from planner.solve.planning import baseline_every_block
+from planner.solve.planning import baseline_every_block, build_plan
 
 pytestmark = pytest.mark.hf
+
+
+@contextlib.contextmanager
+def _accelerator(mixed_precision: str) -> Iterator[Any]:
+    """An accelerate.Accelerator on the CPU, its process-wide state fresh before and after
+    (another test in this process may have made one with other settings)."""
+    accelerate = pytest.importorskip("accelerate")
+    accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        yield accelerate.Accelerator(mixed_precision=mixed_precision, cpu=True)
+    finally:
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def _source(
@@ -62,7 +80,6 @@ def test_the_fake_step_under_autocast_is_the_real_one(
 def test_the_step_is_the_one_accelerate_runs(tmp_path: Path) -> None:
     """The same loss, bit for bit, and the same peak as the forward accelerate prepares for
     Trainer(bf16=True): autocast around it, its outputs cast to float32 after it."""
-    accelerate = pytest.importorskip("accelerate")
     model_file = load_model_file(str(_source(tmp_path, "gpt2")))
     ours = build_workload(model_file, seed=0)
     assert any("Trainer(bf16=True)" in note.text for note in ours.notes)
@@ -71,15 +88,12 @@ def test_the_step_is_the_one_accelerate_runs(tmp_path: Path) -> None:
 
     plain = load_model_file(str(_source(tmp_path, "gpt2")).replace("&autocast=bfloat16", ""))
     theirs = build_workload(plain, seed=0)
-    accelerator = accelerate.Accelerator(mixed_precision="bf16", cpu=True)
-    try:
+    with _accelerator("bf16") as accelerator:
         theirs.model = accelerator.prepare_model(theirs.model)
         theirs_loss = run_training_step(theirs, seed=0)
         again = build_workload(plain, seed=0)
         again.model = accelerator.prepare_model(again.model)
         theirs_peak = record_memory(again).measured_peak_bytes
-    finally:
-        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
     assert torch.equal(ours_loss, theirs_loss)
     assert ours_peak == theirs_peak
     unautocast_peak = record_memory(build_workload(plain, seed=0)).measured_peak_bytes
@@ -153,3 +167,52 @@ def test_a_bad_autocast_exits_with_one_line_and_writes_nothing(
     assert result.exit_code == 2, result.output
     assert said in result.output
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def _plan_of(model_file: Any) -> Any:
+    workload, session = build_fake_workload(model_file)
+    profile = record_memory(workload, session=session)
+    session.release()
+    units = [Unit(block) for block in profile.block_names]
+    return build_plan(profile, units, profile.measured_peak_bytes, strategy="test")
+
+
+def _guard_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("ckpt-plan: ")]
+
+
+def test_the_first_training_forward_warns_where_autocast_is_not_the_plans(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The plan records the autocast its forward ran under; the first training forward
+    compares it where a submodule is first called, since Trainer(bf16=True) autocasts inside
+    the model's forward, after the model's own hooks."""
+    with_autocast = load_model_file(str(_source(tmp_path, "gpt2")))
+    plan = _plan_of(with_autocast)
+    assert plan.switches.autocast == "bfloat16"
+    plain = load_model_file(str(_source(tmp_path, "gpt2")).replace("&autocast=bfloat16", ""))
+    plain_plan = _plan_of(plain)
+    assert plain_plan.switches.autocast == "off"
+
+    def first_step(model_file: Any, chosen: Any, trainer_bf16: bool) -> list[str]:
+        caplog.clear()
+        built = build_workload(model_file, seed=0)
+        apply_plan(built.model, chosen)
+        model = built.model
+        with _accelerator("bf16" if trainer_bf16 else "no") as accelerator:
+            model = accelerator.prepare_model(model)
+            with caplog.at_level(logging.WARNING, logger="planner.apply.guard"):
+                model(**built.batch).loss.backward()
+        return _guard_warnings(caplog)
+
+    assert first_step(plain, plan, trainer_bf16=True) == []  # as planned
+    assert first_step(plain, plain_plan, trainer_bf16=False) == []
+    (unplanned_autocast,) = first_step(plain, plain_plan, trainer_bf16=True)
+    assert "runs under torch.autocast(bfloat16), and the plan was made for one without" in (
+        unplanned_autocast
+    )
+    assert "--autocast bfloat16" in unplanned_autocast
+    (missing,) = first_step(plain, plan, trainer_bf16=False)
+    assert "made for a forward under torch.autocast(bfloat16), and this one runs without" in (
+        missing
+    )

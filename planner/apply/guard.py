@@ -19,6 +19,11 @@ Design notes
 * **Routing.** A plan that assumed a mixture-of-experts routing watches the routers' real
   picks in that forward (:class:`~planner.model_switches.RoutingWatcher`) and warns where an
   expert got more tokens than planned.
+* **Autocast.** Autocast sets the dtype of every activation, so a forward under it saves
+  other tensors than one without. A plan that recorded it (``switches.autocast``) compares
+  it in that forward at the first call of a submodule, where the recorded step saw it:
+  ``Trainer(bf16=True)`` (accelerate) enters autocast inside the model's ``forward``, after
+  this hook, so the root's own pre-hook would see none (:class:`_AutocastCheck`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ import torch
 from planner.apply.locate import layout_mismatch, model_fingerprint
 from planner.apply.tensors import describe_tensor, iter_tensors
 from planner.core.errors import PlanMismatchError
+from planner.core.switches import AUTOCAST_OFF
+from planner.measure.rng import AutocastState
 from planner.model_switches import RoutingWatcher, flag_names, own_checkpointing_flags
 from planner.plan.plan_file import Plan
 
@@ -85,7 +92,60 @@ class FirstForwardGuard:
             logger.warning("ckpt-plan: %s", warning)
         if self.plan.switches.expert_load is not None:
             _RoutingCheck.around_this_forward(model, self.plan.switches.expert_load)
+        if self.plan.switches.autocast is not None:
+            _AutocastCheck.around_this_forward(model, self.plan.switches.autocast)
         return None
+
+
+class _AutocastCheck:
+    """For one forward: at the first call of one of the model's submodules, compares the
+    autocast it runs under with the plan's and warns where they differ (see the module
+    docstring). A class so that models stay picklable."""
+
+    def __init__(self, model: torch.nn.Module, planned: str) -> None:
+        self.planned = planned
+        self.modules = {id(module) for module in model.modules() if module is not model}
+        self.handles: list[Any] = []
+
+    @classmethod
+    def around_this_forward(cls, model: torch.nn.Module, planned: str) -> None:
+        check = cls(model, planned)
+        check.handles = [
+            torch.nn.modules.module.register_module_forward_pre_hook(check.first_call),
+            model.register_forward_hook(check.done, always_call=True),
+        ]
+
+    def first_call(self, module: torch.nn.Module, args: Any) -> None:
+        if id(module) not in self.modules:
+            return
+        self.done()
+        running = AutocastState.now().dtype_name
+        if running == self.planned:
+            return
+        if self.planned == AUTOCAST_OFF:
+            logger.warning(
+                "ckpt-plan: this forward runs under torch.autocast(%s), and the plan was made "
+                "for one without autocast: its activations are other dtypes than planned; "
+                "re-run `ckpt-plan profile` with --autocast %s (--hf), or with a "
+                "training_step() that autocasts as training does (a model file)",
+                running,
+                running,
+            )
+        else:
+            now = "without autocast" if running == AUTOCAST_OFF else f"under {running}"
+            logger.warning(
+                "ckpt-plan: the plan was made for a forward under torch.autocast(%s), and this "
+                "one runs %s: its activations are other dtypes than planned; re-run "
+                "`ckpt-plan profile` for the forward as training runs it (--autocast, or "
+                "the training_step() of a model file)",
+                self.planned,
+                now,
+            )
+
+    def done(self, *_: Any) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
 
 
 class _RoutingCheck:

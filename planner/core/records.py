@@ -321,6 +321,9 @@ class MemoryTimeline:
     # exited): until then the cache holds each cast of a parameter (``leaf_cast``) that a
     # checkpointed module made, though nothing saved it.
     autocast_cache_clears: tuple[int, ...] = ()
+    # The dtype the step's first call of a submodule ran under torch.autocast in, "off"
+    # without autocast (core/switches.py: StepSwitches.autocast); None: no submodule called.
+    forward_autocast: str | None = None
 
 
 def forward_totals_by_call(

@@ -19,6 +19,11 @@ field, never a sentence:
   tokens any expert gets, as a multiple of the balanced share (tokens x top-k / experts).
   1.0 is balanced routing. None: no shape in the step depended on routing (grouped experts,
   or no experts), so no assumption was needed.
+* ``autocast``: the dtype the model's forward ran under ``torch.autocast`` in (``bfloat16``,
+  ``float16``), or ``off`` where it ran without, as the step's first call of a submodule
+  saw it (``Trainer(bf16=True)`` enters autocast inside the model's own ``forward``, after
+  the model's hooks). Autocast sets every activation's dtype: the first training forward
+  warns where it runs otherwise. None: not recorded (files written before it).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NO_SWITCHES", "StepSwitches", "switches_from_dict", "switches_to_dict"]
+__all__ = ["AUTOCAST_OFF", "NO_SWITCHES", "StepSwitches", "switches_from_dict", "switches_to_dict"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class StepSwitches:
     caches_off: tuple[str, ...] = ()
     expert_load: float | None = None
     layerdrop_off: tuple[str, ...] = ()
+    autocast: str | None = None
 
     def describe(self) -> tuple[str, ...]:
         """One line per switch, for assumption lists and summaries."""
@@ -61,8 +67,16 @@ class StepSwitches:
                 f"mixture-of-experts memory depends on routing: planned for {share}; the "
                 "first training forward warns when an expert gets more"
             )
+        if self.autocast not in (None, AUTOCAST_OFF):
+            lines.append(
+                f"the forward runs under torch.autocast({self.autocast}): the first training "
+                "forward warns where it does not"
+            )
         return tuple(lines)
 
+
+AUTOCAST_OFF = "off"
+""":attr:`StepSwitches.autocast` of a forward that ran without autocast."""
 
 NO_SWITCHES = StepSwitches()
 
@@ -72,6 +86,7 @@ def switches_to_dict(switches: StepSwitches) -> dict[str, Any]:
         "caches_off": list(switches.caches_off),
         "expert_load": switches.expert_load,
         "layerdrop_off": list(switches.layerdrop_off),
+        "autocast": switches.autocast,
     }
 
 
@@ -81,9 +96,10 @@ def switches_from_dict(data: Any) -> StepSwitches:
         return NO_SWITCHES
     if not isinstance(data, dict):
         raise TypeError(f"switches should be an object, not {type(data).__name__}")
-    load = data.get("expert_load")
+    load, autocast = data.get("expert_load"), data.get("autocast")
     return StepSwitches(
         caches_off=tuple(str(name) for name in data.get("caches_off", ())),
         expert_load=None if load is None else float(load),
         layerdrop_off=tuple(str(name) for name in data.get("layerdrop_off", ())),
+        autocast=None if autocast is None else str(autocast),
     )

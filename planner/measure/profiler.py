@@ -297,6 +297,7 @@ def record_memory(
             caches_off=workload.caches_off,
             expert_load=session.expert_load_used if session is not None else None,
             layerdrop_off=workload.layerdrop_off,
+            autocast=timeline.forward_autocast,
         ),
     )
 
@@ -382,7 +383,9 @@ def _profile_from_timeline(
         )
 
     switches = switches or StepSwitches(
-        caches_off=workload.caches_off, layerdrop_off=workload.layerdrop_off
+        caches_off=workload.caches_off,
+        layerdrop_off=workload.layerdrop_off,
+        autocast=timeline.forward_autocast,
     )
     notes = (
         *workload.notes,

@@ -27,6 +27,7 @@ from planner.core.records import (
     StorageLifetime,
 )
 from planner.measure.kernel_scratch import KernelScratch
+from planner.measure.rng import AutocastState
 from planner.measure.tracking import (
     StorageWatcher,
     iter_tensors,
@@ -82,6 +83,7 @@ class TimelineRecorder(StorageWatcher):
         # at which autocast cleared its cache of them (see _clear_autocast_cache).
         self._leaf_casts: set[int] = set()
         self._autocast_clears: list[int] = []
+        self._forward_autocast: str | None = None  # at the first call of a submodule
         self._clear_cache: Any = None
         self._calls: list[dict[str, Any]] = []
         self._stack: list[int] = []
@@ -153,6 +155,8 @@ class TimelineRecorder(StorageWatcher):
         return tuple(found)
 
     def _before(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        if self._stack and self._forward_autocast is None:
+            self._forward_autocast = AutocastState.now().dtype_name
         call_index = len(self._calls)
         self._calls.append(
             {
@@ -318,6 +322,7 @@ class TimelineRecorder(StorageWatcher):
             phase_end_events=dict(self.phase_end_events),
             op_costs=tuple(self._op_costs),
             autocast_cache_clears=tuple(self._autocast_clears),
+            forward_autocast=self._forward_autocast,
         )
 
 

@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import torch
 
+from planner.core.switches import AUTOCAST_OFF
+
 __all__ = ["AutocastState", "RngState"]
 
 
@@ -63,6 +65,14 @@ class AutocastState(NamedTuple):
                 if torch.is_autocast_enabled(device)
             )
         )
+
+    @property
+    def dtype_name(self) -> str:
+        """The dtype the regions cast to (``bfloat16``), :data:`AUTOCAST_OFF` for none (what
+        :attr:`~planner.core.switches.StepSwitches.autocast` records)."""
+        if not self.regions:
+            return AUTOCAST_OFF
+        return str(self.regions[0][1]).removeprefix("torch.")
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:

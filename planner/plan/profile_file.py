@@ -61,6 +61,7 @@ def _profile_to_dict(profile: Profile) -> dict[str, Any]:
         "op_cost_columns": _OP_COLUMNS,
         "op_costs": [[getattr(o, c) for c in _OP_COLUMNS] for o in timeline.op_costs],
         "autocast_cache_clears": list(timeline.autocast_cache_clears),
+        "forward_autocast": timeline.forward_autocast,
     }
     data["block_names"] = list(profile.block_names)
     if profile.block_stacks:
@@ -148,6 +149,7 @@ def load_profile(path: str | Path) -> Profile:
                 for row in raw.get("op_costs", ())
             ),
             autocast_cache_clears=tuple(int(e) for e in raw.get("autocast_cache_clears", ())),
+            forward_autocast=raw.get("forward_autocast"),
         )
         values = {f.name: data[f.name] for f in fields(Profile) if f.name in data}
         values["modules"] = tuple(_module(record) for record in data["modules"])
