@@ -37,11 +37,11 @@ from typing import Any
 
 import torch
 
+from planner.apply.autocast import AutocastState
 from planner.apply.locate import layout_mismatch, model_fingerprint
 from planner.apply.tensors import describe_tensor, iter_tensors
 from planner.core.errors import PlanMismatchError
 from planner.core.switches import AUTOCAST_OFF
-from planner.measure.rng import AutocastState
 from planner.model_switches import RoutingWatcher, flag_names, own_checkpointing_flags
 from planner.plan.plan_file import Plan
 

@@ -64,11 +64,12 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from planner.apply.autocast import AutocastState
 from planner.apply.tensors import iter_tensors
 from planner.core.errors import ProfilingError
 from planner.core.records import Profile
 from planner.measure.fake import FakeSession
-from planner.measure.rng import AutocastState, RngState
+from planner.measure.rng import RngState
 from planner.measure.shadows import is_fake
 from planner.measure.tracking import written_arguments
 from planner.measure.workload import Workload, compute_loss, user_code_errors

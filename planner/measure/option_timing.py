@@ -17,9 +17,10 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from planner.apply import selective_contexts
+from planner.apply.autocast import AutocastState
 from planner.core.records import ModuleProfile, Profile, StorageKind
 from planner.measure.clock import Clock
-from planner.measure.rng import AutocastState, RngState
+from planner.measure.rng import RngState
 from planner.measure.tracking import MemoryLimitExceeded, PeakMemoryTracker, workload_tensors
 from planner.measure.workload import Workload, compute_loss, user_code_errors
 from planner.plan.memory_model import MemoryModel

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
+from planner.apply.autocast import AutocastState
 from planner.apply.offload import casts_a_leaf
 from planner.core.errors import ProfilingError
 from planner.core.records import (
@@ -27,7 +28,6 @@ from planner.core.records import (
     StorageLifetime,
 )
 from planner.measure.kernel_scratch import KernelScratch
-from planner.measure.rng import AutocastState
 from planner.measure.tracking import (
     StorageWatcher,
     iter_tensors,
