@@ -21,8 +21,12 @@ Wrapping a module call ``c`` (forward spanning events ``[f0, f1]``) in non-reent
    (``recompute_peak_bytes``: the most bytes made inside ``c``'s forward that were alive at
    once) and settles at ``retained(c)``, which backward then frees as in the unplanned step.
 3. **Inputs are kept until ``c``'s backward ends.** The checkpoint holds its arguments for
-   recomputation, so an input storage that would have died earlier lives until the last
-   unpack of a tensor saved inside ``c`` (``release_event``).
+   recomputation, so an input storage that would have died earlier lives until autograd
+   releases the last tensor saved inside ``c`` (``release_event``): after the node that
+   read it last has run, where the storages made inside ``c`` that only it held die (the
+   last unpack, where none does). The node's own allocations stack on the inputs: an
+   RMSNorm under autocast, given a bf16 input it copies to float32, reads the copy in the
+   backward of its ``pow`` and makes three tensors of its size before letting go.
 4. **Outputs that ``c`` saved itself die with their last outside use.** An output of ``c``
    that an op inside ``c`` saved (a final ReLU saves its result) lives, unplanned, until
    ``c``'s backward. Under checkpoint only its consumers hold it: it dies at the last
@@ -483,6 +487,25 @@ class _EffectBuilder:
         saved = {index for index in saved if storages[index].kind not in STATIC_KINDS}
         recompute_event = min(unpacks) if unpacks else -1
         release_event = max(unpacks) if unpacks else -1
+        if release_event >= 0:
+            # The checkpoint lets go of its inputs when autograd releases the last tensor
+            # saved inside the span: once the node that read it last has run (each saved
+            # tensor's hooks hold the checkpoint), where the storages only that node held
+            # die. Until then the node's own allocations stack on the inputs.
+            made = set(made_inside)
+            released = [
+                storages[index].free_event
+                for index in saved
+                if index in made
+                and index not in outputs
+                and storages[index].free_event > release_event
+                and any(
+                    first <= call < inside.stop and last == release_event
+                    for call, last in self.saves.get(index, ())
+                )
+            ]
+            if released:
+                release_event = min(released)
 
         retained = []
         released_outputs = []
