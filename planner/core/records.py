@@ -278,12 +278,15 @@ class ModuleCall:
 @dataclass(frozen=True, slots=True)
 class SavedTensor:
     """One tensor saved for backward: its storage, the innermost module call running when it
-    was saved (-1 for none), and the last event at which backward read it (-1: never)."""
+    was saved (-1 for none), the last event at which backward read it (-1: never), and the
+    last event before autograd let go of it (the node that saved it has run; -1: not seen,
+    in profiles written before it was recorded, or held to the end of the step)."""
 
     storage: int
     call: int
     pack_event: int
     last_unpack_event: int
+    release_event: int = -1
 
 
 @dataclass(frozen=True, slots=True)

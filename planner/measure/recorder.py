@@ -211,11 +211,11 @@ class TimelineRecorder(StorageWatcher):
         )
 
     # -- saved tensors -----------------------------------------------------------------
-    def _pack(self, tensor: torch.Tensor) -> tuple[int, torch.Tensor]:
+    def _pack(self, tensor: torch.Tensor) -> _Packed:
         pack_id = len(self._packs)
         index = self.storage_index(tensor)
         call = self._stack[-1] if self._stack else -1
-        self._packs.append([-1 if index is None else index, call, self._tick(), -1])
+        self._packs.append([-1 if index is None else index, call, self._tick(), -1, -1])
         if call >= 0 and index is not None:
             self._calls[call]["saved"].append(index)
         if index is not None and casts_a_leaf(tensor):
@@ -225,10 +225,13 @@ class TimelineRecorder(StorageWatcher):
         # index computed by topk) would then keep its saved tensors to the end of the step,
         # which it does not without the recorder.
         with torch.utils._python_dispatch._disable_current_modes():
-            return pack_id, tensor.detach()
+            return _Packed(self, pack_id, tensor.detach())
 
-    def _unpack(self, packed: tuple[int, torch.Tensor]) -> torch.Tensor:
-        pack_id, tensor = packed
+    def _released(self, pack_id: int) -> None:
+        self._packs[pack_id][4] = self.event
+
+    def _unpack(self, packed: _Packed) -> torch.Tensor:
+        pack_id, tensor = packed.pack_id, packed.tensor
         call = self._packs[pack_id][1]
         event = self._tick()
         self._packs[pack_id][3] = event
@@ -315,8 +318,8 @@ class TimelineRecorder(StorageWatcher):
             storages=storages,
             calls=tuple(calls),
             saved_tensors=tuple(
-                SavedTensor(storage, call, pack_event, last_unpack)
-                for storage, call, pack_event, last_unpack in self._packs
+                SavedTensor(storage, call, pack_event, last_unpack, release)
+                for storage, call, pack_event, last_unpack, release in self._packs
                 if storage >= 0
             ),
             phase_end_events=dict(self.phase_end_events),
@@ -324,6 +327,20 @@ class TimelineRecorder(StorageWatcher):
             autocast_cache_clears=tuple(self._autocast_clears),
             forward_autocast=self._forward_autocast,
         )
+
+
+class _Packed:
+    """What autograd holds for one saved tensor while recording: when autograd lets go of
+    it (the node that saved it has run, or its graph died), the recorder notes the event,
+    before the tensor it holds can be freed."""
+
+    __slots__ = ("pack_id", "recorder", "tensor")
+
+    def __init__(self, recorder: TimelineRecorder, pack_id: int, tensor: torch.Tensor) -> None:
+        self.recorder, self.pack_id, self.tensor = recorder, pack_id, tensor
+
+    def __del__(self) -> None:
+        self.recorder._released(self.pack_id)
 
 
 def _argument_objects(args: Any, kwargs: Any) -> list[tuple[int | str, Any]]:

@@ -22,11 +22,12 @@ Wrapping a module call ``c`` (forward spanning events ``[f0, f1]``) in non-reent
    once) and settles at ``retained(c)``, which backward then frees as in the unplanned step.
 3. **Inputs are kept until ``c``'s backward ends.** The checkpoint holds its arguments for
    recomputation, so an input storage that would have died earlier lives until autograd
-   releases the last tensor saved inside ``c`` (``release_event``): after the node that
-   read it last has run, where the storages made inside ``c`` that only it held die (the
-   last unpack, where none does). The node's own allocations stack on the inputs: an
-   RMSNorm under autocast, given a bf16 input it copies to float32, reads the copy in the
-   backward of its ``pow`` and makes three tensors of its size before letting go.
+   lets go of the last tensor saved inside ``c`` (``release_event``): each saved tensor's
+   hooks hold the checkpoint, and a saved tensor is let go of once the node that saved it
+   has run, its results made on top of the inputs (recorded: ``SavedTensor.release_event``;
+   the last read where a profile has none). An RMSNorm under autocast, given a bf16 input
+   it copies to float32, reads the copy in the backward of its ``pow`` and makes three
+   tensors of its size before letting go (Laguna's query norm).
 4. **Outputs that ``c`` saved itself die with their last outside use.** An output of ``c``
    that an op inside ``c`` saved (a final ReLU saves its result) lives, unplanned, until
    ``c``'s backward. Under checkpoint only its consumers hold it: it dies at the last
@@ -76,7 +77,12 @@ Wrapping a module call ``c`` (forward spanning events ``[f0, f1]``) in non-reent
    (``autocast_cache_clears``, recorded). A checkpointed module's cast is not saved, but
    the cache holds it: it is dropped (point 1) only there, and not at all where that is
    after its unplanned death. (An offloaded module leaves such casts on the device:
-   point 7.)
+   point 7.) A cast can be saved by several calls, the cache handing one cast to each (a
+   module called again, HRM's recurrent modules, first without grad). A checkpointed call
+   saves none of it, so the cast outlives the cache's clear only while an unplanned saver
+   outside the plan still holds it (until that saver's backward); and a checkpointed
+   call that did not make it casts the weight again when it recomputes (the cache is
+   empty in the backward), a copy of its own alive until its node has run (``recast``).
 
 Everything else (parameters, gradients, optimizer state, the loss, the optimizer step's
 temporaries) is replayed exactly as measured. The peak of a plan is the maximum over the
@@ -166,6 +172,12 @@ class CheckpointEffect:
     # copies, and no recompute spike (point 7 of the module notes).
     host: tuple[tuple[int, int, int, int], ...] = ()
     offload: bool = False
+    # ``(storage_index, size_bytes, from_event, until_event)`` of the casts of parameters
+    # saved inside the call that it did not make (point 9): the recomputation makes its own
+    # copy, alive from ``recompute_event`` until the call's backward lets go of it.
+    recast: tuple[tuple[int, int, int, int], ...] = ()
+    # The calls of the span's subtree, ``range(first, stop)``: its saves are the plan's.
+    subtree: tuple[int, int] = (0, 0)
     # Under offload with a prefetch (point 8): the event at which the copy back starts (the
     # first unpack inside the trigger call), and the trigger module; -1 and "" without.
     # ``release_event`` stays the first unpack of the call's own backward (the use).
@@ -210,6 +222,13 @@ class _EffectBuilder:
             )
         self.forward_end = timeline.phase_end_events.get(Phase.FORWARD, timeline.event_count - 1)
         self.autocast_cache_clears = sorted(timeline.autocast_cache_clears)
+        # (storage, call that saved it) -> the last event before autograd let go of it
+        # (recorded since profile files carry it; absent: the last read stands for it).
+        self.releases: dict[tuple[int, int], int] = {}
+        for saved_tensor in timeline.saved_tensors:
+            key = (saved_tensor.storage, saved_tensor.call)
+            release = max(saved_tensor.release_event, saved_tensor.last_unpack_event)
+            self.releases[key] = max(self.releases.get(key, -1), release)
         # call -> the last event at which a tensor was saved while it was innermost.
         self.last_pack: dict[int, int] = {}
         for saved_tensor in timeline.saved_tensors:
@@ -329,6 +348,12 @@ class _EffectBuilder:
             saved_bytes=whole.saved_bytes,
         )
         return [outer_effect, *inner_effects]
+
+    def released(self, storage: int, call: int, last_unpack: int) -> int:
+        """The last event before autograd let go of ``storage`` as ``call`` saved it: when
+        the node that saved it has run, its own results made (recorded), else its last read
+        (``last_unpack``)."""
+        return max(last_unpack, self.releases.get((storage, call), -1))
 
     def first_unpack(self, call_index: int) -> int:
         """The first unpack of a tensor saved inside a call's subtree (-1: none)."""
@@ -488,24 +513,20 @@ class _EffectBuilder:
         recompute_event = min(unpacks) if unpacks else -1
         release_event = max(unpacks) if unpacks else -1
         if release_event >= 0:
-            # The checkpoint lets go of its inputs when autograd releases the last tensor
-            # saved inside the span: once the node that read it last has run (each saved
-            # tensor's hooks hold the checkpoint), where the storages only that node held
-            # die. Until then the node's own allocations stack on the inputs.
-            made = set(made_inside)
-            released = [
-                storages[index].free_event
-                for index in saved
-                if index in made
-                and index not in outputs
-                and storages[index].free_event > release_event
-                and any(
-                    first <= call < inside.stop and last == release_event
-                    for call, last in self.saves.get(index, ())
-                )
-            ]
-            if released:
-                release_event = min(released)
+            # The checkpoint lets go of its inputs when autograd lets go of the last tensor
+            # saved inside the span (each saved tensor's hooks hold the checkpoint): once
+            # the node that read it last has run, its own results made on top of them.
+            release_event = max(
+                [
+                    release_event,
+                    *(
+                        self.released(index, call, last)
+                        for index in saved
+                        for call, last in self.saves.get(index, ())
+                        if first <= call < inside.stop and last >= 0
+                    ),
+                ]
+            )
 
         retained = []
         released_outputs = []
@@ -564,12 +585,29 @@ class _EffectBuilder:
                 if drop < recompute_event:
                     released_outputs.append((index, record.size_bytes, drop))
 
+        recast = []
+        if recompute_event >= 0:
+            made = set(made_inside)
+            for index in sorted(saved - made):
+                if not storages[index].leaf_cast:
+                    continue
+                releases = [
+                    self.released(index, call, last)
+                    for call, last in self.saves.get(index, ())
+                    if first <= call < inside.stop and last >= 0
+                ]
+                if releases:
+                    until = max(releases)
+                    recast.append((index, storages[index].size_bytes, recompute_event, until))
+
         inputs = tuple(
             index
             for index in calls[first].input_storages
             if storages[index].kind not in STATIC_KINDS
         )
         return CheckpointEffect(
+            recast=tuple(recast),
+            subtree=(first, inside.stop),
             call_index=first,
             module_name=name,
             retained=tuple(retained),
@@ -829,10 +867,19 @@ class MemoryModel:
         # under nesting two (dropped by the outer checkpoint, then by an inner one).
         gaps: dict[int, list[tuple[int, int]]] = {}
         kept_until: dict[int, int] = {}
+        covered: list[tuple[int, int]] = []  # subtrees whose saves the checkpoints drop
+        casts: set[int] = set()  # parameter casts saved inside a checkpointed call
         for unit in wrapped:
             for effect in self.unit_effects(unit):
                 if effect.recompute_event < 0:
                     continue
+                if not effect.offload:
+                    covered.append(effect.subtree)
+                    casts.update(index for index, _, _ in effect.retained)
+                for index, size, start, until in effect.recast:
+                    casts.add(index)
+                    delta[start + 1] += size
+                    delta[until + 1] -= size
                 for index, _size, drop_event in effect.retained + effect.released_outputs:
                     gaps.setdefault(index, []).append((drop_event, effect.recompute_event))
                 for index, _size, drop_event, free_event in effect.dropped:
@@ -846,6 +893,26 @@ class MemoryModel:
                 for _index, size, start, until in effect.revived:
                     delta[start + 1] += size
                     delta[until + 1] -= size
+        for index in casts:
+            record = storages[index]
+            if not record.leaf_cast:
+                continue
+            # Saved by calls outside the plan's checkpoints too: held until those let go
+            # (point 9); saved by none of them: dead at the cache's clear.
+            needed = [
+                self._builder.released(index, call, last)
+                for call, last in self._builder.saves.get(index, ())
+                if last >= 0 and not any(lo <= call < hi for lo, hi in covered)
+            ]
+            if needed:
+                kept_until[index] = max(kept_until.get(index, -1), max(needed))
+            if index not in gaps:
+                drop = max(
+                    self._builder.cache_cleared_after(record.alloc_event),
+                    kept_until.get(index, -1),
+                )
+                if drop < record.free_event:
+                    gaps[index] = [(drop, record.free_event)]
         for index in gaps.keys() | kept_until.keys():
             record = storages[index]
             held_until = kept_until.get(index, -1)
