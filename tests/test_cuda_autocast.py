@@ -146,3 +146,34 @@ def test_the_emulation_casts_as_cuda_does(case: str) -> None:
         assert _dtype(case, "cuda") == on_cuda
     finally:
         globals().update(globals_before)
+
+
+@pytest.mark.hf
+def test_an_emulated_cuda_plan_under_autocast_peaks_where_predicted(tmp_path: Path) -> None:
+    """GPT-2 with float32 weights under bf16 autocast (`--autocast`), planned for a GPU on
+    fake CPU tensors: the recomputations run under CUDA's lists too (checkpoint re-enters
+    the forward's autocast), and the planned step peaks at the prediction, to the byte."""
+    pytest.importorskip("transformers")
+    import dataclasses
+
+    from benchmarks.hf_sweep_models import write_hf_config
+    from planner.apply import apply_plan
+    from planner.core.records import Unit
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
+    from planner.measure.source import WorkloadSource
+    from planner.measure.workload import load_model_file
+    from planner.solve.planning import build_plan
+
+    written = WorkloadSource.parse(write_hf_config("causal-lm", "gpt2", tmp_path))
+    model_file = load_model_file(str(dataclasses.replace(written, autocast="bfloat16")))
+    workload, session = build_fake_workload(model_file, "cuda", emulate=True)
+    profile = record_memory(workload, session=session)
+    session.release()
+    assert any("casting as CUDA's lists cast" in line for line in session.assumptions)
+    plan = build_plan(profile, [Unit(b) for b in profile.block_names], 0, strategy="test")
+    planned, session = build_fake_workload(model_file, "cuda", emulate=True)
+    apply_plan(planned.model, plan, guard=False)
+    measured = record_memory(planned, session=session)
+    session.release()
+    assert measured.measured_peak_bytes == plan.predicted_peak_bytes < profile.measured_peak_bytes
