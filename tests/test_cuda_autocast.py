@@ -177,3 +177,37 @@ def test_an_emulated_cuda_plan_under_autocast_peaks_where_predicted(tmp_path: Pa
     measured = record_memory(planned, session=session)
     session.release()
     assert measured.measured_peak_bytes == plan.predicted_peak_bytes < profile.measured_peak_bytes
+
+
+def test_attention_with_values_narrower_than_keys_runs_cuda_s_memory_efficient_kernel() -> None:
+    """DeepSeek-V2's multi-head latent attention: queries and keys of 96, values of 64, in
+    bf16. CUDA's flash kernel takes one head size for all three, so CUDA runs the
+    memory-efficient kernel; the emulation ran flash, which gave its output the queries'
+    head size, and the layer after it failed (DeepSeek-V2's o_proj: "a and b must have same
+    reduction dim"; here the reshape)."""
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
+    from tests.models import model_file
+
+    class Latent(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qk = torch.nn.Linear(64, 2 * 4 * 96, dtype=torch.bfloat16)
+            self.v = torch.nn.Linear(64, 4 * 64, dtype=torch.bfloat16)
+            self.out = torch.nn.Linear(4 * 64, 64, dtype=torch.bfloat16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            batch, length, _ = x.shape
+            q, k = self.qk(x).view(batch, length, 2, 4, 96).transpose(1, 3).unbind(2)
+            v = self.v(x).view(batch, length, 4, 64).transpose(1, 2)
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, 4, T, 64)
+            return self.out(attended.transpose(1, 2).reshape(batch, length, 4 * 64)).sum()
+
+    file = model_file(Latent, lambda: torch.randn(2, 16, 64).bfloat16(), name="latent")
+    workload, session = build_fake_workload(file, "cuda", emulate=True)
+    assert record_memory(workload, session=session).measured_peak_bytes > 0
+    session.release()
+    kernels = [line for line in session.assumptions if "scaled_dot_product_attention" in line]
+    assert kernels == [
+        "scaled_dot_product_attention: CUDA's memory-efficient kernel (its saved tensors)"
+    ]

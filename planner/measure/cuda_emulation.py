@@ -55,13 +55,15 @@ def _sdpa_as_on_cuda(
     enable_gqa: bool = False,
 ) -> tuple[torch.Tensor, str]:
     """CUDA's choice of attention kernel, run on fake tensors: flash for fp16/bf16 without
-    a mask and head size <= 256, memory-efficient otherwise. Returns the output and the
+    a mask, query, key and value heads of one size, at most 256 (``check_head_dim_size_flash``:
+    DeepSeek-V2's multi-head latent attention, queries and keys of 96 and values of 64, runs
+    the memory-efficient kernel), memory-efficient otherwise. Returns the output and the
     kernel's name."""
     aten = torch.ops.aten
     if (
         attn_mask is None
         and query.dtype in (torch.float16, torch.bfloat16)
-        and query.shape[-1] <= 256
+        and query.shape[-1] == key.shape[-1] == value.shape[-1] <= 256
     ):
         # The flash kernel reads grouped key/value heads as they are.
         output = aten._scaled_dot_product_flash_attention(
