@@ -165,7 +165,11 @@ def sweep_one(
             path = write_model_file(task, model_type, folder)
             model, batch = build_model(task, model_type), sample_batch(task, model_type)
         model.train()
-        model(**batch).loss.backward()
+        with torch.autocast(
+            "cpu", dtype=getattr(torch, autocast or "bfloat16"), enabled=bool(autocast)
+        ):
+            loss = model(**batch).loss  # the step without a plan, as it trains
+        loss.backward()
         row["parameters"] = sum(parameter.numel() for parameter in model.parameters())
         del model
     except Exception as error:
