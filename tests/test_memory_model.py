@@ -490,6 +490,30 @@ def test_tensors_saved_for_a_discarded_result_die_with_the_checkpointed_call(nam
     assert check.measured_peak_bytes == plan.predicted_peak_bytes
 
 
+def _measured_and_predicted(model: str, names: list[str]) -> tuple[int, int]:
+    """The measured and the predicted peak of the plan checkpointing ``names`` in
+    ``tests/data/<model>``, checked for real (bit-identical training, within a budget of the
+    larger of the prediction and the unplanned peak)."""
+    from planner.check.compare import check_plan
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
+    from planner.measure.workload import load_model_file
+    from planner.solve.planning import build_plan
+
+    path = Path(__file__).parent / "data" / model
+    workload, session = build_fake_workload(load_model_file(path))
+    profile = record_memory(workload, session=session)
+    session.release()
+    units = [Unit(name) for name in names]
+    predicted = MemoryModel.for_profile(profile).peak_bytes(units)
+    plan = build_plan(profile, units, max(predicted, profile.measured_peak_bytes), strategy="t")
+    assert plan.predicted_peak_bytes == predicted
+    check = check_plan(path, plan)
+    assert check.passed, check.differences
+    assert check.measured_peak_bytes is not None
+    return check.measured_peak_bytes, predicted
+
+
 @pytest.mark.parametrize("names", [["layers.1.norm"], ["layers.0.norm", "layers.1.norm"]])
 def test_a_checkpoint_holds_its_inputs_until_autograd_lets_go_of_its_last_saved_tensor(
     names: list[str],
@@ -498,22 +522,8 @@ def test_a_checkpoint_holds_its_inputs_until_autograd_lets_go_of_its_last_saved_
     the checkpoint until the node that read the copy last has run, not only until that read;
     the node's three float32 temporaries stack on it (the Laguna autocast sweep plan was
     0.91% under its measured peak; this model 1 MiB under before)."""
-    from planner.check.compare import check_plan
-    from planner.measure.fake import build_fake_workload
-    from planner.measure.profiler import record_memory
-    from planner.measure.workload import load_model_file
-    from planner.solve.planning import build_plan
-
-    path = Path(__file__).parent / "data" / "held_input_release.py"
-    workload, session = build_fake_workload(load_model_file(path))
-    profile = record_memory(workload, session=session)
-    session.release()
-    units = [Unit(name) for name in names]
-    predicted = MemoryModel.for_profile(profile).peak_bytes(units)
-    plan = build_plan(profile, units, max(predicted, profile.measured_peak_bytes), strategy="t")
-    check = check_plan(path, plan)
-    assert check.passed, check.differences
-    assert check.measured_peak_bytes == plan.predicted_peak_bytes == predicted
+    measured, predicted = _measured_and_predicted("held_input_release.py", names)
+    assert measured == predicted
 
 
 @pytest.mark.parametrize(
@@ -526,19 +536,5 @@ def test_casts_the_cache_hands_to_several_calls(names: list[str], over: int) -> 
     again, its copy alive until its node has run (HRM's plan was 0.91% over; ``a`` here
     141 KiB over, ``b.up`` 1 KiB under, before). ``b.up`` is 2 KiB over: its input is held
     as long as its node, a little past where the real step lets go of it."""
-    from planner.check.compare import check_plan
-    from planner.measure.fake import build_fake_workload
-    from planner.measure.profiler import record_memory
-    from planner.measure.workload import load_model_file
-    from planner.solve.planning import build_plan
-
-    path = Path(__file__).parent / "data" / "shared_casts.py"
-    workload, session = build_fake_workload(load_model_file(path))
-    profile = record_memory(workload, session=session)
-    session.release()
-    units = [Unit(name) for name in names]
-    predicted = MemoryModel.for_profile(profile).peak_bytes(units)
-    plan = build_plan(profile, units, max(predicted, profile.measured_peak_bytes), strategy="t")
-    check = check_plan(path, plan)
-    assert check.passed, check.differences
-    assert check.measured_peak_bytes == plan.predicted_peak_bytes - over
+    measured, predicted = _measured_and_predicted("shared_casts.py", names)
+    assert measured == predicted - over
