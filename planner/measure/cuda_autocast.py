@@ -45,6 +45,8 @@ from typing import Any
 
 import torch
 
+from planner.measure.kernel_layouts import positional_arguments
+
 __all__ = ["CUDA_LISTS", "CudaAutocastLists"]
 
 CUDA_LISTS: dict[str, tuple[str, ...]] = {
@@ -260,7 +262,7 @@ def _kernel(name: str, policy: str) -> Callable[..., Any]:
                 if not _eligible(first):
                     return op(*args, **kwargs)
                 with_dtype = _op(_WITH_DTYPE[name])
-                return with_dtype(*_positional(schema, args, kwargs), dtype=torch.float32)
+                return with_dtype(*positional_arguments(op, args, kwargs), dtype=torch.float32)
             assert policy == "promote", policy
             widest = lower
             for tensor in _tensors((*args, *kwargs.values())):
@@ -271,18 +273,6 @@ def _kernel(name: str, policy: str) -> Callable[..., Any]:
             return op(*args, **kwargs)
 
     return run
-
-
-def _positional(schema: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    """The arguments by position, keywords and defaults folded in (the overload taking a
-    dtype has the same arguments before it)."""
-    values = list(args)
-    for argument in schema.arguments[len(args) :]:
-        if argument.name in kwargs:
-            values.append(kwargs[argument.name])
-        elif argument.has_default_value():
-            values.append(argument.default_value)
-    return values
 
 
 def _registered_for_cpu() -> set[str]:

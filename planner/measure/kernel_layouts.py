@@ -72,7 +72,7 @@ import torch
 from torch._prims_common import compute_elementwise_output_strides
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["KernelLayouts", "aten_memory_format"]
+__all__ = ["KernelLayouts", "aten_memory_format", "positional_arguments"]
 
 aten = torch.ops.aten
 Strides = tuple[int, ...]
@@ -295,7 +295,7 @@ def _as_made(tensor: torch.Tensor, allocation: Allocation) -> bool:
     return elements is None or tensor.untyped_storage().nbytes() == elements * tensor.element_size()
 
 
-def _positional(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+def positional_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """The op's arguments by position (keywords folded in, by the schema's order)."""
     values = list(args)
     for argument in func._schema.arguments[len(args) :]:
@@ -328,7 +328,7 @@ class KernelLayouts(TorchDispatchMode):
         if layout is None:
             return output
         outputs = list(output) if isinstance(output, (tuple, list)) else [output]
-        wanted = layout(_positional(func, args, kwargs), outputs)
+        wanted = layout(positional_arguments(func, args, kwargs), outputs)
         changed = False
         for index, allocation in wanted.items():
             tensor = outputs[index]
