@@ -349,11 +349,10 @@ class _EffectBuilder:
         )
         return [outer_effect, *inner_effects]
 
-    def released(self, storage: int, call: int, last_unpack: int) -> int:
+    def released(self, storage: int, call: int) -> int:
         """The last event before autograd let go of ``storage`` as ``call`` saved it: when
-        the node that saved it has run, its own results made (recorded), else its last read
-        (``last_unpack``)."""
-        return max(last_unpack, self.releases.get((storage, call), -1))
+        the node that saved it has run, its own results made (recorded), else its last read."""
+        return self.releases[(storage, call)]
 
     def first_unpack(self, call_index: int) -> int:
         """The first unpack of a tensor saved inside a call's subtree (-1: none)."""
@@ -520,7 +519,7 @@ class _EffectBuilder:
                 [
                     release_event,
                     *(
-                        self.released(index, call, last)
+                        self.released(index, call)
                         for index in saved
                         for call, last in self.saves.get(index, ())
                         if first <= call < inside.stop and last >= 0
@@ -592,7 +591,7 @@ class _EffectBuilder:
                 if not storages[index].leaf_cast:
                     continue
                 releases = [
-                    self.released(index, call, last)
+                    self.released(index, call)
                     for call, last in self.saves.get(index, ())
                     if first <= call < inside.stop and last >= 0
                 ]
@@ -876,10 +875,7 @@ class MemoryModel:
                 if not effect.offload:
                     covered.append(effect.subtree)
                     casts.update(index for index, _, _ in effect.retained)
-                for index, size, start, until in effect.recast:
-                    casts.add(index)
-                    delta[start + 1] += size
-                    delta[until + 1] -= size
+                casts.update(index for index, _, _, _ in effect.recast)
                 for index, _size, drop_event in effect.retained + effect.released_outputs:
                     gaps.setdefault(index, []).append((drop_event, effect.recompute_event))
                 for index, _size, drop_event, free_event in effect.dropped:
@@ -890,7 +886,7 @@ class MemoryModel:
                     kept_until[index] = max(kept_until.get(index, -1), effect.release_event)
                 for index, _size, until in effect.kept:
                     kept_until[index] = max(kept_until.get(index, -1), until)
-                for _index, size, start, until in effect.revived:
+                for _index, size, start, until in effect.revived + effect.recast:
                     delta[start + 1] += size
                     delta[until + 1] -= size
         for index in casts:
@@ -900,7 +896,7 @@ class MemoryModel:
             # Saved by calls outside the plan's checkpoints too: held until those let go
             # (point 9); saved by none of them: dead at the cache's clear.
             needed = [
-                self._builder.released(index, call, last)
+                self._builder.released(index, call)
                 for call, last in self._builder.saves.get(index, ())
                 if last >= 0 and not any(lo <= call < hi for lo, hi in covered)
             ]
