@@ -19,7 +19,7 @@ CONSTRAINTS := $(VENV)/torch-constraint.txt
 PYTEST_WORKERS ?= auto
 PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=10
 
-.PHONY: setup demo test test-fast test-inductor test-separate lint typecheck pytest bench clean
+.PHONY: setup demo test test-fast test-inductor test-separate test-ranks lint typecheck pytest bench clean
 
 setup: $(STAMP)
 
@@ -48,16 +48,20 @@ typecheck: setup
 	$(BIN)/mypy
 
 # The suite (CI runs it through `make test`), but for the tests that compile kernels with
-# inductor (a minute on 2 cores): `make test-inductor`, and those running whole CLI
-# processes under an address-space limit (40 s): `make test-separate`; CI runs both after it.
+# inductor (a minute on 2 cores): `make test-inductor`, those running whole CLI processes
+# under an address-space limit (40 s): `make test-separate`, and those launching real ranks
+# under torchrun but one (2 min): `make test-ranks`; CI runs the three after it.
 pytest: setup
-	$(PYTEST) -m "not inductor and not separate"
+	$(PYTEST) -m "not inductor and not separate and not ranks"
 
 test-inductor: setup
 	$(PYTEST) -m inductor
 
 test-separate: setup
 	$(PYTEST) -m separate
+
+test-ranks: setup
+	$(PYTEST) -m ranks
 
 # Lint and mypy (one core) run beside pytest (xdist on every core): the whole takes about
 # pytest's time alone. Any of the three failing fails `make test`.
@@ -67,7 +71,7 @@ test: setup
 # The edit loop: every test but those marked slow (end-to-end runs, torchrun, examples at
 # full size), about a minute.
 test-fast: setup
-	$(PYTEST) -m "not slow and not inductor and not separate"
+	$(PYTEST) -m "not slow and not inductor and not separate and not ranks"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

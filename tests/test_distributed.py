@@ -442,12 +442,23 @@ def test_every_step_a_rank_runs_routes_as_the_plan_assumed(
 @pytest.mark.parametrize(
     ("model", "strategy", "budget", "options", "verify"),
     [
+        # `make test`'s one run of real ranks; the rest run in `make test-ranks` (CI)
         ("parallelized_gpt.py", "fsdp2", "0.9MiB", [], True),
-        ("small_gpt.py", "ddp", "1.2MiB", [], True),
+        pytest.param("small_gpt.py", "ddp", "1.2MiB", [], True, marks=pytest.mark.ranks),
         # profile's own check on 2 real ranks only (verify runs the same check again):
-        ("ddp_gpt.py", "ddp", "1.2MiB", [], False),  # the model file's DDP, gradient views
-        ("small_gpt.py", "fsdp2", "1.1MiB", ["--mesh", "2x1"], False),  # HSDP
-        ("small_gpt.py", "fsdp2", "1.1MiB", ["--grad-accum", "2"], False),  # synced each time
+        # the model file's DDP, gradient views; HSDP; gradients synced each accumulation step
+        pytest.param("ddp_gpt.py", "ddp", "1.2MiB", [], False, marks=pytest.mark.ranks),
+        pytest.param(
+            "small_gpt.py", "fsdp2", "1.1MiB", ["--mesh", "2x1"], False, marks=pytest.mark.ranks
+        ),
+        pytest.param(
+            "small_gpt.py",
+            "fsdp2",
+            "1.1MiB",
+            ["--grad-accum", "2"],
+            False,
+            marks=pytest.mark.ranks,
+        ),
     ],
 )
 def test_profile_and_verify_on_two_real_ranks(
@@ -490,7 +501,7 @@ def test_profile_and_verify_on_two_real_ranks(
 
 
 @pytest.mark.hf
-@pytest.mark.slow
+@pytest.mark.ranks
 def test_an_eager_mixture_of_experts_rank_plan_checks_on_two_real_ranks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -559,7 +570,7 @@ def test_an_eager_mixture_of_experts_rank_plan_checks_on_two_real_ranks(
 
 
 # -- a rank that fails -------------------------------------------------------------------
-@pytest.mark.slow
+@pytest.mark.ranks
 @pytest.mark.parametrize(
     ("failure", "said"),
     [
@@ -661,7 +672,7 @@ def _compared(
     return {line["rank"]: (line["losses"], line["unplanned_losses"]) for line in lines}
 
 
-@pytest.mark.slow
+@pytest.mark.ranks
 @pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
 def test_the_torchrun_recipe_trains_each_rank_as_without_the_plan(
     strategy: str, tmp_path: Path
@@ -686,7 +697,7 @@ def test_the_torchrun_recipe_trains_each_rank_as_without_the_plan(
         }
 
 
-@pytest.mark.slow
+@pytest.mark.ranks
 def test_the_torchrun_recipe_refuses_a_plan_for_another_world_size(
     fsdp2_profiles, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -759,7 +770,7 @@ def test_profile_says_a_plan_for_more_ranks_than_run_here_was_not_run(tmp_path: 
     assert load_plan(tmp_path / "plan.json").parallel == ParallelLayout(8, "fsdp2", (2, 4))  # type: ignore[arg-type]
 
 
-@pytest.mark.slow
+@pytest.mark.ranks
 def test_fit_and_solve_plan_one_rank_and_check_it_on_real_ranks(tmp_path: Path) -> None:
     """fit --world-size/--parallel fits the batch size of one rank (its times estimated from
     the ops, as profile's are for a rank) and checks the plan on the real ranks; solve on a

@@ -337,7 +337,7 @@ def test_a_stage_holds_the_micro_batches_its_schedule_keeps_in_flight(
 
 
 # -- the check on real ranks ---------------------------------------------------------------
-@pytest.mark.slow
+@pytest.mark.ranks
 @pytest.mark.parametrize(
     ("schedule", "budget", "data_parallel"),
     [  # 1F1B on its own: the recipe test below runs it on real ranks
@@ -384,7 +384,7 @@ def test_profile_checks_each_stages_plan_on_real_ranks(
     assert "| 1 |" in (tmp_path / "r" / "stages.md").read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.ranks
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b"])
 def test_the_pipeline_recipe_trains_each_stage_as_without_the_plan(
     schedule: str, tmp_path: Path

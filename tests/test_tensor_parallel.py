@@ -226,7 +226,7 @@ def test_apply_plan_goes_on_before_tp_and_the_first_forward_checks_the_layout(
 
 
 # -- real ranks (gloo, under torchrun) -----------------------------------------------------
-@pytest.mark.slow
+@pytest.mark.ranks
 @pytest.mark.parametrize(
     ("options", "budget", "ranks"),
     [
@@ -265,7 +265,7 @@ def test_profile_checks_a_tp_plan_on_real_ranks(
     assert plan.predicted_peak_bytes < plan.baseline_peak_bytes
 
 
-@pytest.mark.slow
+@pytest.mark.ranks
 def test_the_torchrun_recipe_trains_fsdp2_x_tp_ranks_as_without_the_plan(tmp_path: Path) -> None:
     """examples/recipes/torchrun_train.py applies an FSDP2 x TP plan, builds the plan's mesh
     (here 1 x 2: a 4-rank job would take twice as long; profile's check runs 2 x 2) and the
@@ -335,7 +335,7 @@ def test_the_built_in_plan_refuses_what_it_cannot_split(tmp_path: Path) -> None:
 
 
 @pytest.mark.hf
-@pytest.mark.slow
+@pytest.mark.ranks
 def test_profile_checks_a_hf_llama_tp_plan_on_real_ranks(tmp_path: Path) -> None:
     """--hf CONFIG --tp 2: the built-in plan, simulated, then checked on 2 real ranks: both
     within the budget, bit-identical to the unplanned step, predicted to the byte."""
