@@ -33,6 +33,9 @@ Wrapping a module call ``c`` (forward spanning events ``[f0, f1]``) in non-reent
    ``c``'s backward. Under checkpoint only its consumers hold it: it dies at the last
    backward read by a saved tensor outside ``c``, or when the caller's forward returns
    without it, whichever is later; recomputation makes it again (``released_outputs``).
+   The caller's return is an upper bound: its code may let go sooner (a loop variable
+   rebound by the next layer's call: Megatron-BERT's attention probabilities), which the
+   step without a plan cannot show, autograd holding it there.
 5. **A selective policy keeps what it saves.** Under a policy (``name@save-matmuls``,
    :mod:`planner.plan.policies`) the outputs of the ops it saves are not dropped: they stay
    in the checkpoint's cache from their op until ``recompute_event``, even those autograd
