@@ -279,7 +279,8 @@ def report(
     if autocast:
         lora_title += f", autocast {autocast}"
         how += (
-            f", float32 weights trained under autocast as Trainer(bf16=True) trains them "
+            ", float32 weights trained under autocast as "
+            f"Trainer({'bf16' if autocast == 'bfloat16' else 'fp16'}=True) trains them "
             f"(`--autocast {autocast}`: the forward under torch.autocast, its outputs cast to "
             "float32)"
         )
@@ -334,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     types = types[: arguments.limit]
     arguments.out.mkdir(parents=True, exist_ok=True)
     suffix = ("_lora" if arguments.lora else "") + ("_autocast" if arguments.autocast else "")
+    suffix += "_float16" if arguments.autocast == "float16" else ""
     stem = arguments.out / f"hf_sweep_{arguments.task}{suffix}"
     partial = stem.with_suffix(".partial.jsonl")
     rows: dict[str, dict[str, object]] = {}

@@ -58,17 +58,19 @@ def _source(
     return hf_workload(written.path, 2, written.seq_len, "float32", autocast=autocast)
 
 
+@pytest.mark.parametrize("autocast", ["bfloat16", "float16"])
 @pytest.mark.parametrize(
     ("model_type", "task"),
     [("llama", "causal-lm"), ("gpt2", "causal-lm"), ("bert", "masked-lm")],
 )
 def test_the_fake_step_under_autocast_is_the_real_one(
-    tmp_path: Path, model_type: str, task: str
+    tmp_path: Path, model_type: str, task: str, autocast: str
 ) -> None:
     """The fake step (which plans an 8B model on a laptop) records the real step's peak.
-    BERT's LayerNorms are float32 and their inputs bf16 under autocast: the CPU kernel keeps
-    their statistics in float32, the fake kernel in bf16 (planner/measure/kernel_layouts.py)."""
-    model_file = load_model_file(str(_source(tmp_path, model_type, task)))
+    BERT's LayerNorms are float32 and their inputs 16-bit under autocast: the CPU kernel keeps
+    their statistics in float32, the fake kernel in the input's dtype
+    (planner/measure/kernel_layouts.py)."""
+    model_file = load_model_file(str(_source(tmp_path, model_type, task, autocast)))
     real = record_memory(build_workload(model_file, seed=0))
     workload, session = build_fake_workload(model_file)
     fake = record_memory(workload, session=session)
