@@ -789,3 +789,31 @@ def test_a_config_saved_with_special_floats_builds(tmp_path: Path) -> None:
     built = build_workload(load_model_file(source), seed=0)
     assert tuple(built.model.config.time_step_limit) == (0.0, float("inf"))
     assert run_training_step(built, seed=0).isfinite()
+
+
+@pytest.mark.parametrize(
+    ("model_type", "model_class"),
+    [("qwen3_5", "Qwen3_5ForCausalLM"), ("llama4", "Llama4ForCausalLM")],
+)
+def test_a_vision_language_config_naming_its_causal_lm_builds_it_on_its_text_config(
+    tmp_path: Path, model_type: str, model_class: str
+) -> None:
+    """Qwen3.5's and Llama 4's configs hold a text_config and a vision_config; one naming
+    the causal LM (as a Qwen3.5 checkpoint loaded by AutoModelForCausalLM and saved again
+    does) builds it on the text part, as AutoModelForCausalLM does: before, the causal LM
+    was given the whole config, and building it failed ('Qwen3_5Config' object has no
+    attribute 'vocab_size'). The fake step records the real step's peak."""
+    from benchmarks.hf_sweep_models import write_hf_config
+
+    written = WorkloadSource.parse(write_hf_config("causal-lm", model_type, tmp_path))
+    data = json.loads(written.path.read_text())
+    assert data["architectures"] == [model_class] and "text_config" in data
+    model_file = load_model_file(str(written))
+    model = model_file.build_model()
+    assert type(model).__name__ == model_class
+    assert model.config.model_type == f"{model_type}_text" and not model.config.use_cache
+    real = record_memory(build_workload(model_file, seed=0))
+    workload, session = build_fake_workload(model_file)
+    fake = record_memory(workload, session=session)
+    session.release()
+    assert fake.measured_peak_bytes == real.measured_peak_bytes

@@ -11,7 +11,8 @@ What is built, and why:
 
 * **The model**: the class the config's ``architectures`` names where that is a
   ``transformers`` class, else ``AutoModelForCausalLM``'s class for its ``model_type``;
-  built with ``_from_config(config, dtype=...)`` (what ``from_config`` calls), random
+  built with ``_from_config(config, dtype=...)`` (what ``from_config`` calls; on a
+  composite config's text part where the class takes that: :func:`_for_class`), random
   weights from the seeded global RNG. On fake tensors it is built on the meta device, as any
   model file's is, so an 8B config plans on a laptop. ``use_cache`` is set to False: a
   training step keeps no key/value cache (a model that fills one is not checkpointable).
@@ -272,7 +273,9 @@ def _counted_once(count: Callable[..., Any], path: str, mtime_ns: int, dtype_nam
     del mtime_ns  # part of the key: an edited config is counted again
     source = WorkloadSource.hugging_face(path, 1, None, dtype_name)
     config = _build_config(source)
-    return count(source.path, config, _model_class(source, config), _torch_dtype(dtype_name))
+    model_class = _model_class(source, config)
+    config = _for_class(config, model_class)
+    return count(source.path, config, model_class, _torch_dtype(dtype_name))
 
 
 def hf_workload(
@@ -348,6 +351,18 @@ def _build_config(source: WorkloadSource) -> Any:
         ) from error
     config.use_cache = False
     return config
+
+
+def _for_class(config: Any, model_class: Any) -> Any:
+    """The config ``model_class`` is built from: a composite config's text part where the
+    class takes that (a vision-language config naming its causal LM: Qwen3.5's, Llama 4's),
+    as ``AutoModelForCausalLM`` builds it; else ``config``."""
+    text_class = (getattr(config, "sub_configs", None) or {}).get("text_config")
+    if text_class is None or getattr(model_class, "config_class", None) is not text_class:
+        return config
+    text = config.get_text_config()
+    text.use_cache = False
+    return text
 
 
 def _model_class(source: WorkloadSource, config: Any) -> Any:
@@ -513,6 +528,7 @@ def _classified(source: WorkloadSource) -> _Inputs:
     class whose batch --hf cannot make (module docstring)."""
     config = _build_config(source)
     model_class = _model_class(source, config)
+    config = _for_class(config, model_class)
     name = model_class.__name__
     main_input = getattr(model_class, "main_input_name", "input_ids")
     head = _head(model_class)
@@ -717,7 +733,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         adapters = lora_adapters(source.lora, task)
 
     def build_model() -> torch.nn.Module:
-        built_config = _build_config(source)
+        built_config = _for_class(_build_config(source), model_class)
         if pad_from_eos is not None:
             built_config.pad_token_id = pad_from_eos
         model = model_class._from_config(built_config, dtype=dtype)
