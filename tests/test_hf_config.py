@@ -692,6 +692,13 @@ SHAPE = ["--batch-size", "1", "--seq-len", "8"]
             ["ASTForAudioClassification takes input_values, a spectrogram of one length"],
         ),
         (["--hf", "gpt2.json", "--batch-size", "1", "--seq-len", "65"], ["--seq-len 64 or less"]),
+        (  # MusicGen's: a text encoder and a decoder, neither named the text model
+            ["--hf", "musicgen.json", *SHAPE],
+            [
+                "cannot tell which part of this config is the text model",
+                "'text_encoder', 'decoder'",
+            ],
+        ),
     ],
 )
 def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
@@ -713,6 +720,7 @@ def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
     ast = {"model_type": "audio-spectrogram-transformer"}
     _write(workdir / "ast.json", {**ast, "architectures": ["ASTForAudioClassification"]})
     _write(workdir / "bert-choices.json", {**TINY_BERT, "architectures": ["BertForMultipleChoice"]})
+    _write(workdir / "musicgen.json", {"model_type": "musicgen"})
     before = _files(workdir)
     result = CliRunner().invoke(app, [*PROFILE, *arguments])
     assert result.exit_code == 4, result.output

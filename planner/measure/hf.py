@@ -349,6 +349,15 @@ def _build_config(source: WorkloadSource) -> Any:
             f"--hf {source.path}: transformers rejects the config "
             f"({type(error).__name__}: {error}); fix that field"
         ) from error
+    try:
+        config.get_text_config()  # read later (the vocabulary, the special tokens)
+    except ValueError as error:  # MusicGen's: a text encoder and a decoder
+        found = str(error).split(". ")[0]
+        raise ModelFileError(
+            f"--hf {source.path}: transformers cannot tell which part of this config is the "
+            f"text model ({found}); pass the config of the part you train alone, or write "
+            "a model file"
+        ) from error
     config.use_cache = False
     return config
 
