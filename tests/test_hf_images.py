@@ -125,6 +125,30 @@ def test_gemma4_images_are_the_squares_its_soft_token_budget_allows(tmp_path: Pa
     assert record_memory(workload, session=session).measured_peak_bytes == real.measured_peak_bytes
 
 
+def test_a_vision_tower_in_the_encoders_config_takes_images(tmp_path: Path) -> None:
+    """T5Gemma 2 keeps its vision_config in its encoder's config: --hf looked at the top
+    level only and refused ("its vision_config names no image_size"). The sweep's small
+    config made consistent as a checkpoint's is (transformers' defaults are not): a 256 x 256
+    image of 16 x 16 patches of 16, pooled to its 256 tokens, and its begin/end-of-image
+    ids inside the small vocabulary. The fake step records the real step's peak."""
+    path = WorkloadSource.parse(write_hf_config(TASK, "t5gemma2", tmp_path)).path
+    config = json.loads(path.read_text())
+    encoder = config["encoder"]
+    assert "vision_config" not in config and encoder["mm_tokens_per_image"] == 256
+    encoder["vision_config"]["image_size"] = 256
+    config["eoi_token_index"] = encoder["eoi_token_index"] = 5
+    encoder["boi_token_index"] = 4
+    path.write_text(json.dumps(config))
+    model_file = load_model_file(WorkloadSource.hugging_face(path, 2, 300, "float32"))
+    built = build_workload(model_file, seed=0)
+    assert tuple(built.batch["pixel_values"].shape) == (2, 3, 256, 256)
+    image_token = built.model.config.encoder.image_token_index
+    assert int((built.batch["input_ids"] == image_token).sum()) == 2 * 256
+    real = record_memory(built)
+    workload, session = build_fake_workload(model_file)
+    assert record_memory(workload, session=session).measured_peak_bytes == real.measured_peak_bytes
+
+
 def test_a_config_without_its_vision_tower_is_text_alone(tmp_path: Path) -> None:
     path = _gemma4_config(tmp_path, vision=False)
     built = build_workload(load_model_file(WorkloadSource.hugging_face(path, 2, 32, "float32")))

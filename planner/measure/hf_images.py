@@ -219,6 +219,19 @@ def named_ids(config: Any) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def vision_config(config: Any) -> Any:
+    """The config's vision tower's config: its ``vision_config``, else the one a part of it
+    holds (T5Gemma 2's encoder's), else None."""
+    vision = getattr(config, "vision_config", None)
+    if vision is not None:
+        return vision
+    for name in getattr(config, "sub_configs", None) or {}:
+        vision = getattr(getattr(config, name, None), "vision_config", None)
+        if vision is not None:
+            return vision
+    return None
+
+
 def _side(value: Any) -> int | None:
     if isinstance(value, list | tuple) and value:
         value = value[0]
@@ -402,7 +415,7 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
             f"--hf {path}: {name} takes {', '.join(needed)} with its images, which --hf "
             f"does not build; {way_on}"
         )
-    vision = getattr(config, "vision_config", None)
+    vision = vision_config(config)
     owners = tuple(owner for owner in (vision, config) if owner is not None)
     image_token = int_field((config, config.get_text_config()), _IMAGE_FIELDS)
     if image_token is None:
