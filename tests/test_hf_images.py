@@ -256,3 +256,57 @@ def test_a_vision_language_classifier_gets_a_label_per_sequence(tmp_path: Path) 
     said = built.notes[0].text
     assert "a label per sequence" in said and "labels -100" not in said
     assert run_training_step(built, seed=0).isfinite()
+
+
+def _image_to_text_config(folder: Path, ready: bool = True) -> Path:
+    """The sweep's small VisionEncoderDecoderModel (ViT and BERT), as
+    ``from_encoder_decoder_pretrained`` and a tokenizer make a TrOCR-style one (``ready``):
+    its decoder a decoder reading the image, its start and pad tokens named."""
+    path = WorkloadSource.parse(write_hf_config(TASK, "vision-encoder-decoder", folder)).path
+    config = json.loads(path.read_text())
+    if ready:
+        config.update(decoder_start_token_id=2, pad_token_id=0)
+        config["decoder"].update(is_decoder=True, add_cross_attention=True)
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_an_image_encoder_and_text_decoder_trains_on_images_and_their_text(
+    tmp_path: Path,
+) -> None:
+    """TrOCR's and Donut's VisionEncoderDecoderModel takes pixel_values and the labels its
+    decoder writes, no input_ids: --hf refused it ("takes pixel_values, and --hf builds
+    batches of token ids, images for an image classifier..."). Now an image of the
+    encoder's size a sequence and --seq-len tokens of text; the fake step records the real
+    step's peak, and the loss reads the images (other images, another loss)."""
+    path = _image_to_text_config(tmp_path)
+    model_file = load_model_file(WorkloadSource.hugging_face(path, 2, 32, "float32"))
+    built = build_workload(model_file, seed=0)
+    assert set(built.batch) == {"pixel_values", "labels"}
+    assert tuple(built.batch["pixel_values"].shape) == (2, 3, 224, 224)
+    assert tuple(built.batch["labels"].shape) == (2, 32)
+    assert "32 tokens of text an image" in built.notes[0].text
+    loss = run_training_step(built, seed=0)
+    other = build_workload(model_file, seed=0)
+    other.batch["pixel_values"] = other.batch["pixel_values"].flip(-1)
+    assert not torch.equal(run_training_step(other, seed=0), loss)
+    real = record_memory(build_workload(model_file, seed=0))
+    workload, session = build_fake_workload(model_file)
+    assert record_memory(workload, session=session).measured_peak_bytes == real.measured_peak_bytes
+
+
+@pytest.mark.parametrize(
+    ("ready", "seq_len", "said"),
+    [
+        (True, None, "takes images and their text; pass --seq-len, the tokens of each image's"),
+        (False, 32, "the config names no decoder_start_token_id, the token its decoder starts"),
+        (True, 129, "--seq-len 129 is longer than the 128 positions the decoder of"),
+    ],
+)
+def test_an_image_to_text_config_it_cannot_train_is_one_line(
+    tmp_path: Path, ready: bool, seq_len: int | None, said: str
+) -> None:
+    path = _image_to_text_config(tmp_path, ready)
+    with pytest.raises(ModelFileError) as caught:
+        load_model_file(WorkloadSource.hugging_face(path, 2, seq_len, "float32"))
+    assert said in str(caught.value) and "\n" not in str(caught.value)

@@ -33,7 +33,10 @@ What is built, and why:
   dtype) of the config's ``image_size`` (or its vision tower's; 224 where it names none,
   as ResNet's) and ``num_channels`` (else 3), with a label per image as for a sequence
   classifier, or for a semantic segmentation model a class map (a label per pixel); it
-  has no ``seq_len``. A speech recognizer's (CTC head) or an audio
+  has no ``seq_len``. An image encoder with a text decoder (``VisionEncoderDecoderModel``)
+  takes such images, of its encoder's ``image_size``, and ``seq_len`` tokens of text a
+  sequence (``labels``, none of the ids its config names), which it shifts right itself
+  behind ``decoder_start_token_id``. A speech recognizer's (CTC head) or an audio
   classifier's batch is ``batch_size`` clips of ``seq_len`` steps of its main input
   (normal, as a feature extractor's normalized output): raw audio samples
   (``input_values``) or feature frames (``input_features``, of the width its config names,
@@ -492,7 +495,7 @@ def _image_shape(path: Path, config: Any) -> tuple[int, int, int]:
     """(channels, height, width) of the images an image classifier's config takes: its
     ``image_size`` (one size, or height and width), or its vision tower's, else
     :data:`_IMAGE_SIZE`; its ``num_channels``, else 3."""
-    owners = (config, getattr(config, "vision_config", None))
+    owners = (config, getattr(config, "vision_config", None), getattr(config, "encoder", None))
     owner = next((o for o in owners if getattr(o, "image_size", None) is not None), config)
     size = getattr(owner, "image_size", None) or _IMAGE_SIZE
     sizes = [size, size] if isinstance(size, int) else size
@@ -514,6 +517,7 @@ class InputKind(enum.Enum):
 
     TOKENS = "token ids"  # --seq-len tokens per sequence
     IMAGES = "images"  # of the config's size: no --seq-len
+    IMAGE_TEXT = "images and their text"  # an image each, --seq-len tokens of text (labels)
     AUDIO = "audio"  # clips of --seq-len samples or feature frames
 
 
@@ -554,6 +558,11 @@ def _classified(source: WorkloadSource) -> _Inputs:
     on_images = head in ("image-classification", "semantic-segmentation")
     if kind is None and on_images and "pixel_values" in forward:
         kind, main_input = InputKind.IMAGES, "pixel_values"
+    # An image's encoder and a text decoder (TrOCR's, Donut's VisionEncoderDecoderModel):
+    # images, and the text its decoder learns to write (labels, shifted right inside).
+    decoded = {"labels", "decoder_input_ids"} <= set(forward) and "input_ids" not in forward
+    if kind is None and main_input == "pixel_values" and decoded:
+        kind = InputKind.IMAGE_TEXT
     audio = main_input in ("input_values", "input_features")
     if head in ("ctc", "audio-classification", "speech-seq2seq") and audio:
         kind = InputKind.AUDIO
@@ -591,6 +600,7 @@ def input_kind(source: WorkloadSource) -> InputKind:
 
 _SEQ_LEN_SAID = {
     "input_ids": "the tokens per sequence",
+    "pixel_values": "the tokens of each image's text",
     "input_values": "the audio samples per clip (16000 a second at 16 kHz)",
     "input_features": "the feature frames per clip (100 a second)",
 }
@@ -710,6 +720,24 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"{audio_spec.per_clip} tokens each; pass --seq-len "
             f"{clips * audio_spec.per_clip + 1} or more (or fewer --clips)"
         )
+    if kind is InputKind.IMAGE_TEXT:  # shift_tokens_right raises without either
+        for field, said in (
+            ("decoder_start_token_id", "the token its decoder starts from"),
+            ("pad_token_id", "the token the labels' -100 become in the decoder's inputs"),
+        ):
+            if not isinstance(getattr(config, field, None), int):
+                raise ModelFileError(
+                    f"--hf {source.path}: the config names no {field}, {said} (the labels "
+                    "are shifted right to make the decoder's inputs); add the one its "
+                    "tokenizer gives"
+                )
+        longest = getattr(config.get_text_config(), "max_position_embeddings", None)
+        if isinstance(longest, int) and seq_len is not None and seq_len > longest:
+            raise ModelFileError(
+                f"--seq-len {seq_len} is longer than the {longest} positions the decoder of "
+                f"{source.path} allows (max_position_embeddings); pass --seq-len {longest} "
+                "or less"
+            )
     # A sequence classifier's eos is its pad where the config names none (decoder-only
     # classifiers find each sequence's last token by the pad), and an encoder-decoder's
     # (BART's, T5's) ends each sequence (their classifiers pool there, and raise without one).
@@ -724,7 +752,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         eos_last = classifier_eos
         batch_note += "; each sequence ends in the eos token (the classifier pools there)"
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
-    if (kind is InputKind.TOKENS or head in ("ctc", "speech-seq2seq")) and (
+    text_kinds = (InputKind.TOKENS, InputKind.IMAGE_TEXT)
+    if (kind in text_kinds or head in ("ctc", "speech-seq2seq")) and (
         not isinstance(vocab_size, int) or vocab_size < 1
     ):
         drawn = "its transcripts' labels" if kind is InputKind.AUDIO else "token ids"
@@ -756,7 +785,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         return model
 
     targets_said = _TARGETS_SAID[head]
-    if kind is InputKind.IMAGES:
+    if kind in (InputKind.IMAGES, InputKind.IMAGE_TEXT):
         image_shape = _image_shape(source.path, config)
         inputs_said = "{} random {} x {} x {} images (pixel_values)".format(
             batch_size, *image_shape
@@ -788,7 +817,12 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         elif hears:
             inputs_said += " (--clips 0: text alone)"
     transcript = blank = 0
-    if head == "ctc":
+    if kind is InputKind.IMAGE_TEXT:
+        targets_said = (
+            f"labels: {seq_len} tokens of text an image (none of the ids the config names), "
+            "which the model shifts right behind decoder_start_token_id"
+        )
+    elif head == "ctc":
         assert seq_len is not None and isinstance(vocab_size, int)
         transcript = max(1, seq_len // _SAMPLES_PER_LABEL[main_input])
         pad = getattr(config, "pad_token_id", None)  # CTC's blank
@@ -809,6 +843,11 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             pixel_values = torch.randn(batch_size, *image_shape).to(dtype)
             return {"pixel_values": pixel_values, **_targets(head, config, pixel_values, dtype)}
         assert seq_len is not None
+        if kind is InputKind.IMAGE_TEXT:  # the images, and the text the decoder writes
+            assert isinstance(vocab_size, int)
+            pixel_values = torch.randn(batch_size, *image_shape).to(dtype)
+            labels = text_tokens((batch_size, seq_len), vocab_size, named_ids(config))
+            return {"pixel_values": pixel_values, "labels": labels}
         if kind is InputKind.AUDIO:  # normalized, as a feature extractor gives it
             if main_input == "input_features":  # (B, T, features); Whisper's (B, mel, T)
                 values = torch.randn(batch_size, *frames).to(dtype)
