@@ -55,6 +55,7 @@ MODEL_SOURCES = {
     # Hugging Face configs that cannot be planned (for --hf).
     "no_model_type.json": '{"hidden_size": 64, "num_hidden_layers": 2}\n',
     "unknown_model_type.json": '{"model_type": "no-such-architecture"}\n',
+    "musicgen.json": '{"model_type": "musicgen"}\n',
     "no_build_model.py": "import torch\n\ndef sample_batch():\n    return torch.zeros(2, 3)\n",
     "no_sample_batch.py": "import torch\n\ndef build_model():\n    return torch.nn.Linear(2, 2)\n",
     "raises_on_import.py": "import torch\nraise RuntimeError('no GPU here')\n",
@@ -394,6 +395,12 @@ CASES = [
         "--lora with a model file",
         ("{data}/small_cnn.py", *HF_SHAPE[4:], "--lora", "8", *OUT),
         2,
+    ),
+    Case(
+        PROFILE,
+        "--hf config with no one text model (MusicGen's)",
+        ("--hf", "musicgen.json", *HF_SHAPE, *OUT),
+        4,
     ),
     Case(
         PROFILE,

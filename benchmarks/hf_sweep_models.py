@@ -310,6 +310,24 @@ EXTRA: dict[str, dict[str, Any]] = {
     "hy_v4_vl": {"text_config": {"rope_parameters": {"mrope_section": [1, 1, 2]}}},
     # its projector concatenates 5 layers' features: 5 of the 2 layers' 3 hidden states
     "vipllava": {"vision_feature_layers": [-2, -1, 0, 1, 2]},
+    # as from_encoder_decoder_pretrained and a tokenizer make one (TrOCR's): its decoder a
+    # decoder reading the image, its start and pad tokens named
+    "vision-encoder-decoder": {
+        "decoder_start_token_id": 2,
+        "pad_token_id": 0,
+        "decoder": {"is_decoder": True, "add_cross_attention": True},
+    },
+    # its default tower's 224-pixel images make 14 x 14 patches, not the 16 x 16 its pooling
+    # takes to its 256 tokens (checkpoints: 896 pixels, patches of 14); image begin/end ids
+    # the small vocabulary holds
+    "t5gemma2": {
+        "eoi_token_index": 5,
+        "encoder": {
+            "boi_token_index": 4,
+            "eoi_token_index": 5,
+            "vision_config": {"image_size": 256},
+        },
+    },
     # its defaults leave the vision tower out (a text model): its own, sized as towers are
     "gemma4": {"vision_config": {field: TOWER_SIZES[field] for field in _GEMMA4_TOWER}},
     # its vision tower concatenates the features of 5 of its 32 layers (and the last) and
@@ -580,6 +598,19 @@ def _overrides(config: Any, extra: dict[str, Any], extra_sizes: dict[str, Any]) 
     return overrides
 
 
+def _merged(sizes: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``sizes`` with ``extra``'s fields, a sub-config's merged field by field (T5Gemma 2's
+    encoder's vision tower keeps its small sizes beside its image size)."""
+    merged = dict(sizes)
+    for name, value in extra.items():
+        within = merged.get(name)
+        if isinstance(value, dict) and isinstance(within, dict):
+            merged[name] = _merged(within, value)
+        else:
+            merged[name] = value
+    return merged
+
+
 def make_config(task: str, model_type: str) -> Any:
     """``model_type``'s default config with the sizes above (module docstring)."""
     auto_config = importlib.import_module("transformers").AutoConfig
@@ -589,7 +620,7 @@ def make_config(task: str, model_type: str) -> Any:
     overrides = _overrides(default, extra, IMAGE_SIZES if image else {})
     for name, value in extra.items():  # a tower's fields (text sub-configs took theirs)
         if isinstance(value, dict) and name not in TEXT_SUBCONFIGS | _DICT_FIELDS:
-            overrides[name] = {**overrides.get(name, {}), **value}
+            overrides[name] = _merged(overrides.get(name, {}), value)
     if image:
         overrides["num_labels"] = NUM_CLASSES
     if task == "ctc" and default.vocab_size is None:
@@ -703,6 +734,8 @@ def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     config.to_json_file(str(path), use_diff=False)
     lengths = {"input_ids": SEQ_LEN, "input_values": AUDIO_SAMPLES, "input_features": AUDIO_FRAMES}
+    if task == "image-text-to-text":  # an image encoder's text (VisionEncoderDecoderModel)
+        lengths["pixel_values"] = SEQ_LEN
     seq_len = f"&seq_len={lengths[main_input]}" if main_input in lengths else ""
     window = whisper_frames(config)  # Whisper takes one window of frames, no other length
     if window is not None:

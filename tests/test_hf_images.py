@@ -128,17 +128,12 @@ def test_gemma4_images_are_the_squares_its_soft_token_budget_allows(tmp_path: Pa
 def test_a_vision_tower_in_the_encoders_config_takes_images(tmp_path: Path) -> None:
     """T5Gemma 2 keeps its vision_config in its encoder's config: --hf looked at the top
     level only and refused ("its vision_config names no image_size"). The sweep's small
-    config made consistent as a checkpoint's is (transformers' defaults are not): a 256 x 256
-    image of 16 x 16 patches of 16, pooled to its 256 tokens, and its begin/end-of-image
-    ids inside the small vocabulary. The fake step records the real step's peak."""
+    config (made consistent as a checkpoint's is: a 256 x 256 image of 16 x 16 patches of
+    16, pooled to its 256 tokens) trains on an image a sequence; the fake step records the
+    real step's peak."""
     path = WorkloadSource.parse(write_hf_config(TASK, "t5gemma2", tmp_path)).path
     config = json.loads(path.read_text())
-    encoder = config["encoder"]
-    assert "vision_config" not in config and encoder["mm_tokens_per_image"] == 256
-    encoder["vision_config"]["image_size"] = 256
-    config["eoi_token_index"] = encoder["eoi_token_index"] = 5
-    encoder["boi_token_index"] = 4
-    path.write_text(json.dumps(config))
+    assert "vision_config" not in config and config["encoder"]["mm_tokens_per_image"] == 256
     model_file = load_model_file(WorkloadSource.hugging_face(path, 2, 300, "float32"))
     built = build_workload(model_file, seed=0)
     assert tuple(built.batch["pixel_values"].shape) == (2, 3, 256, 256)
@@ -259,14 +254,15 @@ def test_a_vision_language_classifier_gets_a_label_per_sequence(tmp_path: Path) 
 
 
 def _image_to_text_config(folder: Path, ready: bool = True) -> Path:
-    """The sweep's small VisionEncoderDecoderModel (ViT and BERT), as
-    ``from_encoder_decoder_pretrained`` and a tokenizer make a TrOCR-style one (``ready``):
-    its decoder a decoder reading the image, its start and pad tokens named."""
+    """The sweep's small VisionEncoderDecoderModel (ViT and BERT), made as
+    ``from_encoder_decoder_pretrained`` and a tokenizer make a TrOCR-style one: its decoder
+    a decoder reading the image, its start and pad tokens named; without the start token
+    unless ``ready``."""
     path = WorkloadSource.parse(write_hf_config(TASK, "vision-encoder-decoder", folder)).path
     config = json.loads(path.read_text())
-    if ready:
-        config.update(decoder_start_token_id=2, pad_token_id=0)
-        config["decoder"].update(is_decoder=True, add_cross_attention=True)
+    assert config["decoder"]["add_cross_attention"] and config["pad_token_id"] == 0
+    if not ready:
+        config["decoder_start_token_id"] = None
     path.write_text(json.dumps(config))
     return path
 
