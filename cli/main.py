@@ -449,7 +449,10 @@ def fit(
             kind = input_kind(source)
             if kind is InputKind.TOKENS and source.seq_len is None:
                 fail(give_one, 2)
-            clip = " and give --seq-len, the clips' length," if kind is InputKind.AUDIO else ""
+            clip = {  # the length its batch needs beside the batch size
+                InputKind.AUDIO: " and give --seq-len, the clips' length,",
+                InputKind.IMAGE_TEXT: " and give --seq-len, the tokens of each image's text,",
+            }.get(kind, "")
             if kind is not InputKind.TOKENS and (dimension == "seq_len" or clip):
                 fail(
                     f"--hf {hf}: the model takes {kind.value}, and fit fits its batch size only; "

@@ -143,6 +143,7 @@ def test_fit_the_sequence_length_of_a_hf_config(tmp_path: Path, monkeypatch) -> 
         ("tiny-llama", [], "with --hf give one of --seq-len"),  # token ids need one
         ("vit", ["--batch-size", "2"], "takes images, and fit fits its batch size only"),
         ("wav2vec2", [], "takes audio, and fit fits its batch size only; leave out"),
+        ("trocr", [], "takes images and their text, and fit fits its batch size only; leave"),
     ],
 )
 def test_fit_with_hf_fits_the_one_size_the_batch_has(
@@ -150,7 +151,7 @@ def test_fit_with_hf_fits_the_one_size_the_batch_has(
 ) -> None:
     """An image classifier's batch has no sequence length: fit takes neither option and fits
     its batch size; a token model's needs one of them; a speech model's clips need a length,
-    and fit fits its batch size at it."""
+    and so does an image-to-text model's text: fit fits its batch size at it."""
     import json
 
     monkeypatch.chdir(tmp_path)
@@ -158,12 +159,21 @@ def test_fit_with_hf_fits_the_one_size_the_batch_has(
     (tmp_path / "vit.json").write_text(json.dumps(vit), encoding="utf-8")
     asr = {"model_type": "wav2vec2", "architectures": ["Wav2Vec2ForCTC"]}
     (tmp_path / "wav2vec2.json").write_text(json.dumps(asr), encoding="utf-8")
+    trocr = {  # an image encoder and a text decoder (VisionEncoderDecoderModel)
+        "model_type": "vision-encoder-decoder",
+        "architectures": ["VisionEncoderDecoderModel"],
+        "encoder": {"model_type": "vit"},
+        "decoder": {"model_type": "bert", "is_decoder": True, "add_cross_attention": True},
+        "decoder_start_token_id": 2,
+        "pad_token_id": 0,
+    }
+    (tmp_path / "trocr.json").write_text(json.dumps(trocr), encoding="utf-8")
     path = EXAMPLES / "configs" / "tiny-llama.json" if config == "tiny-llama" else f"{config}.json"
     result = CliRunner().invoke(app, ["fit", "--hf", str(path), *shape, "--budget", "1GB"])
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr and "Traceback" not in result.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["vit.json", "wav2vec2.json"]
-    if config != "tiny-llama":
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trocr.json", "vit.json", "wav2vec2.json"]
+    if config in ("vit", "wav2vec2"):
         from planner.measure.hf import hf_workload
 
         length = None if config == "vit" else 16000  # images have none; clips need one
