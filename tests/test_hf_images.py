@@ -306,3 +306,25 @@ def test_an_image_to_text_config_it_cannot_train_is_one_line(
     with pytest.raises(ModelFileError) as caught:
         load_model_file(WorkloadSource.hugging_face(path, 2, seq_len, "float32"))
     assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_captioner_trains_on_images_and_their_captions(tmp_path: Path) -> None:
+    """BLIP's captioner reads its caption as input_ids (and labels), its text decoder
+    cross-attending to the image's features, no image token among the ids: --hf refused it
+    ("takes pixel_values, and --hf builds ..."). Now an image of its vision tower's size a
+    sequence and --seq-len tokens of caption; the step trains the vision tower (its
+    random weights barely move the loss, so this is what shows the images are read), and
+    the fake step records the real step's peak."""
+    path = WorkloadSource.parse(write_hf_config(TASK, "blip", tmp_path)).path
+    model_file = load_model_file(WorkloadSource.hugging_face(path, 2, 16, "float32"))
+    built = build_workload(model_file, seed=0)
+    batch = built.batch
+    assert set(batch) == {"pixel_values", "input_ids", "attention_mask", "labels"}
+    assert tuple(batch["input_ids"].shape) == (2, 16)
+    assert torch.equal(batch["input_ids"], batch["labels"])
+    built.model(**batch).loss.backward()
+    patches = built.model.vision_model.embeddings.patch_embedding.weight.grad
+    assert patches is not None and bool(patches.abs().sum() > 0)
+    real = record_memory(build_workload(model_file, seed=0))
+    workload, session = build_fake_workload(model_file)
+    assert record_memory(workload, session=session).measured_peak_bytes == real.measured_peak_bytes

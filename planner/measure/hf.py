@@ -36,7 +36,9 @@ What is built, and why:
   has no ``seq_len``. An image encoder with a text decoder (``VisionEncoderDecoderModel``)
   takes such images, of its encoder's ``image_size``, and ``seq_len`` tokens of text a
   sequence (``labels``, none of the ids its config names), which it shifts right itself
-  behind ``decoder_start_token_id``. A speech recognizer's (CTC head) or an audio
+  behind ``decoder_start_token_id``; a captioner (BLIP, no image token among its ids) the
+  same images, and the caption as its ``input_ids`` and ``labels``. A speech recognizer's
+  (CTC head) or an audio
   classifier's batch is ``batch_size`` clips of ``seq_len`` steps of its main input
   (normal, as a feature extractor's normalized output): raw audio samples
   (``input_values``) or feature frames (``input_features``, of the width its config names,
@@ -95,6 +97,7 @@ from planner.measure.hf_images import (
     ImageTokens,
     image_batch,
     image_tokens,
+    int_field,
     named_ids,
     takes_images,
     text_tokens,
@@ -531,6 +534,8 @@ class _Inputs(NamedTuple):
     main_input: str  # input_ids, pixel_values, input_values or input_features
 
 
+_IMAGE_TOKEN_FIELDS = ("image_token_id", "image_token_index")
+
 _FIXED_SPECTROGRAMS = frozenset({"ASTForAudioClassification", "WhisperForAudioClassification"})
 """Audio classifiers whose input is a spectrogram of one fixed length, laid out as their
 feature extractor gives it (AST: 1024 frames x 128 bins; Whisper: 80 bins x 3000 frames)."""
@@ -561,7 +566,13 @@ def _classified(source: WorkloadSource) -> _Inputs:
     # An image's encoder and a text decoder (TrOCR's, Donut's VisionEncoderDecoderModel):
     # images, and the text its decoder learns to write (labels, shifted right inside).
     decoded = {"labels", "decoder_input_ids"} <= set(forward) and "input_ids" not in forward
-    if kind is None and main_input == "pixel_values" and decoded:
+    # A captioner whose text decoder reads the image's features beside its own tokens
+    # (BLIP): the caption is its input_ids and its labels, no image token among them.
+    others = {"qformer_input_ids", "image_embeds_position_mask", "decoder_input_ids"}
+    image_token = int_field((config, config.get_text_config()), _IMAGE_TOKEN_FIELDS)
+    captioned = {"input_ids", "labels"} <= set(forward) and not others & set(forward)
+    captioned = captioned and image_token is None
+    if kind is None and main_input == "pixel_values" and (decoded or captioned):
         kind = InputKind.IMAGE_TEXT
     audio = main_input in ("input_values", "input_features")
     if head in ("ctc", "audio-classification", "speech-seq2seq") and audio:
@@ -569,9 +580,10 @@ def _classified(source: WorkloadSource) -> _Inputs:
     if kind is None:
         raise ModelFileError(
             f"--hf {source.path}: {name} takes {main_input}, and --hf builds batches of "
-            "token ids, images for an image classifier or semantic segmentation model, or "
-            "audio for a speech recognizer or audio classifier; write a model file whose "
-            f"sample_batch() gives {main_input}"
+            "token ids, images for an image classifier or semantic segmentation model, "
+            "images and their text for an image-to-text model (VisionEncoderDecoderModel, "
+            "BLIP), or audio for a speech recognizer or audio classifier; write a model file "
+            f"whose sample_batch() gives {main_input}"
         )
     # Kyutai's, Dia's audio: codes of their own, which --hf does not build (a speech
     # language model's clips it does: planner/measure/hf_audio.py)
@@ -589,6 +601,10 @@ def _classified(source: WorkloadSource) -> _Inputs:
             "gives its choices"
         )
     return _Inputs(config, model_class, head, kind, main_input)
+
+
+def _forward_parameters(model_class: Any) -> set[str]:
+    return set(inspect.signature(model_class.forward).parameters)
 
 
 def input_kind(source: WorkloadSource) -> InputKind:
@@ -720,7 +736,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"{audio_spec.per_clip} tokens each; pass --seq-len "
             f"{clips * audio_spec.per_clip + 1} or more (or fewer --clips)"
         )
-    if kind is InputKind.IMAGE_TEXT:  # shift_tokens_right raises without either
+    captions = kind is InputKind.IMAGE_TEXT and "input_ids" in _forward_parameters(model_class)
+    if kind is InputKind.IMAGE_TEXT and not captions:  # shift_tokens_right needs both
         for field, said in (
             ("decoder_start_token_id", "the token its decoder starts from"),
             ("pad_token_id", "the token the labels' -100 become in the decoder's inputs"),
@@ -847,6 +864,14 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             assert isinstance(vocab_size, int)
             pixel_values = torch.randn(batch_size, *image_shape).to(dtype)
             labels = text_tokens((batch_size, seq_len), vocab_size, named_ids(config))
+            if captions:  # the caption is the decoder's input too
+                mask = torch.ones_like(labels)
+                return {
+                    "pixel_values": pixel_values,
+                    "input_ids": labels,
+                    "attention_mask": mask,
+                    "labels": labels.clone(),
+                }
             return {"pixel_values": pixel_values, "labels": labels}
         if kind is InputKind.AUDIO:  # normalized, as a feature extractor gives it
             if main_input == "input_features":  # (B, T, features); Whisper's (B, mel, T)
