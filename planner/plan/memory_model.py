@@ -217,24 +217,22 @@ class _EffectBuilder:
         self.by_alloc = sorted(range(len(storages)), key=lambda index: storages[index].alloc_event)
         self.alloc_events = [storages[index].alloc_event for index in self.by_alloc]
         self.output_sets = [frozenset(call.output_storages) for call in timeline.calls]
+        self.forward_end = timeline.phase_end_events.get(Phase.FORWARD, timeline.event_count - 1)
+        self.autocast_cache_clears = sorted(timeline.autocast_cache_clears)
         # storage -> [(call that saved it, last backward read)], for outside uses of outputs.
         self.saves: dict[int, list[tuple[int, int]]] = {}
+        # (storage, call that saved it) -> the last event before autograd let go of it
+        # (recorded since profile files carry it; absent: the last read stands for it).
+        self.releases: dict[tuple[int, int], int] = {}
+        # call -> the last event at which a tensor was saved while it was innermost.
+        self.last_pack: dict[int, int] = {}
         for saved_tensor in timeline.saved_tensors:
             self.saves.setdefault(saved_tensor.storage, []).append(
                 (saved_tensor.call, saved_tensor.last_unpack_event)
             )
-        self.forward_end = timeline.phase_end_events.get(Phase.FORWARD, timeline.event_count - 1)
-        self.autocast_cache_clears = sorted(timeline.autocast_cache_clears)
-        # (storage, call that saved it) -> the last event before autograd let go of it
-        # (recorded since profile files carry it; absent: the last read stands for it).
-        self.releases: dict[tuple[int, int], int] = {}
-        for saved_tensor in timeline.saved_tensors:
             key = (saved_tensor.storage, saved_tensor.call)
             release = max(saved_tensor.release_event, saved_tensor.last_unpack_event)
             self.releases[key] = max(self.releases.get(key, -1), release)
-        # call -> the last event at which a tensor was saved while it was innermost.
-        self.last_pack: dict[int, int] = {}
-        for saved_tensor in timeline.saved_tensors:
             if saved_tensor.call >= 0 and saved_tensor.pack_event <= self.forward_end:
                 self.last_pack[saved_tensor.call] = max(
                     self.last_pack.get(saved_tensor.call, -1), saved_tensor.pack_event
@@ -514,21 +512,17 @@ class _EffectBuilder:
         saved = {index for index in saved if storages[index].kind not in STATIC_KINDS}
         recompute_event = min(unpacks) if unpacks else -1
         release_event = max(unpacks) if unpacks else -1
+        # storage saved inside the span -> when autograd lets go of its last save there
+        held: dict[int, int] = {}
+        for index in saved:
+            for call, last in self.saves.get(index, ()):
+                if first <= call < inside.stop and last >= 0:
+                    held[index] = max(held.get(index, -1), self.released(index, call))
         if release_event >= 0:
             # The checkpoint lets go of its inputs when autograd lets go of the last tensor
             # saved inside the span (each saved tensor's hooks hold the checkpoint): once
             # the node that read it last has run, its own results made on top of them.
-            release_event = max(
-                [
-                    release_event,
-                    *(
-                        self.released(index, call)
-                        for index in saved
-                        for call, last in self.saves.get(index, ())
-                        if first <= call < inside.stop and last >= 0
-                    ),
-                ]
-            )
+            release_event = max([release_event, *held.values()])
 
         retained = []
         released_outputs = []
@@ -591,16 +585,9 @@ class _EffectBuilder:
         if recompute_event >= 0:
             made = set(made_inside)
             for index in sorted(saved - made):
-                if not storages[index].leaf_cast:
-                    continue
-                releases = [
-                    self.released(index, call)
-                    for call, last in self.saves.get(index, ())
-                    if first <= call < inside.stop and last >= 0
-                ]
-                if releases:
-                    until = max(releases)
-                    recast.append((index, storages[index].size_bytes, recompute_event, until))
+                if storages[index].leaf_cast and index in held:
+                    size = storages[index].size_bytes
+                    recast.append((index, size, recompute_event, held[index]))
 
         inputs = tuple(
             index
