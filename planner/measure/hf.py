@@ -96,8 +96,8 @@ from planner.measure.hf_audio import AudioTokens, audio_batch, audio_tokens, tak
 from planner.measure.hf_images import (
     ImageTokens,
     image_batch,
+    image_token_id,
     image_tokens,
-    int_field,
     named_ids,
     takes_images,
     text_tokens,
@@ -278,9 +278,7 @@ def _counted_spec(count: Callable[..., Any], source: WorkloadSource, dtype_name:
 def _counted_once(count: Callable[..., Any], path: str, mtime_ns: int, dtype_name: str) -> Any:
     del mtime_ns  # part of the key: an edited config is counted again
     source = WorkloadSource.hugging_face(path, 1, None, dtype_name)
-    config = _build_config(source)
-    model_class = _model_class(source, config)
-    config = _for_class(config, model_class)
+    config, model_class = _config_and_class(source)
     return count(source.path, config, model_class, _torch_dtype(dtype_name))
 
 
@@ -378,6 +376,14 @@ def _for_class(config: Any, model_class: Any) -> Any:
     text = config.get_text_config()
     text.use_cache = False
     return text
+
+
+def _config_and_class(source: WorkloadSource) -> tuple[Any, Any]:
+    """The config for training and the class built from it (:func:`_model_class`, on the
+    config's part it takes: :func:`_for_class`)."""
+    config = _build_config(source)
+    model_class = _model_class(source, config)
+    return _for_class(config, model_class), model_class
 
 
 def _model_class(source: WorkloadSource, config: Any) -> Any:
@@ -534,8 +540,6 @@ class _Inputs(NamedTuple):
     main_input: str  # input_ids, pixel_values, input_values or input_features
 
 
-_IMAGE_TOKEN_FIELDS = ("image_token_id", "image_token_index")
-
 _FIXED_SPECTROGRAMS = frozenset({"ASTForAudioClassification", "WhisperForAudioClassification"})
 """Audio classifiers whose input is a spectrogram of one fixed length, laid out as their
 feature extractor gives it (AST: 1024 frames x 128 bins; Whisper: 80 bins x 3000 frames)."""
@@ -544,9 +548,7 @@ feature extractor gives it (AST: 1024 frames x 128 bins; Whisper: 80 bins x 3000
 def _classified(source: WorkloadSource) -> _Inputs:
     """The config, the class, its head and its inputs; raises :class:`ModelFileError` for a
     class whose batch --hf cannot make (module docstring)."""
-    config = _build_config(source)
-    model_class = _model_class(source, config)
-    config = _for_class(config, model_class)
+    config, model_class = _config_and_class(source)
     name = model_class.__name__
     main_input = getattr(model_class, "main_input_name", "input_ids")
     head = _head(model_class)
@@ -559,19 +561,18 @@ def _classified(source: WorkloadSource) -> _Inputs:
     kind = InputKind.TOKENS if main_input == "input_ids" else None
     # Perceiver's image classifiers name their input "inputs" and take pixel_values too;
     # a semantic segmentation model takes images, and a class map per image.
-    forward = inspect.signature(model_class.forward).parameters
+    forward = _forward_parameters(model_class)
     on_images = head in ("image-classification", "semantic-segmentation")
     if kind is None and on_images and "pixel_values" in forward:
         kind, main_input = InputKind.IMAGES, "pixel_values"
     # An image's encoder and a text decoder (TrOCR's, Donut's VisionEncoderDecoderModel):
     # images, and the text its decoder learns to write (labels, shifted right inside).
-    decoded = {"labels", "decoder_input_ids"} <= set(forward) and "input_ids" not in forward
+    decoded = {"labels", "decoder_input_ids"} <= forward and "input_ids" not in forward
     # A captioner whose text decoder reads the image's features beside its own tokens
     # (BLIP): the caption is its input_ids and its labels, no image token among them.
     others = {"qformer_input_ids", "image_embeds_position_mask", "decoder_input_ids"}
-    image_token = int_field((config, config.get_text_config()), _IMAGE_TOKEN_FIELDS)
-    captioned = {"input_ids", "labels"} <= set(forward) and not others & set(forward)
-    captioned = captioned and image_token is None
+    captioned = {"input_ids", "labels"} <= forward and not others & forward
+    captioned = captioned and image_token_id(config) is None
     if kind is None and main_input == "pixel_values" and (decoded or captioned):
         kind = InputKind.IMAGE_TEXT
     audio = main_input in ("input_values", "input_features")
@@ -604,6 +605,7 @@ def _classified(source: WorkloadSource) -> _Inputs:
 
 
 def _forward_parameters(model_class: Any) -> set[str]:
+    """The names ``model_class.forward`` takes."""
     return set(inspect.signature(model_class.forward).parameters)
 
 

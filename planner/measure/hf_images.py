@@ -60,6 +60,7 @@ __all__ = [
     "ImageTokens",
     "features_counted",
     "image_batch",
+    "image_token_id",
     "image_tokens",
     "int_field",
     "named_ids",
@@ -217,6 +218,12 @@ def named_ids(config: Any) -> tuple[int, ...]:
                 if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
                     ids.add(item)
     return tuple(sorted(ids))
+
+
+def image_token_id(config: Any) -> int | None:
+    """The token an image's features replace, as the config (or its text config) names it;
+    None where it names none."""
+    return int_field((config, config.get_text_config()), _IMAGE_FIELDS)
 
 
 def vision_config(config: Any) -> Any:
@@ -417,7 +424,7 @@ def image_tokens(path: Path, config: Any, model_class: Any, dtype: torch.dtype) 
         )
     vision = vision_config(config)
     owners = tuple(owner for owner in (vision, config) if owner is not None)
-    image_token = int_field((config, config.get_text_config()), _IMAGE_FIELDS)
+    image_token = image_token_id(config)
     if image_token is None:
         raise ModelFileError(
             f"--hf {path}: the config names no image_token_id, the token an image's features "
@@ -506,7 +513,7 @@ def _cross_attention_tiles(path: Path, config: Any, way_on: str) -> ImageTokens:
     square grid of tiles its ``supported_aspect_ratios`` hold (2 x 2 of 560 x 560: 1120 x
     1120), padded to ``max_num_tiles``, as its processor cuts and pads it."""
     vision = config.vision_config
-    image_token = int_field((config, config.get_text_config()), _IMAGE_FIELDS)
+    image_token = image_token_id(config)
     size = _side(getattr(vision, "image_size", None))
     ratios = [tuple(ratio) for ratio in getattr(vision, "supported_aspect_ratios", None) or []]
     squares = [ratio for ratio in ratios if len(ratio) == 2 and ratio[0] == ratio[1]]
