@@ -282,6 +282,7 @@ def test_an_image_encoder_and_text_decoder_trains_on_images_and_their_text(
     assert tuple(built.batch["pixel_values"].shape) == (2, 3, 224, 224)
     assert tuple(built.batch["labels"].shape) == (2, 32)
     assert "32 tokens of text an image" in built.notes[0].text
+    assert "shifts right behind decoder_start_token_id" in built.notes[0].text
     loss = run_training_step(built, seed=0)
     other = build_workload(model_file, seed=0)
     other.batch["pixel_values"] = other.batch["pixel_values"].flip(-1)
@@ -322,6 +323,8 @@ def test_a_captioner_trains_on_images_and_their_captions(tmp_path: Path) -> None
     assert set(batch) == {"pixel_values", "input_ids", "attention_mask", "labels"}
     assert tuple(batch["input_ids"].shape) == (2, 16)
     assert torch.equal(batch["input_ids"], batch["labels"])
+    assert "16 tokens of text an image" in built.notes[0].text
+    assert "the caption, which are its input_ids too" in built.notes[0].text
     built.model(**batch).loss.backward()
     patches = built.model.vision_model.embeddings.patch_embedding.weight.grad
     assert patches is not None and bool(patches.abs().sum() > 0)

@@ -839,7 +839,11 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     if kind is InputKind.IMAGE_TEXT:
         targets_said = (
             f"labels: {seq_len} tokens of text an image (none of the ids the config names), "
-            "which the model shifts right behind decoder_start_token_id"
+            + (
+                "the caption, which are its input_ids too"
+                if captions
+                else "which the model shifts right behind decoder_start_token_id"
+            )
         )
     elif head == "ctc":
         assert seq_len is not None and isinstance(vocab_size, int)
