@@ -713,6 +713,9 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             f"--hf {source.path}: {name} takes {kind.value}; pass --seq-len, {said}"
         )
     positions = _positions(_read_config(source.path)) if kind is InputKind.TOKENS else None
+    limited = "the config"
+    if kind is InputKind.IMAGE_TEXT:  # its text decoder's positions
+        positions, limited = _positions(config.get_text_config().to_dict()), "the decoder of"
     if window is not None and seq_len != window:
         raise ModelFileError(
             f"--seq-len {seq_len}: {name} takes windows of {window} feature frames "
@@ -721,7 +724,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         )
     if positions is not None and seq_len is not None and seq_len > positions:
         raise ModelFileError(
-            f"--seq-len {seq_len} is longer than the {positions} positions the config "
+            f"--seq-len {seq_len} is longer than the {positions} positions {limited} "
             f"{source.path} allows (max_position_embeddings); pass --seq-len {positions} "
             "or less"
         )
@@ -750,13 +753,6 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
                     "are shifted right to make the decoder's inputs); add the one its "
                     "tokenizer gives"
                 )
-        longest = getattr(config.get_text_config(), "max_position_embeddings", None)
-        if isinstance(longest, int) and seq_len is not None and seq_len > longest:
-            raise ModelFileError(
-                f"--seq-len {seq_len} is longer than the {longest} positions the decoder of "
-                f"{source.path} allows (max_position_embeddings); pass --seq-len {longest} "
-                "or less"
-            )
     # A sequence classifier's eos is its pad where the config names none (decoder-only
     # classifiers find each sequence's last token by the pad), and an encoder-decoder's
     # (BART's, T5's) ends each sequence (their classifiers pool there, and raise without one).
