@@ -64,6 +64,7 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         DATA / "speech_ctc.py",
         DATA / "long_clips_ctc.py",
         DATA / "view_writes.py",
+        DATA / "reduced_losses.py",
     ],
     ids=[
         "stack",
@@ -76,6 +77,7 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         "ctc",
         "ctc_long_clips",
         "view_writes",
+        "reduced_losses",
     ],
 )
 def test_a_fake_profile_records_the_real_step_exactly(source) -> None:  # type: ignore[no-untyped-def]

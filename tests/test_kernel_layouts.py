@@ -125,6 +125,28 @@ CASES = {
     ),
     "col2im_larger": (aten.col2im, (torch.randn(2, 4, 9), [6, 6], [2, 2], [1, 1], [0, 0], [2, 2])),
     "view_batch1_channels_last": (aten.view, (_channels_last(1, 64, 8, 8), [1, 64, 64])),
+    # reduced losses keep the storage of their elements' losses (1 = mean, 2 = sum)
+    "mse_loss_mean": (aten.mse_loss, (torch.randn(4, 4, 8, 8), torch.randn(4, 4, 8, 8), 1)),
+    "mse_loss_sum_broadcast": (aten.mse_loss, (torch.randn(4, 1, 8), torch.randn(3, 8), 2)),
+    "mse_loss_promoted": (
+        aten.mse_loss,
+        (torch.randn(4, 8).bfloat16(), torch.randn(4, 8), 1),
+    ),
+    "mse_loss_unreduced": (aten.mse_loss, (_transposed(4, 6, 8), torch.randn(4, 6, 8), 0)),
+    "mse_loss_empty": (aten.mse_loss, (torch.randn(0, 8), torch.randn(0, 8), 1)),
+    "smooth_l1_loss": (aten.smooth_l1_loss, (torch.randn(4, 6, 8), torch.randn(4, 6, 8), 1, 1.0)),
+    "smooth_l1_loss_beta0": (
+        aten.smooth_l1_loss,
+        (torch.randn(4, 6, 8), torch.randn(4, 6, 8), 2, 0.0),
+    ),
+    "binary_cross_entropy": (
+        aten.binary_cross_entropy,
+        (torch.rand(4, 6, 8)[:, ::2], torch.rand(4, 3, 8), None, 1),
+    ),
+    "soft_margin_loss": (
+        aten.soft_margin_loss,
+        (torch.randn(4, 6, 8).bfloat16(), torch.randn(4, 6, 8).sign().bfloat16(), 2),
+    ),
     "view_inferred": (aten.view, (torch.randn(1, 4, 8).permute(0, 2, 1), [1, 8, 1, -1])),
 }
 
@@ -186,6 +208,10 @@ def test_torch_fake_kernels_lay_some_of_them_out_otherwise() -> None:
         "log_softmax_backward_channels_last",
         "col2im_smaller",
         "view_batch1_channels_last",
+        "mse_loss_mean",
+        "smooth_l1_loss",
+        "binary_cross_entropy",
+        "soft_margin_loss",
         "batch_norm_1x1",
         "batch_norm_transposed_1d",
         "layer_norm_mixed",

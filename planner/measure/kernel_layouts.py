@@ -36,6 +36,14 @@ CUDA kernel where there is one).
 * ``col2im`` (``nn.Fold``, ConvBERT's span convolution): both kernels allocate the output
   like the input and resize it to the output's shape, so a smaller output keeps the input's
   storage (9 times its own size in ConvBERT); the fake kernel allocates the output alone.
+* ``mse_loss``, ``smooth_l1_loss``, ``binary_cross_entropy``, ``soft_margin_loss`` reduced
+  to a scalar (``mean``, ``sum``): each kernel writes the loss of every element into its
+  output, sized like the input (the broadcast of input and target), reduces it and resizes
+  the output to a scalar, which keeps that storage; the fake kernels make a scalar of its
+  own size. The loss a diffusion model's training step returns (``F.mse_loss`` of its noise
+  prediction) held 16 KiB for 4 bytes in a small UNet, live from the loss to the end of the
+  backward: the step's peak. (``l1_loss``, ``huber_loss`` and the rest reduce into a new
+  tensor, as the fake kernels do.)
 * ``view``/``_unsafe_view``: a size-1 dimension's stride as ATen's ``computeStride`` gives
   it (torch's Python view gives another). It moves nothing, but ATen's memory-format tests
   read it: PVT's stages ``upsample`` a view whose batch of 1 has such a stride, and their
@@ -260,6 +268,32 @@ def _col2im(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation
     return {0: Allocation(_contiguous_strides(output.shape), elements)}
 
 
+def _reduced_loss(shape: Sequence[int], reduction: int, output: Any) -> dict[int, Allocation]:
+    """A loss reduced to a scalar in the storage its kernel first wrote the loss of each
+    element into (``shape``: those elements'); unreduced (reduction 0), as the fake kernel
+    makes it."""
+    if reduction == 0:
+        return {}
+    return {0: Allocation((), max(math.prod(shape), 1), output.dtype)}
+
+
+def _pointwise_loss(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    """``mse_loss`` and ``smooth_l1_loss`` (structured: their meta function sizes the
+    output as the broadcast of input and target, then resizes it to a scalar)."""
+    shape = torch.broadcast_shapes(args[0].shape, args[1].shape)
+    return _reduced_loss(shape, args[2], outputs[0])
+
+
+def _binary_cross_entropy(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    """The loss made like the input, reduced into it (``resize_as_``)."""
+    return _reduced_loss(args[0].shape, args[3], outputs[0])
+
+
+def _soft_margin_loss(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
+    """The loss written into an output resized to the input's shape, then to a scalar."""
+    return _reduced_loss(args[0].shape, args[2], outputs[0])
+
+
 _Rule = Callable[[Sequence[Any], Sequence[Any]], dict[int, Allocation]]
 
 _RULES: dict[Any, _Rule] = {
@@ -274,6 +308,10 @@ _RULES: dict[Any, _Rule] = {
     aten.upsample_nearest2d.default: _upsample,
     aten.upsample_bilinear2d.default: _upsample,
     aten.upsample_bicubic2d.default: _upsample,
+    aten.mse_loss.default: _pointwise_loss,
+    aten.smooth_l1_loss.default: _pointwise_loss,
+    aten.binary_cross_entropy.default: _binary_cross_entropy,
+    aten.soft_margin_loss.default: _soft_margin_loss,
 }
 
 _CPU_RULES: dict[Any, _Rule] = {
