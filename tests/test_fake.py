@@ -65,6 +65,7 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         DATA / "long_clips_ctc.py",
         DATA / "view_writes.py",
         DATA / "reduced_losses.py",
+        DATA / "listed_tables.py",
     ],
     ids=[
         "stack",
@@ -78,6 +79,7 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         "ctc_long_clips",
         "view_writes",
         "reduced_losses",
+        "listed_tables",
     ],
 )
 def test_a_fake_profile_records_the_real_step_exactly(source) -> None:  # type: ignore[no-untyped-def]

@@ -323,8 +323,23 @@ class _FakeCopier:
         return fake
 
 
+def _faked(value: Any, copier: _FakeCopier) -> Any:
+    """``value`` with each tensor in it, or in the lists and tuples in it, a fake copy; the
+    same object where it holds none."""
+    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        return copier.copy(value)
+    if type(value) in (list, tuple):
+        items = [_faked(item, copier) for item in value]
+        if any(new is not old for new, old in zip(items, value, strict=True)):
+            return type(value)(items)
+    return value
+
+
 def _to_fake(model: torch.nn.Module, copier: _FakeCopier) -> None:
-    """Replace every parameter, buffer and tensor attribute of ``model`` by a fake copy."""
+    """Replace every parameter, buffer and tensor attribute of ``model`` by a fake copy,
+    tensors held in lists and tuples included (Lumina 2's rotary tables, a list of tensors
+    its forward moves to the input's device: real tensors on fake ones copied at each
+    step, which the real step does not)."""
     for module in model.modules():
         for name, parameter in list(module._parameters.items()):
             if parameter is not None:
@@ -333,8 +348,9 @@ def _to_fake(model: torch.nn.Module, copier: _FakeCopier) -> None:
             if buffer is not None:
                 module._buffers[name] = copier.copy(buffer)
         for name, value in list(vars(module).items()):
-            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
-                setattr(module, name, copier.copy(value))
+            faked = _faked(value, copier)
+            if faked is not value:
+                setattr(module, name, faked)
 
 
 def _build_model(model_file: ModelFile, session: FakeSession, seed: int) -> torch.nn.Module:
