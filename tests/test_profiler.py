@@ -351,6 +351,151 @@ def test_find_blocks_takes_the_layers_the_step_ran_in_a_chain() -> None:
     assert _recorded_blocks(_Mixture) == ("layers.0", "layers.1")
 
 
+class _Mixer(torch.nn.Module):
+    """A residual block of another class, where a U-Net stage runs attention."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.inner = Block(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+class _Stage(torch.nn.Module):
+    """A diffusers U-Net block: residual blocks (``resnets``) and attention (``attentions``)
+    in two ModuleLists, run in turn by the stage itself, then a resampler in a ModuleList of
+    its own. ``skips``: an up block, which joins a skip connection to what each residual
+    block takes (``cat``, then summed back to one width: not the block before's output)."""
+
+    def __init__(self, width: int, depth: int, *, attention: bool, skips: bool = False) -> None:
+        super().__init__()
+        self.resnets = torch.nn.ModuleList(Block(width) for _ in range(depth))
+        self.attentions = torch.nn.ModuleList(
+            _Mixer(width) for _ in range(depth if attention else 0)
+        )
+        self.samplers = torch.nn.ModuleList([_Mixer(width)])
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
+        for index, resnet in enumerate(self.resnets):
+            if skip is not None:
+                x = torch.cat([x, skip], dim=-1).unflatten(-1, (2, -1)).sum(-2)
+            x = resnet(x)
+            if len(self.attentions):
+                x = self.attentions[index](x)
+        return self.samplers[0](x)
+
+
+class _UNet(torch.nn.Module):
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.down_blocks = torch.nn.ModuleList(
+            [_Stage(width, 2, attention=True), _Stage(width, 2, attention=False)]
+        )
+        self.mid_block = _Stage(width, 2, attention=True)
+        self.up_blocks = torch.nn.ModuleList(
+            [
+                _Stage(width, 3, attention=False, skips=True),
+                _Stage(width, 3, attention=True, skips=True),
+            ]
+        )
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        skips = []
+        for block in self.down_blocks:
+            x = block(x)
+            skips.append(x)
+        x = self.mid_block(x)
+        for block in self.up_blocks:
+            x = block(x, skips.pop())
+        return torch.nn.functional.cross_entropy(self.head(x), y)
+
+
+class _TwoStreams(torch.nn.Module):
+    """Flux's layout: double-stream blocks, then single-stream blocks, two ModuleLists."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.transformer_blocks = torch.nn.ModuleList(Block(width) for _ in range(2))
+        self.single_transformer_blocks = torch.nn.ModuleList(_Mixer(width) for _ in range(3))
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for block in self.transformer_blocks:
+            x = block(x)
+        for block in self.single_transformer_blocks:
+            x = block(x)
+        return torch.nn.functional.cross_entropy(self.head(x), y)
+
+
+class _SublayerLayer(torch.nn.Module):
+    """LongCat-Flash's layer: two attention and two MLP sublayers in ModuleLists, with a
+    norm before each and experts between: one block, not its sublayers."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(width) for _ in range(2))
+        self.attentions = torch.nn.ModuleList(_Mixer(width) for _ in range(2))
+        self.mlps = torch.nn.ModuleList(_Mixer(width) for _ in range(2))
+        self.experts = Block(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for index in range(2):
+            x = self.attentions[index](self.norms[index](x))
+            x = self.experts(x) if index == 0 else x
+            x = self.mlps[index](x)
+        return x
+
+
+class _SublayerStack(torch.nn.Module):
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_SublayerLayer(width) for _ in range(2))
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return torch.nn.functional.cross_entropy(self.head(x), y)
+
+
+def test_find_blocks_on_a_unet_is_every_residual_and_attention_block() -> None:
+    """A diffusers U-Net's blocks: every stage's residual and attention blocks, in the order
+    they ran, down the down blocks, through the middle block and up the up blocks (what
+    diffusers' own gradient checkpointing checkpoints), without the resamplers. Before: a
+    resampler and one up block, the largest stack's, as if they were the model's blocks."""
+    expected = []
+    for stage, depth, attention in [
+        ("down_blocks.0", 2, True),
+        ("down_blocks.1", 2, False),
+        ("mid_block", 2, True),
+        ("up_blocks.0", 3, False),
+        ("up_blocks.1", 3, True),
+    ]:
+        for index in range(depth):
+            expected.append(f"{stage}.resnets.{index}")
+            if attention:
+                expected.append(f"{stage}.attentions.{index}")
+    assert _recorded_blocks(_UNet) == tuple(expected)
+
+
+def test_find_blocks_joins_stacks_run_one_after_the_other() -> None:
+    """Two stacks side by side, the second run on the first's output (Flux's double- and
+    single-stream blocks), are one path of blocks; a layer that runs its sublayers with
+    more between them stays one block."""
+    assert _recorded_blocks(_TwoStreams) == (
+        "transformer_blocks.0",
+        "transformer_blocks.1",
+        "single_transformer_blocks.0",
+        "single_transformer_blocks.1",
+        "single_transformer_blocks.2",
+    )
+    # Without a recorded step, the larger stack alone.
+    assert find_blocks(_TwoStreams()) == tuple(f"single_transformer_blocks.{i}" for i in range(3))
+    assert _recorded_blocks(_SublayerStack) == ("layers.0", "layers.1")
+
+
 @pytest.mark.parametrize(
     ("optimizer", "state_per_parameter"), [("adamw", 2), ("adam", 2), ("sgd_momentum", 1)]
 )

@@ -7,7 +7,7 @@ block of a CNN), and tell ``torch.nn``'s own leaf layers, which are never checkp
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -47,9 +47,48 @@ class _Chains:
     before it returned (the hidden states going down a stack). Without a timeline, none."""
 
     def __init__(self, timeline: MemoryTimeline | None) -> None:
+        self._calls = timeline.calls if timeline is not None else ()
         self._first: dict[str, ModuleCall] = {}
-        for call in timeline.calls if timeline is not None else ():
+        self._index: dict[str, int] = {}
+        self._made = [s.alloc_event for s in timeline.storages] if timeline is not None else []
+        for index, call in enumerate(timeline.calls if timeline is not None else ()):
             self._first.setdefault(call.module_name, call)
+            self._index.setdefault(call.module_name, index)
+
+    @property
+    def recorded(self) -> bool:
+        """Whether there is a recorded step to read."""
+        return bool(self._first)
+
+    def first(self, name: str) -> ModuleCall | None:
+        """The first forward call of the module ``name``; None where it never ran."""
+        return self._first.get(name)
+
+    def index(self, name: str) -> int:
+        """The index of that call in the timeline's calls (-1 where it never ran)."""
+        return self._index.get(name, -1)
+
+    def called_by(self, index: int) -> list[ModuleCall]:
+        """The calls the call at ``index`` made itself (its children's, not theirs)."""
+        return [call for call in self._calls if call.parent_call == index]
+
+    def follows(self, before: ModuleCall, after: ModuleCall) -> bool:
+        """Whether ``after`` ran once ``before`` had returned, on a tensor made since
+        ``before`` started: its output, or one computed from it (a U-Net's up block
+        concatenates the skip connection to it before its next residual block)."""
+        return after.forward_start_event >= before.forward_end_event and any(
+            self._made[storage] >= before.forward_start_event for storage in after.input_storages
+        )
+
+    def ran_in_turn(self, name: str, module: torch.nn.Module) -> bool:
+        """Whether the entries of ``module`` ran one after the other, each on what the one
+        before made (:meth:`follows`; looser than :meth:`ran`: HiDream's single-stream
+        blocks each take the one before's output joined to more text)."""
+        calls = [self._first.get(f"{name}.{child}") for child, _ in module.named_children()]
+        ran = [call for call in calls if call is not None]
+        return len(ran) == len(calls) > 0 and all(
+            self.follows(before, after) for before, after in itertools.pairwise(ran)
+        )
 
     def ran(self, name: str, module: torch.nn.Module) -> bool:
         prefix = f"{name}." if name else ""
@@ -111,15 +150,86 @@ def _is_chain_of_blocks(name: str, module: torch.nn.Module, chains: _Chains) -> 
     return isinstance(module, torch.nn.Sequential) or chains.ran(name, module)
 
 
-def _inner_blocks(name: str, module: torch.nn.Module, chains: _Chains) -> list[str]:
+def _stage_entries(
+    name: str, module: torch.nn.Module, chains: _Chains
+) -> list[tuple[str, torch.nn.Module]]:
+    """The blocks a stage ran itself, one after the other, from its ``ModuleList`` children
+    of blocks of one class: those holding two or more, and those whose entries ran between
+    theirs; in the order they ran, each on what the one before made (:meth:`_Chains.follows`).
+    A diffusers U-Net's down block: ``resnets.0``, ``attentions.0``, ``resnets.1``,
+    ``attentions.1`` (its ``downsamplers`` run after them; an up block's ``upsamplers`` too).
+    Empty where there are none, where they did not run so (experts each on their own rows,
+    heads each on the same input), or where the stage ran other modules between them (a
+    transformer layer of two attention and two MLP sublayers, with norms and experts
+    between them, stays one block)."""
+    stage_index = chains.index(name)
+    if stage_index < 0:
+        return []
+    lists: list[list[tuple[ModuleCall, str, torch.nn.Module]]] = []
+    for child_name, child in module.named_children():
+        if (
+            not isinstance(child, torch.nn.ModuleList)
+            or _stack_class(child, at_least=1) is None
+            or not any(True for _ in child[0].children())  # a norm per sublayer: no block
+        ):
+            continue
+        entries = []
+        for entry_name, entry in child.named_children():
+            call = chains.first(f"{name}.{child_name}.{entry_name}")
+            if call is None or call.parent_call != stage_index:
+                break
+            entries.append((call, f"{name}.{child_name}.{entry_name}", entry))
+        else:
+            lists.append(entries)
+    main = [entries for entries in lists if len(entries) >= 2]
+    if not main:
+        return []
+    start = min(call.forward_start_event for entries in main for call, _, _ in entries)
+    end = max(call.forward_end_event for entries in main for call, _, _ in entries)
+    ran = sorted(
+        (
+            entry
+            for entries in lists
+            if entries in main
+            or all(start < call.forward_start_event < end for call, _, _ in entries)
+            for entry in entries
+        ),
+        key=lambda entry: entry[0].forward_start_event,
+    )
+    if not all(chains.follows(before[0], after[0]) for before, after in itertools.pairwise(ran)):
+        return []
+    chosen = {id(call) for call, _, _ in ran}
+    first, last = ran[0][0].forward_start_event, ran[-1][0].forward_end_event
+    if any(
+        first < call.forward_start_event < last and id(call) not in chosen
+        for call in chains.called_by(stage_index)
+    ):
+        return []  # the stage ran more between them (LongCat-Flash's layer: its experts)
+    return [(entry_name, entry) for _, entry_name, entry in ran]
+
+
+def _inner_blocks(
+    name: str, module: torch.nn.Module, chains: _Chains, *, top: bool = True
+) -> list[str]:
     """The residual blocks inside one block of a stack, where it is a stage of them: a stage
-    that is itself an ``nn.Sequential`` of blocks (``stages.0`` -> ``stages.0.1``), or a
-    stage module holding one chain of blocks (:func:`_is_chain_of_blocks`; timm's
-    ``stages.0`` -> ``stages.0.blocks.1``, Hugging Face's ``stages.0`` ->
-    ``stages.0.layers.1``). Otherwise ``[name]``."""
+    that is itself an ``nn.Sequential`` of blocks (``stages.0`` -> ``stages.0.1``), a stage
+    module holding one chain of blocks (:func:`_is_chain_of_blocks`; timm's ``stages.0`` ->
+    ``stages.0.blocks.1``, Hugging Face's ``stages.0`` -> ``stages.0.layers.1``), or, for
+    an entry of the stack itself (``top``), a stage that ran the blocks of its
+    ``ModuleList`` children itself, one after the other (:func:`_stage_entries`; a
+    diffusers U-Net's ``down_blocks.0`` -> ``down_blocks.0.resnets.0``,
+    ``down_blocks.0.attentions.0``, ...). Not that last inside a stage: a residual block
+    there may run its own layers so (HGNet-V2's convolutions, joined at its end), and it
+    stays one block. Otherwise ``[name]``."""
     stage: list[tuple[str, torch.nn.Module]]
     if isinstance(module, torch.nn.Sequential) and _stack_class(module, at_least=1):
         stage = [(name, module)]
+    elif top and (entries := _stage_entries(name, module, chains)):
+        return [
+            block
+            for entry_name, entry in entries
+            for block in _inner_blocks(entry_name, entry, chains, top=False)
+        ]
     else:
         stage = [
             (f"{name}.{child_name}", child)
@@ -132,7 +242,7 @@ def _inner_blocks(name: str, module: torch.nn.Module, chains: _Chains) -> list[s
     return [
         block
         for child_name, child in stage_module.named_children()
-        for block in _inner_blocks(f"{stage_name}.{child_name}", child, chains)
+        for block in _inner_blocks(f"{stage_name}.{child_name}", child, chains, top=False)
     ]
 
 
@@ -158,6 +268,79 @@ def _twin_stacks(
         ):
             stacks.append((f"{path}.{leaf}", twin))
     return stacks
+
+
+class _Span(NamedTuple):
+    """A module's (or a ``ModuleList``'s entries') first calls in a recorded step."""
+
+    caller: int  # the index of the call that made them
+    first: ModuleCall  # the first to start
+    last: ModuleCall  # the last to end
+
+
+def _span(name: str, module: torch.nn.Module, chains: _Chains) -> _Span | None:
+    """The first calls of a ``ModuleList``'s entries, all by one caller, or of another
+    module. None where something did not run, or where the entries had several callers."""
+    names = [f"{name}.{child}" for child, _ in module.named_children()]
+    if not isinstance(module, torch.nn.ModuleList):
+        names = [name]
+    calls = [call for call in map(chains.first, names) if call is not None]
+    if not calls or len(calls) < len(names) or len({call.parent_call for call in calls}) != 1:
+        return None
+    first = min(calls, key=lambda call: call.forward_start_event)
+    last = max(calls, key=lambda call: call.forward_end_event)
+    return _Span(first.parent_call, first, last)
+
+
+def _main_path(
+    model: torch.nn.Module, name: str, stack: torch.nn.Module, chains: _Chains
+) -> list[tuple[str, torch.nn.Module]]:
+    """The stack ``name`` and the ``ModuleList`` stacks beside it (children of its parent,
+    :func:`_is_stack`, whose entries ran each on what the one before made) that the same
+    caller ran one on the other's output
+    (:meth:`_Chains.follows`), in the order they ran, with any module it ran between two
+    of them that holds blocks of its own: a diffusers U-Net's ``down_blocks``,
+    ``mid_block`` and ``up_blocks``; Flux's double-stream ``transformer_blocks`` and
+    single-stream ``single_transformer_blocks``. Only ``stack`` where there are none, or
+    without a recorded step."""
+    own = _span(name, stack, chains)
+    if own is None or not isinstance(stack, torch.nn.ModuleList):
+        return [(name, stack)]
+    parent_name, _, _ = name.rpartition(".")
+    stacks: list[tuple[_Span, str, torch.nn.Module]] = []
+    others: list[tuple[_Span, str, torch.nn.Module]] = []
+    for child_name, child in model.get_submodule(parent_name).named_children():
+        child_path = f"{parent_name}.{child_name}" if parent_name else child_name
+        span = _span(child_path, child, chains)
+        if span is None or span.caller != own.caller:
+            continue
+        if child is stack or (
+            isinstance(child, torch.nn.ModuleList)
+            and _is_stack(child_path, child, chains)
+            and chains.ran_in_turn(child_path, child)
+        ):
+            stacks.append((span, child_path, child))
+        elif not isinstance(child, _CONTAINERS):
+            others.append((span, child_path, child))
+    stacks.sort(key=lambda item: item[0].first.forward_start_event)
+    if len(stacks) < 2 or not all(
+        chains.follows(before.last, after.first)
+        for (before, _, _), (after, _, _) in itertools.pairwise(stacks)
+    ):
+        return [(name, stack)]  # one stack, or stacks not run one on the other's output
+    path = [(stacks[0][1], stacks[0][2])]
+    for (before, _, _), (after, after_name, after_stack) in itertools.pairwise(stacks):
+        path += [
+            (other_name, other)
+            for span, other_name, other in sorted(
+                others, key=lambda item: item[0].first.forward_start_event
+            )
+            if before.last.forward_end_event <= span.first.forward_start_event
+            and span.last.forward_end_event <= after.first.forward_start_event
+            and len(_inner_blocks(other_name, other, chains)) > 1
+        ]
+        path.append((after_name, after_stack))
+    return path
 
 
 def find_blocks(model: torch.nn.Module, timeline: MemoryTimeline | None = None) -> tuple[str, ...]:
@@ -218,6 +401,9 @@ def find_block_stacks(
     twins = _twin_stacks(model, name, stack, chains)
     if len(twins) > 1:
         return tuple(_stack_blocks([twin], chains) for twin in twins)
+    path = _main_path(model, name, stack, chains)
+    if len(path) > 1:
+        return (_stack_blocks(path, chains),)
     stacks = [(name, stack)]
     if name and isinstance(stack, torch.nn.Sequential):
         parent_name, _, _ = name.rpartition(".")
@@ -235,12 +421,14 @@ def find_block_stacks(
 
 
 def _stack_blocks(stacks: list[tuple[str, torch.nn.Module]], chains: _Chains) -> tuple[str, ...]:
-    """The blocks of ``stacks``, one after the other: each entry's inner blocks."""
-    return tuple(
-        block
-        for stack_name, stack_module in stacks
-        for child_name, child in stack_module.named_children()
-        for block in _inner_blocks(
-            f"{stack_name}.{child_name}" if stack_name else child_name, child, chains
-        )
-    )
+    """The blocks of ``stacks``, one after the other: each entry's inner blocks (a module
+    between stacks, :func:`_main_path`'s, is a stage of its own)."""
+    blocks: list[str] = []
+    for stack_name, stack_module in stacks:
+        if not isinstance(stack_module, _CONTAINERS):
+            blocks += _inner_blocks(stack_name, stack_module, chains)
+            continue
+        for child_name, child in stack_module.named_children():
+            name = f"{stack_name}.{child_name}" if stack_name else child_name
+            blocks += _inner_blocks(name, child, chains)
+    return tuple(blocks)
