@@ -164,6 +164,7 @@ def plan_model_file(
     base.update(
         memory_source=profile.memory_source.value,
         blocks=len(profile.block_names),
+        block_names=profile.block_names,  # for callers; not a column of the report
         blocks_excluded=len(excluded),
         unplanned_mib=_mib(unplanned),
         floor_mib=_mib(floor),
@@ -311,13 +312,20 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(row, flush=True)
     frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    for column in ("modules", "blocks", "blocks_excluded", "attempts"):
-        frame[column] = frame[column].astype("Int64")
-    arguments.out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(arguments.out / "zoo.csv") as temp_path:
+    return write_report(frame, arguments.out, "zoo", SUMMARY_COLUMNS)
+
+
+def write_report(frame: pd.DataFrame, out: Path, stem: str, summary: list[str]) -> int:
+    """Write ``frame`` to OUT/STEM.csv and its ``summary`` columns to OUT/STEM.md (both
+    atomically), print the table and how many rows failed (:func:`failed`): the exit code."""
+    for column in ("modules", "blocks", "blocks_excluded", "attempts", "own_blocks"):
+        if column in frame:
+            frame[column] = frame[column].astype("Int64")
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / f"{stem}.csv") as temp_path:
         frame.to_csv(temp_path, index=False)
-    table = markdown_table(frame[SUMMARY_COLUMNS])
-    atomic_write_text(arguments.out / "zoo.md", table + "\n")
+    table = markdown_table(frame[summary])
+    atomic_write_text(out / f"{stem}.md", table + "\n")
     print(table)
     bad = failed(frame)
     print(f"{len(frame)} rows, {int(bad.sum())} failed", flush=True)

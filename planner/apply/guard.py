@@ -228,7 +228,8 @@ def step_differences(
             f"the model's own gradient checkpointing is on ({flag_names(own)}) as well as "
             "the plan: it recomputes more and frees nothing the plan does not; turn it off "
             "(model.gradient_checkpointing_disable(), or gradient_checkpointing=False in "
-            "Hugging Face's TrainingArguments)"
+            "Hugging Face's TrainingArguments; a diffusers model's "
+            "disable_gradient_checkpointing())"
         )
     return found
 

@@ -297,7 +297,7 @@ def _main_path(
 ) -> list[tuple[str, torch.nn.Module]]:
     """The stack ``name`` and the ``ModuleList`` stacks beside it (children of its parent,
     :func:`_is_stack`, whose entries ran each on what the one before made) that the same
-    caller ran one on the other's output
+    caller ran before or after it, each on what the one before made
     (:meth:`_Chains.follows`), in the order they ran, with any module it ran between two
     of them that holds blocks of its own: a diffusers U-Net's ``down_blocks``,
     ``mid_block`` and ``up_blocks``; Flux's double-stream ``transformer_blocks`` and
@@ -323,11 +323,15 @@ def _main_path(
         elif not isinstance(child, _CONTAINERS):
             others.append((span, child_path, child))
     stacks.sort(key=lambda item: item[0].first.forward_start_event)
-    if len(stacks) < 2 or not all(
-        chains.follows(before.last, after.first)
-        for (before, _, _), (after, _, _) in itertools.pairwise(stacks)
-    ):
-        return [(name, stack)]  # one stack, or stacks not run one on the other's output
+    # The run of stacks around ``stack``, each run on what the one before made.
+    start = end = next(index for index, item in enumerate(stacks) if item[2] is stack)
+    while start > 0 and chains.follows(stacks[start - 1][0].last, stacks[start][0].first):
+        start -= 1
+    while end + 1 < len(stacks) and chains.follows(stacks[end][0].last, stacks[end + 1][0].first):
+        end += 1
+    stacks = stacks[start : end + 1]
+    if len(stacks) < 2:
+        return [(name, stack)]
     path = [(stacks[0][1], stacks[0][2])]
     for (before, _, _), (after, after_name, after_stack) in itertools.pairwise(stacks):
         path += [

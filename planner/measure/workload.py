@@ -123,6 +123,11 @@ def switch_off_own_checkpointing(model: torch.nn.Module) -> tuple[Note, ...]:
     ):
         model.gradient_checkpointing_disable()  # type: ignore[operator]
         how.append("model.gradient_checkpointing_disable()")
+    elif getattr(model, "is_gradient_checkpointing", False) and callable(
+        getattr(model, "disable_gradient_checkpointing", None)
+    ):  # diffusers' models
+        model.disable_gradient_checkpointing()  # type: ignore[operator]
+        how.append("model.disable_gradient_checkpointing()")
     if callable(getattr(model, "set_grad_checkpointing", None)) and own_checkpointing_flags(model):
         with contextlib.suppress(Exception):
             model.set_grad_checkpointing(False)  # type: ignore[operator]
