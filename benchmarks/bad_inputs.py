@@ -55,6 +55,10 @@ MODEL_SOURCES = {
     # Hugging Face configs that cannot be planned (for --hf).
     "no_model_type.json": '{"hidden_size": 64, "num_hidden_layers": 2}\n',
     "unknown_model_type.json": '{"model_type": "no-such-architecture"}\n',
+    "diffusers_unet.json": (
+        '{"_class_name": "UNet2DConditionModel", "_diffusers_version": "0.42.1", '
+        '"sample_size": 64}\n'
+    ),
     "musicgen.json": '{"model_type": "musicgen"}\n',
     "no_build_model.py": "import torch\n\ndef sample_batch():\n    return torch.zeros(2, 3)\n",
     "no_sample_batch.py": "import torch\n\ndef build_model():\n    return torch.nn.Linear(2, 2)\n",
@@ -302,6 +306,12 @@ CASES = [
         PROFILE,
         "--hf config of an architecture transformers lacks",
         ("--hf", "unknown_model_type.json", *HF_SHAPE, *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "--hf given a diffusers config",
+        ("--hf", "diffusers_unet.json", *HF_SHAPE, *OUT),
         4,
     ),
     Case(

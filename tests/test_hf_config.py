@@ -692,6 +692,10 @@ SHAPE = ["--batch-size", "1", "--seq-len", "8"]
             ["ASTForAudioClassification takes input_values, a spectrogram of one length"],
         ),
         (["--hf", "gpt2.json", "--batch-size", "1", "--seq-len", "65"], ["--seq-len 64 or less"]),
+        (  # a diffusers model's config (unet/config.json of a pipeline's folder)
+            ["--hf", "diffusers-unet", *SHAPE],
+            ["a diffusers config (UNet2DConditionModel)", "write a model file"],
+        ),
         (  # MusicGen's: a text encoder and a decoder, neither named the text model
             ["--hf", "musicgen.json", *SHAPE],
             [
@@ -721,6 +725,9 @@ def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
     _write(workdir / "ast.json", {**ast, "architectures": ["ASTForAudioClassification"]})
     _write(workdir / "bert-choices.json", {**TINY_BERT, "architectures": ["BertForMultipleChoice"]})
     _write(workdir / "musicgen.json", {"model_type": "musicgen"})
+    (workdir / "diffusers-unet").mkdir()
+    unet = {"_class_name": "UNet2DConditionModel", "_diffusers_version": "0.42.1"}
+    _write(workdir / "diffusers-unet" / "config.json", {**unet, "sample_size": 64})
     before = _files(workdir)
     result = CliRunner().invoke(app, [*PROFILE, *arguments])
     assert result.exit_code == 4, result.output

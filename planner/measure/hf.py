@@ -173,6 +173,13 @@ def _read_config(path: Path) -> dict[str, Any]:
         ) from error
     if not isinstance(data, dict):
         raise ModelFileError(f"--hf {path}: not a Hugging Face config (expected a JSON object)")
+    if "_diffusers_version" in data:
+        raise ModelFileError(
+            f"--hf {path}: a diffusers config ({data.get('_class_name', 'a diffusers model')}); "
+            "--hf builds transformers models: write a model file that builds it "
+            "(from_config), its batch and its training step (one per diffusers class in "
+            "benchmarks/models/diffusers/)"
+        )
     if not isinstance(data.get("model_type"), str) or not data["model_type"]:
         raise ModelFileError(
             f'--hf {path}: the config has no "model_type"; add the family transformers '
