@@ -212,6 +212,15 @@ def test_profile_a_vision_language_config_its_plan_exact_and_checked(
     source = WorkloadSource.parse(_source(tmp_path, "qwen2_vl"))
     workload, session = build_fake_workload(load_model_file(source))
     profile = record_memory(workload, session=session)
+    # Every block is what gradient_checkpointing_enable() wraps: the vision tower's layers
+    # as well as the language model's (before, the language model's alone), two stacks.
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model = load_model_file(source).build_model()
+    wrapped = [n for n, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
+    assert list(profile.block_names) == wrapped
+    assert any(".visual." in n for n in wrapped) and any(".language_model." in n for n in wrapped)
+    assert len(profile.block_stacks) == 2
     low = baseline_every_block(profile).predicted_peak_bytes
     budget = (low + profile.measured_peak_bytes) // 2
     result = CliRunner().invoke(

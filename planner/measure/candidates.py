@@ -7,6 +7,7 @@ block of a CNN), and tell ``torch.nn``'s own leaf layers, which are never checkp
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -347,6 +348,34 @@ def _main_path(
     return path
 
 
+def _own_checkpointing_layers(
+    model: torch.nn.Module, chains: _Chains
+) -> tuple[tuple[str, ...], ...]:
+    """The layers transformers' own gradient checkpointing wraps in a recorded step: the
+    outermost ``GradientCheckpointingLayer`` instances that ran, one stack per module holding
+    them, in the order they ran (a vision-language model's vision tower layers, then its
+    language model's). Empty without a recorded step, for a model with none (not a
+    transformers model, or one of its classes from before those layers) or where transformers
+    is not imported."""
+    modeling = sys.modules.get("transformers.modeling_layers")
+    layer_class = getattr(modeling, "GradientCheckpointingLayer", None)
+    if layer_class is None or not chains.recorded:
+        return ()
+    outermost: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, layer_class) and not any(
+            name.startswith(f"{outer}.") for outer in outermost
+        ):
+            outermost.append(name)
+    stacks: dict[str, list[tuple[int, str]]] = {}
+    for name in outermost:
+        call = chains.first(name)
+        if call is not None:
+            stacks.setdefault(name.rpartition(".")[0], []).append((call.forward_start_event, name))
+    ordered = sorted(stacks.values(), key=min)
+    return tuple(tuple(name for _, name in sorted(stack)) for stack in ordered)
+
+
 def find_blocks(model: torch.nn.Module, timeline: MemoryTimeline | None = None) -> tuple[str, ...]:
     """The model's repeated blocks, the ones a user checkpoints by hand ("every block"): the
     blocks of :func:`find_block_stacks`, one stack after the other."""
@@ -359,6 +388,9 @@ def find_block_stacks(
     """The model's repeated blocks, the ones a user checkpoints by hand ("every block"), by
     stack: one stack for every model but an encoder-decoder, whose encoder's and decoder's
     blocks are two.
+
+    Given a recorded step of a transformers model: the layers its own gradient checkpointing
+    wraps (:func:`_own_checkpointing_layers`). Otherwise, by the rules below.
 
     Start from the stack with the most parameters: the children of the
     ``ModuleList``/``Sequential`` holding two or more blocks of one class (``blocks.*`` of
@@ -392,6 +424,9 @@ def find_block_stacks(
     alone.
     """
     chains = _Chains(timeline)
+    own = _own_checkpointing_layers(model, chains)
+    if own:
+        return own
     best: tuple[int, str, torch.nn.Module | None] = (0, "", None)
     for name, module in model.named_modules():
         if not isinstance(module, _CONTAINERS) or not _is_stack(name, module, chains):
