@@ -66,6 +66,7 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         DATA / "view_writes.py",
         DATA / "reduced_losses.py",
         DATA / "listed_tables.py",
+        DATA / "recurrent.py",
     ],
     ids=[
         "stack",
@@ -80,6 +81,7 @@ def _memory_fields(profile: Profile) -> list[tuple[object, ...]]:
         "view_writes",
         "reduced_losses",
         "listed_tables",
+        "recurrent",
     ],
 )
 def test_a_fake_profile_records_the_real_step_exactly(source) -> None:  # type: ignore[no-untyped-def]
@@ -383,6 +385,18 @@ def test_cuda_is_emulated_on_cpu_fakes_with_cuda_allocation_sizes() -> None:
     assumptions = " ".join(session.assumptions)
     assert "foreach=True" in assumptions and "fused kernel" in assumptions  # AdamW, dropout
     assert "step counters on the host" in assumptions
+
+
+def test_recurrent_layers_planned_for_cuda_say_what_is_not_counted() -> None:
+    """An LSTM planned for a GPU is recorded as the CPU runs it; cuDNN's reserve space is
+    not in the plan, and its assumptions say so (planned for the CPU, nothing is said)."""
+    if torch.cuda.is_available():
+        pytest.skip("emulation is used where CUDA is not available")
+    source = load_model_file(DATA / "recurrent.py")
+    _, session = build_fake_workload(source, "cuda")
+    assert any("cuDNN runs them with a reserve space" in line for line in session.assumptions)
+    _, session = build_fake_workload(source, "cpu")
+    assert not any("reserve space" in line for line in session.assumptions)
 
 
 @pytest.mark.slow

@@ -178,6 +178,28 @@ CPU_CASES = {
         aten.native_layer_norm,
         (torch.randn(2, 6, 8).bfloat16(), [8], torch.randn(8).bfloat16(), None, 1e-5),
     ),
+    # an LSTM layer (mode 2) of 16 steps, batch 3, 8 features to 12: oneDNN's workspace
+    "mkldnn_rnn_layer": (
+        aten.mkldnn_rnn_layer,
+        (
+            torch.randn(16, 3, 8),
+            torch.randn(48, 8),
+            torch.randn(48, 12),
+            torch.randn(48),
+            torch.randn(48),
+            torch.randn(3, 12),
+            torch.randn(3, 12),
+            False,
+            [16, 16, 16],
+            2,
+            12,
+            1,
+            True,
+            False,
+            False,
+            True,
+        ),
+    ),
 }
 """The CPU kernels' own rules (planned for the CPU only)."""
 
@@ -215,6 +237,7 @@ def test_torch_fake_kernels_lay_some_of_them_out_otherwise() -> None:
         "batch_norm_1x1",
         "batch_norm_transposed_1d",
         "layer_norm_mixed",
+        "mkldnn_rnn_layer",
     ]
     for case in cases:
         op, args = CASES[case] if case in CASES else CPU_CASES[case]

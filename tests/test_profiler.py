@@ -602,3 +602,18 @@ def test_blocks_without_child_modules_are_blocks_and_candidates() -> None:
     )
     assert planned.check is not None and planned.check.training_unchanged
     assert planned.plan.measured_peak_bytes <= plan.predicted_peak_bytes
+
+
+def test_recurrent_layers_are_candidates_predicted_to_the_byte() -> None:
+    """torch.nn's LSTM and GRU are candidates (its Linear, LayerNorm, ... are not): an LSTM
+    holds its sequence's gates and states, and on the CPU oneDNN's workspace. Checkpointing
+    either is predicted to the byte, and lowers the peak."""
+    file = load_model_file(Path(__file__).resolve().parent / "data" / "recurrent.py")
+    profile = profile_workload(build_workload(file, seed=0), timing_passes=1)
+    for name in ("lstm", "gru"):
+        assert profile.module(name).is_candidate, profile.module(name).excluded_reason
+    assert not profile.module("head").is_candidate
+    memory = MemoryModel.for_profile(profile)
+    for names in [("lstm",), ("gru",), ("lstm", "gru")]:
+        predicted = memory.peak_bytes(_units(names))
+        assert predicted == _measured_peak(file, names, profile) < profile.measured_peak_bytes

@@ -36,9 +36,13 @@ def _is_torch_layer(module: torch.nn.Module) -> bool:
     statistics: its input is kept as the checkpoint's) for a checkpoint call each (about
     0.2 ms on the CPU machine), and a module holding it recomputes it anyway. Not a
     candidate. A model's own leaf layers (a functional block, Hugging Face's activations
-    and norms, which run several ops) are judged by what they free, like any module."""
-    return type(module).__module__.startswith("torch.nn.") and not any(
-        True for _ in module.children()
+    and norms, which run several ops) are judged by what they free, like any module, and so
+    are ``torch.nn``'s recurrent layers (LSTM, GRU, RNN: a whole sequence's gates and
+    states, oneDNN's workspace on the CPU, several times their input)."""
+    return (
+        type(module).__module__.startswith("torch.nn.")
+        and not isinstance(module, torch.nn.RNNBase)
+        and not any(True for _ in module.children())
     )
 
 

@@ -428,6 +428,12 @@ def build_fake_workload(
         shadows=_ValueShadows(expert_load=expert_load),
     )
     model = _build_model(model_file, session, seed)
+    if session.emulated and any(isinstance(m, torch.nn.RNNBase) for m in model.modules()):
+        session.note(
+            "recurrent layers (LSTM, GRU, RNN) recorded as the CPU runs them: on the GPU "
+            "cuDNN runs them with a reserve space for their backward that is not counted "
+            "(torch's fake kernel gives none): `ckpt-plan verify` the plan on the GPU"
+        )
     with _user_code("switching off the model's own checkpointing", model_file.path):
         notes = (*general_notes(model_file.assumptions), *switch_off_own_checkpointing(model))
     caches_off = switch_off_caches(model)
