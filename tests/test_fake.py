@@ -387,6 +387,26 @@ def test_cuda_is_emulated_on_cpu_fakes_with_cuda_allocation_sizes() -> None:
     assert "step counters on the host" in assumptions
 
 
+def test_a_group_norm_under_cpu_autocast_records_the_real_steps_storages() -> None:
+    """GroupNorm's float32 statistics and bf16 input gradient under CPU autocast: the fake
+    step makes the real step's storages, sizes and dtypes alike (before: bf16 statistics, a
+    float32 gradient and autograd's copy of it back). The casts autocast caches are freed
+    at one point, the cache's clear, in an order of its own on each side (its hash map's):
+    compared as a set there."""
+    source = DATA / "autocast_group_norm.py"
+    fake, real = _fake_profile(source), _real_profile(source)
+    assert fake.measured_peak_bytes == real.measured_peak_bytes
+
+    def made(profile: Profile) -> list[tuple[object, ...]]:
+        return [
+            (s.size_bytes, s.alloc_event, s.alloc_op, s.kind) for s in profile.timeline.storages
+        ]
+
+    assert made(fake) == made(real)
+    frees = [sorted(s.free_event for s in p.timeline.storages) for p in (fake, real)]
+    assert frees[0] == frees[1]
+
+
 def test_recurrent_layers_planned_for_cuda_say_what_is_not_counted() -> None:
     """An LSTM planned for a GPU is recorded as the CPU runs it; cuDNN's reserve space is
     not in the plan, and its assumptions say so (planned for the CPU, nothing is said)."""

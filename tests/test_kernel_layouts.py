@@ -178,6 +178,27 @@ CPU_CASES = {
         aten.native_layer_norm,
         (torch.randn(2, 6, 8).bfloat16(), [8], torch.randn(8).bfloat16(), None, 1e-5),
     ),
+    # a float32 GroupNorm given a bf16 input (under autocast): float32 statistics, and
+    # the input's gradient in bf16
+    "group_norm_mixed": (
+        aten.native_group_norm,
+        (torch.randn(2, 8, 4, 4).bfloat16(), torch.randn(8), torch.randn(8), 2, 8, 16, 4, 1e-5),
+    ),
+    "group_norm_backward_mixed": (
+        aten.native_group_norm_backward,
+        (
+            torch.randn(2, 8, 4, 4).bfloat16(),
+            torch.randn(2, 8, 4, 4).bfloat16(),
+            torch.randn(2, 4),
+            torch.rand(2, 4) + 0.5,
+            torch.randn(8),
+            2,
+            8,
+            16,
+            4,
+            [True, True, True],
+        ),
+    ),
     # an LSTM layer (mode 2) of 16 steps, batch 3, 8 features to 12: oneDNN's workspace
     "mkldnn_rnn_layer": (
         aten.mkldnn_rnn_layer,
@@ -238,6 +259,8 @@ def test_torch_fake_kernels_lay_some_of_them_out_otherwise() -> None:
         "batch_norm_transposed_1d",
         "layer_norm_mixed",
         "mkldnn_rnn_layer",
+        "group_norm_mixed",
+        "group_norm_backward_mixed",
     ]
     for case in cases:
         op, args = CASES[case] if case in CASES else CPU_CASES[case]
