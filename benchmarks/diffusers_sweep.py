@@ -19,6 +19,11 @@ one of them has.
     python benchmarks/diffusers_sweep.py                      # all
     python benchmarks/diffusers_sweep.py --only flux,unet2d_condition_sd15
     python benchmarks/diffusers_sweep.py --only flux_lora --merge   # into the last report
+    python benchmarks/diffusers_sweep.py --autocast bfloat16          # mixed precision
+
+``--autocast DTYPE`` runs each model's training step under ``torch.autocast`` in DTYPE, its
+weights float32 (accelerate's ``mixed_precision="bf16"``, as diffusers' scripts train), and
+writes diffusers_autocast_DTYPE.csv/.md.
 
 Writes reports/benchmarks/diffusers.csv and diffusers.md (atomically) and prints the table.
 Exits 1 if any plan failed, measured more than 0.1% from its prediction, or changed the
@@ -30,7 +35,9 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +55,31 @@ MODELS = ROOT / "benchmarks" / "models" / "diffusers"
 
 def model_names() -> list[str]:
     return sorted(path.stem for path in MODELS.glob("*.py"))
+
+
+AUTOCAST_FILE = """\"\"\"{name} (benchmarks/models/diffusers/) under torch.autocast({dtype}).\"\"\"
+import importlib.util
+
+import torch
+
+_spec = importlib.util.spec_from_file_location("_diffusers_{name}", {path!r})
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
+build_model = _base.build_model
+sample_batch = _base.sample_batch
+
+
+def training_step(model, batch):
+    with torch.autocast("cpu", dtype=torch.{dtype}):
+        return _base.training_step(model, batch)
+"""
+
+
+def autocast_file(path: Path, dtype: str, folder: Path) -> Path:
+    """A model file running ``path``'s training step under ``torch.autocast(dtype)``."""
+    written = folder / f"{path.stem}_autocast_{dtype}.py"
+    written.write_text(AUTOCAST_FILE.format(name=path.stem, dtype=dtype, path=str(path)))
+    return written
 
 
 def own_checkpointed(path: Path) -> list[str] | None:
@@ -123,20 +155,25 @@ def main(argv: list[str] | None = None) -> int:
         "--only", type=lambda text: text.split(","), help="comma-separated model file names"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
+    parser.add_argument("--autocast", choices=["bfloat16", "float16"])
     parser.add_argument(
         "--merge",
         action="store_true",
-        help="replace these models' rows in OUT/diffusers.csv, keeping the others",
+        help="replace these models' rows in the last report, keeping the others",
     )
     arguments = parser.parse_args(argv)
     names = arguments.only or model_names()
     unknown = [name for name in names if name not in model_names()]
     if unknown:
         parser.error(f"unknown model {', '.join(unknown)}; one of {', '.join(model_names())}")
+    stem = f"diffusers_autocast_{arguments.autocast}" if arguments.autocast else "diffusers"
+    folder = Path(tempfile.mkdtemp(prefix="ckpt-plan-diffusers-"))
     rows = []
     for name in names:
         path = MODELS / f"{name}.py"
         started = time.perf_counter()
+        if arguments.autocast:
+            path = autocast_file(path, arguments.autocast, folder)
         planned = plan_model_file(path, {"architecture": name, "family": "diffusers"})
         blocks = planned[0].get("block_names")
         extra = compare_blocks(path, list(blocks) if isinstance(blocks, tuple) else [])
@@ -148,12 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {time.perf_counter() - started:.1f} s", flush=True)
     columns = [*COLUMNS, "own_blocks", "own_only", "tool_only", "tool_holds_own", "own_error"]
     frame = pd.DataFrame(rows).reindex(columns=columns)
-    if arguments.merge and (arguments.out / "diffusers.csv").exists():
-        kept = pd.read_csv(arguments.out / "diffusers.csv")
+    shutil.rmtree(folder, ignore_errors=True)
+    if arguments.merge and (arguments.out / f"{stem}.csv").exists():
+        kept = pd.read_csv(arguments.out / f"{stem}.csv")
         kept = kept[~kept["architecture"].isin(names)].reindex(columns=columns)
         frame = pd.concat([kept, frame], ignore_index=True)
         frame = frame.sort_values("architecture", kind="stable", ignore_index=True)
-    return write_report(frame, arguments.out, "diffusers", SUMMARY_COLUMNS)
+    return write_report(frame, arguments.out, stem, SUMMARY_COLUMNS)
 
 
 if __name__ == "__main__":
