@@ -1,6 +1,7 @@
 """Diffusion models as users train them: every model file of benchmarks/models/diffusers/
-(26 diffusers classes from tiny configs: U-Nets, a VAE, a ControlNet, DiTs, Flux-style
-double- and single-stream transformers, video transformers), planned at two budgets and
+(27: 26 diffusers classes from tiny configs, U-Nets, a VAE, a ControlNet, DiTs, Flux-style
+double- and single-stream transformers, video transformers, and Flux LoRA), planned at two
+budgets and
 checked on a real step, as benchmarks/zoo.py does for Hugging Face's language models.
 
 Each file's ``training_step`` is a diffusers training script's: the model's noise (or
