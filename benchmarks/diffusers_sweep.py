@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import shutil
 import sys
 import tempfile
@@ -50,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.zoo import COLUMNS, one_line, plan_model_file, write_report  # noqa: E402
+from planner.measure.workload import load_model_file  # noqa: E402
 
 MODELS = ROOT / "benchmarks" / "models" / "diffusers"
 
@@ -87,12 +87,10 @@ def own_checkpointed(path: Path) -> list[str] | None:
     """The modules diffusers' ``enable_gradient_checkpointing()`` checkpoints in one step of
     the model file at ``path``, in the order it calls them; None where the class has no
     checkpointing of its own."""
-    spec = importlib.util.spec_from_file_location(f"diffusers_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    model_file = load_model_file(path)
+    assert model_file.training_step is not None  # every file here has one
     torch.manual_seed(0)
-    model = module.build_model()
+    model = model_file.build_model()
     if not getattr(model, "_supports_gradient_checkpointing", False):
         return None
     names = {id(submodule): name for name, submodule in model.named_modules()}
@@ -106,7 +104,7 @@ def own_checkpointed(path: Path) -> list[str] | None:
 
     model.enable_gradient_checkpointing(gradient_checkpointing_func=note)
     model.train()
-    module.training_step(model, module.sample_batch())
+    model_file.training_step(model, model_file.sample_batch())
     return list(dict.fromkeys(wrapped))
 
 

@@ -53,21 +53,20 @@ class _Chains:
 
     def __init__(self, timeline: MemoryTimeline | None) -> None:
         self._calls = timeline.calls if timeline is not None else ()
-        self._first: dict[str, ModuleCall] = {}
-        self._index: dict[str, int] = {}
         self._made = [s.alloc_event for s in timeline.storages] if timeline is not None else []
-        for index, call in enumerate(timeline.calls if timeline is not None else ()):
-            self._first.setdefault(call.module_name, call)
+        self._index: dict[str, int] = {}
+        for index, call in enumerate(self._calls):
             self._index.setdefault(call.module_name, index)
 
     @property
     def recorded(self) -> bool:
         """Whether there is a recorded step to read."""
-        return bool(self._first)
+        return bool(self._calls)
 
     def first(self, name: str) -> ModuleCall | None:
         """The first forward call of the module ``name``; None where it never ran."""
-        return self._first.get(name)
+        index = self._index.get(name)
+        return None if index is None else self._calls[index]
 
     def index(self, name: str) -> int:
         """The index of that call in the timeline's calls (-1 where it never ran)."""
@@ -89,7 +88,7 @@ class _Chains:
         """Whether the entries of ``module`` ran one after the other, each on what the one
         before made (:meth:`follows`; looser than :meth:`ran`: HiDream's single-stream
         blocks each take the one before's output joined to more text)."""
-        calls = [self._first.get(f"{name}.{child}") for child, _ in module.named_children()]
+        calls = [self.first(f"{name}.{child}") for child, _ in module.named_children()]
         ran = [call for call in calls if call is not None]
         return len(ran) == len(calls) > 0 and all(
             self.follows(before, after) for before, after in itertools.pairwise(ran)
@@ -99,7 +98,7 @@ class _Chains:
         prefix = f"{name}." if name else ""
         calls = []
         for child, _ in module.named_children():
-            call = self._first.get(prefix + child)
+            call = self.first(prefix + child)
             if call is None:  # never called: not a chain the step ran
                 return False
             calls.append(call)
@@ -337,13 +336,12 @@ def _main_path(
     stacks = stacks[start : end + 1]
     if len(stacks) < 2:
         return [(name, stack)]
+    others.sort(key=lambda item: item[0].first.forward_start_event)
     path = [(stacks[0][1], stacks[0][2])]
     for (before, _, _), (after, after_name, after_stack) in itertools.pairwise(stacks):
         path += [
             (other_name, other)
-            for span, other_name, other in sorted(
-                others, key=lambda item: item[0].first.forward_start_event
-            )
+            for span, other_name, other in others
             if before.last.forward_end_event <= span.first.forward_start_event
             and span.last.forward_end_event <= after.first.forward_start_event
             and len(_inner_blocks(other_name, other, chains)) > 1

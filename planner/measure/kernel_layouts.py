@@ -257,10 +257,17 @@ def _layer_norm_stats(
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 
+def _mixed_type(source: torch.Tensor, *params: Any) -> bool:
+    """Whether a norm's 16-bit input meets a float32 weight or bias (a float32 norm under
+    autocast, given a 16-bit layer's output): the CPU kernels' mixed-type path."""
+    return source.dtype in _SIXTEEN_BIT and any(
+        isinstance(param, torch.Tensor) and param.dtype == torch.float32 for param in params
+    )
+
+
 def _layer_norm_cpu(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Allocation]:
-    source, weight, bias = args[0], args[2], args[3]
-    params = [param for param in (weight, bias) if isinstance(param, torch.Tensor)]
-    mixed = source.dtype in _SIXTEEN_BIT and any(p.dtype == torch.float32 for p in params)
+    source = args[0]
+    mixed = _mixed_type(source, args[2], args[3])
     return _layer_norm_stats(args, outputs, torch.float32 if mixed else source.dtype)
 
 
@@ -268,9 +275,7 @@ def _group_norm_cpu(args: Sequence[Any], outputs: Sequence[Any]) -> dict[int, Al
     """The mean and reciprocal deviation (outputs 1 and 2) in float32 where a 16-bit input
     meets a float32 weight or bias (a float32 GroupNorm under autocast), as the CPU kernel
     makes them; the fake kernel makes them in the input's dtype."""
-    source, weight, bias = args[0], args[1], args[2]
-    params = [param for param in (weight, bias) if isinstance(param, torch.Tensor)]
-    if source.dtype not in _SIXTEEN_BIT or not any(p.dtype == torch.float32 for p in params):
+    if not _mixed_type(args[0], args[1], args[2]):
         return {}
     return {
         index: Allocation(_contiguous_strides(outputs[index].shape), dtype=torch.float32)
