@@ -140,6 +140,18 @@ CASES = [
     ),
     Case(
         PROFILE,
+        "--no-sync without gradient accumulation",
+        ("{data}/small_cnn.py", "-b", "1GB", "--no-sync", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
+        "--no-sync on one process (no gradients to sync)",
+        ("{data}/small_cnn.py", "-b", "1GB", "--grad-accum", "2", "--no-sync", *OUT),
+        2,
+    ),
+    Case(
+        PROFILE,
         "--zero-grad that is not a place in the loop",
         ("{data}/small_cnn.py", "-b", "1GB", "--zero-grad", "sideways", *OUT),
         2,

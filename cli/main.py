@@ -16,7 +16,7 @@ import typer
 from rich.table import Table
 
 from planner.core import errors
-from planner.core.loop import LoopShape, ZeroGrad
+from planner.core.loop import ZeroGrad
 from planner.core.records import CostSource, MemorySource, Profile
 from planner.core.units import format_bytes
 from planner.measure.source import workload_in_command
@@ -46,6 +46,7 @@ from .options import (
     LoraOption,
     MeshOption,
     MicrobatchesOption,
+    NoSyncOption,
     OffloadOption,
     ParallelOption,
     PpOption,
@@ -60,6 +61,7 @@ from .options import (
     ZeroGradOption,
     given_host_budget,
     host_budget,
+    loop_shape,
     parallel_layout,
     parse_budget,
     require_device,
@@ -191,6 +193,7 @@ def profile(
     ] = MemorySource.FAKE,
     zero_grad: ZeroGradOption = ZeroGrad.BEFORE_FORWARD,
     grad_accum: GradAccumOption = 1,
+    no_sync: NoSyncOption = False,
     world_size: WorldSizeOption = None,
     parallel: ParallelOption = None,
     mesh: MeshOption = None,
@@ -248,7 +251,7 @@ def profile(
                     seed=seed,
                     memory=memory,
                     target=spec,
-                    loop=LoopShape(zero_grad, grad_accum),
+                    loop=loop_shape(zero_grad, grad_accum, no_sync),
                     parallel=layout,
                     progress=progress,
                     expert_load=expert_load,
@@ -374,6 +377,7 @@ def fit(
     dtype: DtypeOption = None,
     zero_grad: ZeroGradOption = ZeroGrad.BEFORE_FORWARD,
     grad_accum: GradAccumOption = 1,
+    no_sync: NoSyncOption = False,
     max_size: Annotated[int, typer.Option(min=1, help="Stop the search at this size.")] = 1 << 16,
     out: Annotated[
         Path | None,
@@ -478,7 +482,7 @@ def fit(
                 seed=seed,
                 target=spec,
                 max_size=max_size,
-                loop=LoopShape(zero_grad, grad_accum),
+                loop=loop_shape(zero_grad, grad_accum, no_sync),
                 parallel=layout,
                 progress=progress,
                 expert_load=expert_load,

@@ -10,7 +10,7 @@ import typer
 
 from planner.core import errors
 from planner.core.errors import ParallelLayoutError
-from planner.core.loop import ZeroGrad
+from planner.core.loop import LoopShape, ZeroGrad
 from planner.core.parallel import ParallelLayout, ParallelStrategy, PipelineLayout
 from planner.core.units import parse_bytes
 
@@ -32,6 +32,7 @@ __all__ = [
     "HostBudgetOption",
     "ImagesOption",
     "MeshOption",
+    "NoSyncOption",
     "OffloadOption",
     "ParallelOption",
     "ProfileArgument",
@@ -44,6 +45,7 @@ __all__ = [
     "ZeroGradOption",
     "given_host_budget",
     "host_budget",
+    "loop_shape",
     "parallel_layout",
     "parse_budget",
     "require_device",
@@ -103,6 +105,16 @@ GradAccumOption = Annotated[
         help="Micro-batches accumulated per optimizer step (gradient accumulation; 1: none). "
         "Plans the last micro-batch, whose forward and backward run with the accumulated "
         "gradients alive.",
+    ),
+]
+NoSyncOption = Annotated[
+    bool,
+    typer.Option(
+        "--no-sync",
+        help="With --grad-accum N on DDP or FSDP2 ranks: the micro-batches before the last "
+        "skip the gradient sync (DDP's no_sync(), FSDP2's set_requires_gradient_sync(False)), "
+        "as Hugging Face's Trainer, accelerate and Lightning do. FSDP2 then keeps every "
+        "gradient unsharded across the cycle; the plan covers the whole cycle.",
     ),
 ]
 WorldSizeOption = Annotated[
@@ -374,6 +386,18 @@ def workload_source(
     return hf_workload(
         hf, batch_size, seq_len, dtype_name, images, clips, lora, autocast=autocast_name
     )
+
+
+def loop_shape(zero_grad: ZeroGrad, grad_accum: int, no_sync: bool) -> LoopShape:
+    """The training loop's shape from ``--zero-grad``, ``--grad-accum`` and ``--no-sync``;
+    ``--no-sync`` without accumulation is a usage error (exit 2)."""
+    if no_sync and grad_accum < 2:
+        fail(
+            "--no-sync needs --grad-accum N with N > 1: it names what the micro-batches "
+            "before the last do, and with one micro-batch every backward syncs",
+            2,
+        )
+    return LoopShape(zero_grad, grad_accum, no_sync)
 
 
 def target_and_device(target: str | None, device: Device) -> tuple[DeviceSpec | None, Device]:

@@ -126,6 +126,12 @@ def record_step_memory(
     tensors by default, falling back to a real step only where it fits ``budget_bytes``.
     ``expert_load``: the routing assumed where memory depends on it
     (:func:`planner.model_switches.assumed_routing`)."""
+    if loop.no_sync:
+        raise ParallelLayoutError(
+            "--no-sync is for data-parallel ranks, where gradients are synced: plan one rank "
+            "with --world-size N --parallel ddp or fsdp2 (one process syncs nothing, so its "
+            "loop is --grad-accum alone)"
+        )
     device_type = target.device_type if target is not None else device
     workspace = 0
     if device_type == "cuda":

@@ -43,6 +43,22 @@ def test_a_loop_shape_is_validated_and_round_trips_through_its_json_object() -> 
     for data in ("plain", [1], {"zero_grad": "before-forward", "accumulate": 2}):
         with pytest.raises(LoopShapeError):
             loop_from_dict(data)
+    # Accumulating without syncing: written only where set, so other loops' files read as
+    # before; it needs accumulation; the cycle recorded is at most 3 micro-batches long.
+    unsynced = LoopShape(grad_accum=8, no_sync=True)
+    assert loop_to_dict(unsynced) == {
+        "zero_grad": "before-forward",
+        "grad_accum": 8,
+        "no_sync": True,
+    }
+    assert loop_from_dict(loop_to_dict(unsynced)) == unsynced
+    runs = [LoopShape(grad_accum=n, no_sync=True).micro_batches_run for n in (2, 3, 8)]
+    assert runs == [2, 3, 3]
+    assert ACCUMULATION.micro_batches_run == 1 and "no_sync" in unsynced.describe()
+    with pytest.raises(LoopShapeError, match="no_sync needs gradient accumulation"):
+        LoopShape(no_sync=True)
+    with pytest.raises(LoopShapeError, match="true or false"):
+        loop_from_dict({"grad_accum": 2, "no_sync": "yes"})
     assert not PLAIN_LOOP.gradients_in_forward
     assert LIGHTNING.gradients_in_forward and ACCUMULATION.gradients_in_forward
     assert "Lightning" in LIGHTNING.describe() and "2 micro-batches" in ACCUMULATION.describe()

@@ -19,6 +19,11 @@ Design notes
 * **Routing.** A plan that assumed a mixture-of-experts routing watches the routers' real
   picks in that forward (:class:`~planner.model_switches.RoutingWatcher`) and warns where an
   expert got more tokens than planned.
+* **Gradient sync.** Where a rank's memory depends on whether this forward's backward
+  syncs gradients (FSDP2's unsharded gradients, DDP's with ``gradient_as_bucket_view``),
+  the sync it will do (``set_requires_gradient_sync``, ``no_sync()``) is compared with the
+  plan's loop: the first micro-batch of a ``--no-sync`` loop does not sync, of any other
+  loop it does (:func:`_sync_difference`).
 * **Autocast.** Autocast sets the dtype of every activation, so a forward under it saves
   other tensors than one without. A plan that recorded it (``switches.autocast``) compares
   it in that forward at the first call of a submodule, where the recorded step saw it:
@@ -222,6 +227,9 @@ def step_differences(
             "for the other dtype; re-run `ckpt-plan profile` with build_model() returning the "
             "model as you train it"
         )
+    sync = _sync_difference(model, plan)
+    if sync is not None:
+        found.append(sync)
     own = own_checkpointing_flags(model)
     if own:
         found.append(
@@ -232,6 +240,60 @@ def step_differences(
             "disable_gradient_checkpointing())"
         )
     return found
+
+
+def _sync_difference(model: torch.nn.Module, plan: Plan) -> str | None:
+    """Where this forward's backward syncs gradients across ranks otherwise than the plan's
+    loop has its first micro-batch do (``--no-sync``: not; else: it does), and a rank's
+    memory differs for it (FSDP2: unsharded gradients kept; DDP with
+    ``gradient_as_bucket_view``: gradients outside the buckets), the sentence saying so;
+    else None. Read from FSDP2's ``set_requires_gradient_sync`` state on the model's
+    sharded modules, or the ``DistributedDataParallel`` whose forward this is."""
+    syncs, sharded = _syncs_gradients(model)
+    if syncs is None or syncs == (not plan.loop.no_sync):
+        return None
+    what = (
+        "FSDP2 keeps every gradient unsharded until the micro-batch that syncs"
+        if sharded
+        else "DDP's gradients stay outside its buckets (gradient_as_bucket_view) until the "
+        "micro-batch that syncs"
+    )
+    if syncs:
+        return (
+            "this forward's backward syncs gradients across ranks, but the plan was made for "
+            f"accumulating {plan.loop.grad_accum} micro-batches without syncing before the "
+            f"last (--no-sync), where {what}: it recomputes more than this loop needs; "
+            "re-run `ckpt-plan profile` without --no-sync"
+        )
+    return (
+        "this forward's backward does not sync gradients across ranks (DDP's no_sync(), "
+        "FSDP2's set_requires_gradient_sync(False): gradient accumulation as Hugging Face's "
+        f"Trainer and accelerate run it), but the plan was made for a loop that syncs every "
+        f"backward; {what}, above the predicted peak: re-run `ckpt-plan profile` with "
+        "--grad-accum N --no-sync"
+    )
+
+
+def _syncs_gradients(model: torch.nn.Module) -> tuple[bool | None, bool]:
+    """Whether the backward of this forward of ``model`` syncs gradients where that changes a
+    rank's memory (see :func:`_sync_difference`; None where it cannot differ), and whether
+    FSDP2 shards the model."""
+    if not torch.distributed.is_available():
+        return None, False
+    from torch.distributed.fsdp import FSDPModule
+
+    groups = [
+        module._get_fsdp_state()._fsdp_param_group
+        for module in model.modules()
+        if isinstance(module, FSDPModule)
+    ]
+    flags = [group.reduce_grads for group in groups if group is not None]
+    if flags:
+        return all(flags), True
+    ddp = getattr(torch.nn.parallel.DistributedDataParallel, "_active_ddp_module", None)
+    if ddp is None or not getattr(ddp, "gradient_as_bucket_view", False):
+        return None, False
+    return bool(ddp.require_backward_grad_sync), False
 
 
 # Keywords of a Hugging Face forward that pass a cache in (past key/values; Mamba's state):

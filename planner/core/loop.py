@@ -14,6 +14,13 @@ alive during the forward, where activations peak:
   the accumulated gradients alive, and their backward adds each new gradient into the
   existing ``.grad`` (a temporary per parameter while it is added); ``zero_grad`` and the
   optimizer step come once per N micro-batches.
+* **Without syncing** (``no_sync``) the micro-batches before the last skip the gradients'
+  all-reduce or reduce-scatter (DDP's ``no_sync()``, FSDP2's
+  ``set_requires_gradient_sync(False)``), as Hugging Face's Trainer, accelerate and
+  Lightning do when they accumulate. Under FSDP2 that keeps every parameter's *unsharded*
+  gradient from the first micro-batch's backward to the last's, which the last micro-batch
+  alone does not show: the step recorded is the cycle (docs/distributed.md, "Gradient
+  accumulation without syncing").
 
 A :class:`LoopShape` names one of these; :func:`planner.measure.workload.run_training_step`
 runs it, and plans and profiles record it (``"loop": {"zero_grad": "before-forward",
@@ -52,10 +59,18 @@ class LoopShape:
     optimizer step follows it. Where ``zero_grad`` falls does not change that micro-step (it
     zeroes in the first micro-step of a cycle, before or after its forward), so both values
     give the same step.
+
+    ``no_sync``: the micro-batches before the last run without syncing gradients across
+    ranks (see the module docstring; only with ``grad_accum`` > 1). The step measured is
+    then the cycle, shortened to :attr:`micro_batches_run` micro-batches: the first
+    (from zeroed gradients), one standing for the 2nd..(N-1)th (identical steps, each with
+    the unsynced gradients alive) where N > 2, and the last, which syncs; then the
+    optimizer step.
     """
 
     zero_grad: ZeroGrad = ZeroGrad.BEFORE_FORWARD
     grad_accum: int = 1
+    no_sync: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -74,6 +89,19 @@ class LoopShape:
                 f"grad_accum must be a whole number of micro-batches >= 1, not "
                 f"{self.grad_accum!r} (1 means no accumulation)"
             )
+        if not isinstance(self.no_sync, bool):
+            raise LoopShapeError(f"no_sync must be true or false, not {self.no_sync!r}")
+        if self.no_sync and not self.accumulates:
+            raise LoopShapeError(
+                "no_sync needs gradient accumulation (grad_accum > 1): with one micro-batch "
+                "per optimizer step every backward syncs"
+            )
+
+    @property
+    def micro_batches_run(self) -> int:
+        """Micro-batches one measured step runs: 1, or with ``no_sync`` the shortened cycle
+        (the first, one of the middle ones where there are any, the last)."""
+        return min(self.grad_accum, 3) if self.no_sync else 1
 
     @property
     def accumulates(self) -> bool:
@@ -88,6 +116,13 @@ class LoopShape:
 
     def describe(self) -> str:
         """One line for summaries: the loop, and what it means for the measured step."""
+        if self.no_sync:
+            middle = "; the 2nd..(N-1)th alike" if self.grad_accum > 2 else ""
+            return (
+                f"gradient accumulation over {self.grad_accum} micro-batches without syncing "
+                "before the last (no_sync): planned for the whole cycle, whose unsynced "
+                f"gradients are alive from the first backward to the last{middle}"
+            )
         if self.accumulates:
             return (
                 f"gradient accumulation over {self.grad_accum} micro-batches: planned for the "
@@ -107,8 +142,13 @@ PLAIN_LOOP = LoopShape()
 
 
 def loop_to_dict(loop: LoopShape) -> dict[str, Any]:
-    """The JSON object plans and profiles record: ``{"zero_grad": ..., "grad_accum": ...}``."""
-    return {"zero_grad": loop.zero_grad.value, "grad_accum": loop.grad_accum}
+    """The JSON object plans and profiles record: ``{"zero_grad": ..., "grad_accum": ...}``,
+    and ``"no_sync": true`` where set (left out otherwise, so files for other loops read
+    as before)."""
+    data: dict[str, Any] = {"zero_grad": loop.zero_grad.value, "grad_accum": loop.grad_accum}
+    if loop.no_sync:
+        data["no_sync"] = True
+    return data
 
 
 def loop_from_dict(data: Any) -> LoopShape:
@@ -116,11 +156,12 @@ def loop_from_dict(data: Any) -> LoopShape:
     means the plain loop. Raises :class:`LoopShapeError` for anything else."""
     if data is None:
         return PLAIN_LOOP
-    if not isinstance(data, dict) or set(data) - {"zero_grad", "grad_accum"}:
+    if not isinstance(data, dict) or set(data) - {"zero_grad", "grad_accum", "no_sync"}:
         raise LoopShapeError(
             f'"loop" should be an object with zero_grad and grad_accum, not {data!r}'
         )
     return LoopShape(
         zero_grad=data.get("zero_grad", ZeroGrad.BEFORE_FORWARD.value),
         grad_accum=data.get("grad_accum", 1),
+        no_sync=data.get("no_sync", False),
     )

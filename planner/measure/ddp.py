@@ -22,6 +22,8 @@ Design notes
   copied into its bucket and dropped at once (DDP's Reducer: "let grad point to
   bucket_view"). :func:`gradients_into_buckets` does the same on the simulated step, with a
   post-accumulate-grad hook per parameter and buckets of the step's own (fake) tensors.
+  Under ``no_sync()`` the Reducer leaves gradients where autograd made them, outside the
+  buckets, until the micro-batch that syncs copies them in: the hook does nothing there.
   Options that do not change what a rank holds (``bucket_cap_mb``, ``static_graph``,
   ``find_unused_parameters``, ``broadcast_buffers``) are read and need nothing more; a
   communication hook the model file registers after building DDP is not simulated (its
@@ -40,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from planner.core.errors import ModelFileError
-from planner.measure.workload import ModelFile
+from planner.measure.workload import ModelFile, gradients_syncing
 
 __all__ = [
     "DdpOptions",
@@ -255,6 +257,8 @@ def gradients_into_buckets(model: torch.nn.Module) -> Iterator[list[torch.Tensor
             offset += parameter.numel()
 
     def into_bucket(parameter: torch.Tensor) -> None:
+        if not gradients_syncing():  # DDP's no_sync(): the Reducer leaves .grad alone
+            return
         view = views[id(parameter)]
         grad = parameter.grad
         if grad is not None and grad is not view:  # else accumulated in place, in the bucket

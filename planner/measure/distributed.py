@@ -268,6 +268,11 @@ def record_rank_memory(
             workspace_bytes=workspace_bytes,
             progress=progress,
         )
+    if loop.no_sync and layout.strategy is ParallelStrategy.TP:
+        raise ParallelLayoutError(
+            "--no-sync skips the data-parallel gradient sync, and tensor parallelism alone "
+            "has none: plan it with --grad-accum alone, or with --parallel fsdp2 --tp T"
+        )
     if progress:
         progress(f"simulating {layout.describe()}", 0, 0)
     with simulated_ranks(layout):

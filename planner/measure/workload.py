@@ -12,7 +12,7 @@ benchmarks), so that every measurement is of the same step.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,8 @@ __all__ = [
     "build_optimizer",
     "build_workload",
     "compute_loss",
+    "gradients_syncing",
+    "gradients_unsynced",
     "load_model_file",
     "loss_from_output",
     "map_tensors",
@@ -290,6 +292,78 @@ def loss_from_output(model_file: ModelFile, output: Any, batch: Any) -> tuple[An
     return output, "the model output"
 
 
+@contextlib.contextmanager
+def gradients_unsynced(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block ``model``'s backward syncs no gradients across ranks, as a loop
+    accumulating without syncing runs the micro-batches before the last: DDP's
+    ``no_sync()``; FSDP2's ``set_requires_gradient_sync(False)`` on every sharded module
+    (turned back on after). A model neither wraps (one process, or a simulated DDP rank,
+    whose buckets :func:`planner.measure.ddp.ddp_bucket_bytes` counts apart) syncs nothing;
+    :func:`gradients_syncing` says False within the block for the simulated rank's buckets
+    (:func:`planner.measure.ddp.gradients_into_buckets`)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    _UNSYNCED.append(model)
+    try:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            with model.no_sync():
+                yield
+            return
+        for module in sharded:
+            module.set_requires_gradient_sync(False, recurse=False)
+        try:
+            yield
+        finally:
+            for module in sharded:
+                module.set_requires_gradient_sync(True, recurse=False)
+    finally:
+        _UNSYNCED.pop()
+
+
+_UNSYNCED: list[torch.nn.Module] = []
+"""The models inside :func:`gradients_unsynced` (a list, not a context variable: backward
+hooks may run on autograd's own threads)."""
+
+
+def gradients_syncing() -> bool:
+    """Whether a backward now would sync gradients (False inside :func:`gradients_unsynced`)."""
+    return not _UNSYNCED
+
+
+def _micro_batches(workload: Workload, phase_ended: Callable[[Phase], None] | None) -> torch.Tensor:
+    """:func:`run_training_step`'s step (see there), in the model's code: one micro-batch,
+    or with ``no_sync`` the shortened cycle, its micro-batches before the last unsynced."""
+    loop = workload.loop
+    count = loop.micro_batches_run
+    # zero_grad comes once a cycle: the step runs a whole cycle (no_sync), or the one
+    # micro-batch of a loop that does not accumulate; the last micro-batch of one that does
+    # is no cycle's first.
+    zeroes = loop.no_sync or not loop.accumulates
+    if zeroes and loop.zero_grad is ZeroGrad.BEFORE_FORWARD:
+        workload.optimizer.zero_grad(set_to_none=True)
+    losses: list[torch.Tensor] = []  # no tensor made here: the step is the model's alone
+    for micro_batch in range(count):
+        last = micro_batch == count - 1
+        with contextlib.nullcontext() if last else gradients_unsynced(workload.model):
+            loss = compute_loss(workload.model_file, workload.model, workload.batch)
+            if loop.accumulates:
+                # Scaled so that the accumulated gradient is the mean's, as loops do.
+                loss = loss / loop.grad_accum
+            if last and phase_ended:
+                phase_ended(Phase.FORWARD)
+            if zeroes and micro_batch == 0 and loop.zero_grad is ZeroGrad.AFTER_FORWARD:
+                workload.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            losses[:] = [loss.detach()]
+    if phase_ended:
+        phase_ended(Phase.BACKWARD)
+    workload.optimizer.step()
+    if phase_ended:
+        phase_ended(Phase.OPTIMIZER)
+    return losses[0]
+
+
 def user_code_errors(workload: Workload) -> contextlib.AbstractContextManager[None]:
     """Report an exception from the model file's code as a one-line ProfilingError."""
     return _user_code("the training step", workload.model_file.path)
@@ -318,33 +392,21 @@ def run_training_step(
     before the measured one (a warm-up step, which also creates the optimizer state); the
     first step of a fresh workload runs as the first step of such a loop does, with none.
 
+    * ``no_sync``: the accumulation cycle, shortened (:attr:`LoopShape.micro_batches_run`):
+      ``zero_grad`` (before the first forward, or after it), each micro-batch's forward and
+      backward, the ones before the last under :func:`gradients_unsynced`, the optimizer
+      step. It starts from the gradients the last cycle left, as the loop's cycles do.
+
     Returns the loss it ran backward on (divided by N when accumulating), detached.
     ``seed`` reseeds the global RNG first so that random ops (dropout) draw the same numbers
     in runs that should be comparable. ``phase_ended`` is called with each :class:`Phase`
     as it ends (forward: the loss computed). An error in the model's code is a one-line
     :class:`ProfilingError`.
     """
-    loop = workload.loop
     if seed is not None:
         torch.manual_seed(seed)
     if workload.step is not None:
         with _user_code("the training step", workload.model_file.path):
             return workload.step(phase_ended)
     with _user_code("the training step", workload.model_file.path):
-        if loop.zero_grad is ZeroGrad.BEFORE_FORWARD and not loop.accumulates:
-            workload.optimizer.zero_grad(set_to_none=True)
-        loss = compute_loss(workload.model_file, workload.model, workload.batch)
-        if loop.accumulates:
-            # Scaled so that the accumulated gradient is the mean's, as loops do.
-            loss = loss / loop.grad_accum
-        if phase_ended:
-            phase_ended(Phase.FORWARD)
-        if loop.zero_grad is ZeroGrad.AFTER_FORWARD and not loop.accumulates:
-            workload.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if phase_ended:
-            phase_ended(Phase.BACKWARD)
-        workload.optimizer.step()
-        if phase_ended:
-            phase_ended(Phase.OPTIMIZER)
-    return loss.detach()
+        return _micro_batches(workload, phase_ended)
