@@ -6,8 +6,9 @@ measured on real ranks.
 
 Hugging Face's Trainer, accelerate and Lightning accumulate gradients with the micro-batches
 before the last under DDP's ``no_sync()`` or FSDP2's ``set_requires_gradient_sync(False)``.
-For each model and layout (FSDP2 on 2 and 4 ranks, DDP on 2 with its default buckets, and
-the GPT under a DDP of its own with ``gradient_as_bucket_view=True``), accumulating
+For each model and layout (FSDP2 on 2 and 4 ranks, HSDP as 2 x 2, FSDP2 with tensor
+parallelism as 2 x 2, DDP on 2 with its default buckets, and the GPT under a DDP of its own
+with ``gradient_as_bucket_view=True``), accumulating
 ``GRAD_ACCUM`` micro-batches:
 
 1. One rank is recorded on simulated ranks for the loop that syncs every micro-batch and for
@@ -19,6 +20,12 @@ the GPT under a DDP of its own with ``gradient_as_bucket_view=True``), accumulat
 3. The plan made at the same budget for the loop that syncs every micro-batch (the plan
    ckpt-plan made for ``--grad-accum`` before ``--no-sync``) is run by the same ranks in
    the unsynced loop: where its prediction falls short, it goes over.
+
+4. **Full size, simulated.** The Llama-3-8B-shaped example as one FSDP2 rank of 8 on H100s
+   (``--target h100-80gb``, one sequence of 4096 tokens, bf16), in both loops: unplanned
+   peak and lowest feasible peak, the plan of each loop at 40 and 30 GiB, and the synced
+   loop's plan evaluated on the unsynced cycle's timeline (the memory model's prediction;
+   nothing runs for real at that size).
 
 Writes reports/benchmarks/no_sync.md.
 """
@@ -51,15 +58,26 @@ from planner.solve.planning import plan_for_budget  # noqa: E402
 GRAD_ACCUM = 4
 SYNCED = LoopShape(grad_accum=GRAD_ACCUM)
 UNSYNCED = LoopShape(grad_accum=GRAD_ACCUM, no_sync=True)
-# name: (model file, strategy, world size)
+# name: (model file, one rank's layout)
 CASES = {
-    "gpt fsdp2 x2": (ROOT / "examples" / "gpt.py", "fsdp2", 2),
-    "gpt fsdp2 x4": (ROOT / "examples" / "gpt.py", "fsdp2", 4),
-    "gpt ddp x2": (ROOT / "examples" / "gpt.py", "ddp", 2),
-    "gpt ddp (gradient views) x2": (ROOT / "tests" / "data" / "ddp_gpt.py", "ddp", 2),
-    "hf_llama fsdp2 x2": (ROOT / "examples" / "hf_llama.py", "fsdp2", 2),
-    "hf_llama fsdp2 x4": (ROOT / "examples" / "hf_llama.py", "fsdp2", 4),
-    "hf_llama ddp x2": (ROOT / "examples" / "hf_llama.py", "ddp", 2),
+    "gpt fsdp2 x2": (ROOT / "examples" / "gpt.py", ParallelLayout(2, "fsdp2")),
+    "gpt fsdp2 x4": (ROOT / "examples" / "gpt.py", ParallelLayout(4, "fsdp2")),
+    "gpt ddp x2": (ROOT / "examples" / "gpt.py", ParallelLayout(2, "ddp")),
+    "gpt ddp (gradient views) x2": (
+        ROOT / "tests" / "data" / "ddp_gpt.py",
+        ParallelLayout(2, "ddp"),
+    ),
+    "hf_llama fsdp2 x2": (ROOT / "examples" / "hf_llama.py", ParallelLayout(2, "fsdp2")),
+    "hf_llama fsdp2 x4": (ROOT / "examples" / "hf_llama.py", ParallelLayout(4, "fsdp2")),
+    "hf_llama hsdp 2x2": (
+        ROOT / "examples" / "hf_llama.py",
+        ParallelLayout(4, "fsdp2", mesh_shape=(2, 2)),
+    ),
+    "hf_llama ddp x2": (ROOT / "examples" / "hf_llama.py", ParallelLayout(2, "ddp")),
+    "tp_gpt fsdp2 x2, tp 2": (
+        ROOT / "tests" / "data" / "tp_gpt.py",
+        ParallelLayout(4, "fsdp2", tp=2),
+    ),
 }
 
 
@@ -68,8 +86,7 @@ def mib(size_bytes: int) -> str:
 
 
 def measure(name: str) -> dict[str, object]:
-    path, strategy, world_size = CASES[name]
-    layout = ParallelLayout(world_size, strategy)  # type: ignore[arg-type]
+    path, layout = CASES[name]
     model_file = load_model_file(path)
     begin = time.perf_counter()
     synced = estimated_costs(record_rank_memory(model_file, layout, loop=SYNCED), "cpu")
@@ -116,12 +133,72 @@ def measure(name: str) -> dict[str, object]:
     return row
 
 
+def full_size() -> list[dict[str, object]]:
+    """Step 4 of the module docstring: one row per loop and budget."""
+    from planner.pipeline import profile_model_file
+    from planner.plan.targets import load_spec
+
+    model_file = load_model_file(ROOT / "examples" / "llama3_8b.py")
+    layout = ParallelLayout(8, "fsdp2")  # type: ignore[arg-type]
+    solvers = {}
+    rows: list[dict[str, object]] = []
+    for key, loop in (("synced", SYNCED), ("unsynced", UNSYNCED)):
+        begin = time.perf_counter()
+        profile = profile_model_file(
+            model_file, device="cuda", target=load_spec("h100-80gb"), loop=loop, parallel=layout
+        )
+        solvers[key] = solver = Solver(profile)
+        _, lowest = solver.lowest_peak()
+        rows.append(
+            {
+                "loop": key,
+                "budget (GiB)": "none (unplanned)",
+                "units": 0,
+                "predicted (GiB)": gib(profile.measured_peak_bytes),
+                "lowest feasible (GiB)": gib(lowest),
+                "recompute (roofline)": "",
+                "synced plan in the unsynced cycle (GiB)": "",
+                "profile (s)": f"{time.perf_counter() - begin:.0f}",
+            }
+        )
+    for budget in (40 * 2**30, 30 * 2**30):
+        for key, solver in solvers.items():
+            solution = solver.solve(budget)
+            elsewhere = solvers["unsynced"].peak(solution.units) if key == "synced" else None
+            rows.append(
+                {
+                    "loop": key,
+                    "budget (GiB)": gib(budget),
+                    "units": len(solution.units),
+                    "predicted (GiB)": gib(solution.predicted_peak_bytes),
+                    "lowest feasible (GiB)": "",
+                    "recompute (roofline)": (
+                        f"{solution.recompute_ms:.0f} ms, "
+                        f"{solution.recompute_ms / solver.profile.step_ms:+.1%}"
+                    ),
+                    "synced plan in the unsynced cycle (GiB)": (
+                        f"{gib(elsewhere)} ({(elsewhere - budget) / 2**30:+.2f})"
+                        if elsewhere is not None
+                        else ""
+                    ),
+                    "profile (s)": "",
+                }
+            )
+    print(rows, flush=True)
+    return rows
+
+
+def gib(size_bytes: int) -> str:
+    return f"{size_bytes / 2**30:.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="*", default=list(CASES), choices=list(CASES))
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
     arguments = parser.parse_args()
     rows = [measure(name) for name in arguments.models]
+    large = full_size()
     import torch
 
     frame = pd.DataFrame(rows).set_index("case").T.reset_index(names="")
@@ -133,6 +210,17 @@ def main() -> None:
             "peaks per rank in MiB (2^20 bytes), errors in bytes over every rank; the budget "
             "is half way from the unsynced loop's lowest peak to its unplanned one.",
             markdown_table(frame),
+            "## Llama-3-8B, one FSDP2 rank of 8 on H100s (simulated)",
+            "examples/llama3_8b.py with --target h100-80gb --world-size 8 --parallel fsdp2 "
+            f"--grad-accum {GRAD_ACCUM}, with and without --no-sync. Units are modules with "
+            "how each is planned (recomputed whole, a selective policy, or offloaded to host "
+            "memory: the target has a host link, and offloading is on by default, as in "
+            "`profile`). Recompute is the "
+            "roofline's, as a share of the recorded step: one micro-batch and the optimizer "
+            "step in the synced loop, the shortened cycle (3 micro-batches) in the unsynced "
+            "one. The last column: the synced loop's plan on the unsynced cycle's timeline, "
+            "and how far that is from the budget.",
+            markdown_table(pd.DataFrame(large)),
         ]
     )
     arguments.out.mkdir(parents=True, exist_ok=True)

@@ -131,7 +131,7 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
         (
             "recompute + copies per step" if plan.offloads else "recompute per step",
             f"{plan.recompute_ms:.1f} ms = {plan.predicted_overhead:+.1%} "
-            f"of a {plan.step_ms:.1f} ms step",
+            f"of a {plan.step_ms:.1f} ms {plan.loop.step_words()}",
         ),
         (
             "figures from",

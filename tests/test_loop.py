@@ -55,6 +55,10 @@ def test_a_loop_shape_is_validated_and_round_trips_through_its_json_object() -> 
     runs = [LoopShape(grad_accum=n, no_sync=True).micro_batches_run for n in (2, 3, 8)]
     assert runs == [2, 3, 3]
     assert ACCUMULATION.micro_batches_run == 1 and "no_sync" in unsynced.describe()
+    assert (ACCUMULATION.step_words(), unsynced.step_words()) == (
+        "step",
+        "cycle of 3 micro-batches",
+    )
     with pytest.raises(LoopShapeError, match="no_sync needs gradient accumulation"):
         LoopShape(no_sync=True)
     with pytest.raises(LoopShapeError, match="true or false"):

@@ -6,6 +6,7 @@ simulated one predicts, and the first forward says when the loop is not the plan
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -177,3 +178,28 @@ def test_an_unsynced_cycle_is_predicted_for_real_ranks(
     output = " ".join(verified.output.split())
     assert output.count("bit-identical") == 2, output
     assert re.search(r"measured differs by \+[0-9.]+%", output), output
+
+
+def test_the_first_forward_compares_ddp_s_sync_where_gradient_views_make_it_matter(
+    fsdp2_cycles, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    """Under DDP's no_sync() a rank holds more only with gradient_as_bucket_view (its
+    default buckets hold the same either way): only then does the first forward warn."""
+    synced_plan, _ = plan_for_budget(fsdp2_cycles["synced"], 1 << 40)
+    ddp_plan = dataclasses.replace(synced_plan, parallel=ParallelLayout(2, "ddp"))  # type: ignore[arg-type]
+    model_file = load_model_file(SMALL_GPT)
+    batch = model_file.sample_batch()
+    caplog.set_level(logging.WARNING, logger="planner")
+    with simulated_ranks(ParallelLayout(2, "ddp")):  # type: ignore[arg-type]
+        for views, warned in ((False, False), (True, True)):
+            caplog.clear()
+            wrapped = torch.nn.parallel.DistributedDataParallel(
+                apply_plan(model_file.build_model(), ddp_plan), gradient_as_bucket_view=views
+            )
+            with wrapped.no_sync():
+                wrapped(**batch)  # no backward: the group is fake
+            messages = [r.getMessage() for r in caplog.records if "sync" in r.getMessage()]
+            assert len(messages) == warned, messages
+            if warned:
+                assert "gradient_as_bucket_view" in messages[0]
+                assert "--grad-accum N --no-sync" in messages[0]

@@ -114,6 +114,13 @@ class LoopShape:
         that step needs a step before it to make them (a warm-up step does)."""
         return self.accumulates or self.zero_grad is ZeroGrad.AFTER_FORWARD
 
+    def step_words(self) -> str:
+        """What one measured step is, for "of a 5.0 ms step" lines: "step", or with
+        ``no_sync`` "cycle of 3 micro-batches"."""
+        if self.no_sync:
+            return f"cycle of {self.micro_batches_run} micro-batches"
+        return "step"
+
     def describe(self) -> str:
         """One line for summaries: the loop, and what it means for the measured step."""
         if self.no_sync:

@@ -25,7 +25,7 @@ def _batch_text(batch: Mapping[str, Any]) -> str:
 def _overhead_text(plan: Plan) -> str:
     return (
         f"{plan.recompute_ms:.1f} ms = {plan.predicted_overhead:.1%} of a "
-        f"{plan.step_ms:.1f} ms step"
+        f"{plan.step_ms:.1f} ms {plan.loop.step_words()}"
     )
 
 
