@@ -15,8 +15,9 @@ with ``gradient_as_bucket_view=True``), accumulating
    the one that does not (:func:`planner.measure.distributed.record_rank_memory`), unplanned.
 2. The unsynced loop's plan at the budget half way from its lowest peak to its unplanned one
    is checked on real gloo ranks (:func:`planner.check.ranks.check_plan_on_ranks`: each rank
-   runs two warm-up cycles and measures the third, unplanned and planned, under
-   ``no_sync``): its prediction against each rank, within the budget, bit-identical.
+   runs two warm-up cycles and measures the third, unplanned and planned, each the whole
+   cycle of ``GRAD_ACCUM`` micro-batches, where the recording ran 3): its prediction
+   against each rank, within the budget, bit-identical.
 3. The plan made at the same budget for the loop that syncs every micro-batch (the plan
    ckpt-plan made for ``--grad-accum`` before ``--no-sync``) is run by the same ranks in
    the unsynced loop: where its prediction falls short, it goes over.

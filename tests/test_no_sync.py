@@ -135,11 +135,11 @@ def test_the_first_forward_warns_where_the_loop_syncs_otherwise(fsdp2_cycles, ca
 def test_an_unsynced_cycle_is_predicted_for_real_ranks(
     model: str, strategy: str, budget: str, tmp_path: Path
 ) -> None:
-    """Profiled with --grad-accum 3 --no-sync and checked on 2 real gloo ranks running the
-    cycle under no_sync: every rank within the budget, as predicted (to the byte for FSDP2;
-    DDP's gradient views were 8 bytes over with every micro-batch synced as well), and
-    bit-identical. The plan made for syncing every micro-batch, run in this loop, goes over
-    its prediction."""
+    """Profiled with --grad-accum 5 --no-sync (recorded as a cycle of 3 micro-batches) and
+    checked on 2 real gloo ranks running the whole cycle of 5, the first 4 under no_sync:
+    every rank within the budget, as predicted (to the byte for FSDP2; DDP's gradient views
+    measure 8 bytes above, as with every micro-batch synced), and bit-identical. The plan
+    made for syncing every micro-batch, run in this loop, goes over its prediction."""
     runner = CliRunner()
     common = [str(DATA / model), "--budget", budget, "--world-size", "2", "--parallel", strategy]
     plans = {}
@@ -151,7 +151,7 @@ def test_an_unsynced_cycle_is_predicted_for_real_ranks(
                 "profile",
                 *common,
                 "--grad-accum",
-                "3",
+                "5",
                 *options,
                 "-o",
                 str(plans[key]),

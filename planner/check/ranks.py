@@ -6,7 +6,9 @@ rank's step unchanged (docs/architecture.md, "On more than one machine").
 rank). Each rank runs :func:`run_rank`: the unplanned step and the planned one, each made
 the way training makes it (a fresh seeded model; ``apply_plan`` for the planned one; then
 the model file's ``parallelize`` or the default layout; then the optimizer; two warm-up
-steps: DDP rebuilds its buckets after its first), measures the peak of the next step as
+steps: DDP rebuilds its buckets after its first; a step of a ``--no-sync`` plan is its
+whole accumulation cycle, every micro-batch, where the recording ran a shortened one),
+measures the peak of the next step as
 :func:`planner.measure.step.measure_step` does, and compares loss, its gradient shards and
 its buffers with the unplanned step's, bit for bit. DDP's gradient buckets are held by its
 Reducer, out of the tracker's sight: the rank's DDP all-reduces through
@@ -183,6 +185,7 @@ def _laid_out_workload(model_path: str, plan: Plan, *, planned: bool, device: st
 
     assert plan.parallel is not None
     workload = build_workload(load_model_file(model_path), device=device, seed=seed, loop=plan.loop)
+    workload.full_cycle = True  # the loop as it trains: every micro-batch of a no_sync cycle
     pipeline = plan.parallel.pipeline
     if pipeline is not None:
         # A stage is made first, the plan applied to it, then its schedule (the recipe's

@@ -67,7 +67,10 @@ class Workload:
     settings set to 0 for the profile (:func:`planner.model_switches.switch_off_layerdrop`;
     training keeps them). ``step``: a step of its own that
     :func:`run_training_step` runs instead, given ``phase_ended`` (a pipeline stage's
-    schedule: :mod:`planner.measure.pipeline_stage`)."""
+    schedule: :mod:`planner.measure.pipeline_stage`). ``full_cycle``: with a ``no_sync``
+    loop, run every micro-batch of its cycle, not the shortened cycle a recording runs
+    (:attr:`LoopShape.micro_batches_run`): real ranks checking a plan run the loop as it
+    trains, so their measurement stands apart from the shortening."""
 
     model_file: ModelFile
     model: torch.nn.Module
@@ -79,6 +82,7 @@ class Workload:
     caches_off: tuple[str, ...] = ()
     layerdrop_off: tuple[str, ...] = ()
     step: Callable[[Callable[[Phase], None] | None], torch.Tensor] | None = None
+    full_cycle: bool = False
     # The model's module names as built (before any step), which a plan names and
     # apply_plan finds before training: see check_modules_unchanged. Empty: not checked.
     module_names: tuple[str, ...] = ()
@@ -335,7 +339,7 @@ def _micro_batches(workload: Workload, phase_ended: Callable[[Phase], None] | No
     """:func:`run_training_step`'s step (see there), in the model's code: one micro-batch,
     or with ``no_sync`` the shortened cycle, its micro-batches before the last unsynced."""
     loop = workload.loop
-    count = loop.micro_batches_run
+    count = loop.grad_accum if loop.no_sync and workload.full_cycle else loop.micro_batches_run
     # zero_grad comes once a cycle: the step runs a whole cycle (no_sync), or the one
     # micro-batch of a loop that does not accumulate; the last micro-batch of one that does
     # is no cycle's first.
@@ -392,7 +396,8 @@ def run_training_step(
     before the measured one (a warm-up step, which also creates the optimizer state); the
     first step of a fresh workload runs as the first step of such a loop does, with none.
 
-    * ``no_sync``: the accumulation cycle, shortened (:attr:`LoopShape.micro_batches_run`):
+    * ``no_sync``: the accumulation cycle, shortened (:attr:`LoopShape.micro_batches_run`;
+      whole with ``workload.full_cycle``):
       ``zero_grad`` (before the first forward, or after it), each micro-batch's forward and
       backward, the ones before the last under :func:`gradients_unsynced`, the optimizer
       step. It starts from the gradients the last cycle left, as the loop's cycles do.
