@@ -25,6 +25,7 @@ from planner.core.errors import (
     PlanMismatchError,
     PlannerError,
 )
+from planner.core.loop import PLAIN_LOOP, LoopShape
 from planner.core.parallel import (
     ParallelLayout,
     ParallelStrategy,
@@ -673,17 +674,25 @@ def _compared(
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
+@pytest.mark.parametrize(
+    ("strategy", "loop"),
+    [
+        ("fsdp2", PLAIN_LOOP),
+        ("ddp", PLAIN_LOOP),
+        # Hugging Face's Trainer's accumulation: no sync before the last micro-batch
+        ("fsdp2", LoopShape(grad_accum=3, no_sync=True)),
+    ],
+)
 def test_the_torchrun_recipe_trains_each_rank_as_without_the_plan(
-    strategy: str, tmp_path: Path
+    strategy: str, loop: LoopShape, tmp_path: Path
 ) -> None:
     from planner.pipeline import profile_and_plan
 
     layout = ParallelLayout(2, strategy)  # type: ignore[arg-type]
-    probe = record_rank_memory(load_model_file(SMALL_GPT), layout)
+    probe = record_rank_memory(load_model_file(SMALL_GPT), layout, loop=loop)
     budget = (lowest_peak(probe) + probe.measured_peak_bytes) // 2
-    plan = profile_and_plan(SMALL_GPT, budget, parallel=layout, check=False).plan
-    assert plan.modules
+    plan = profile_and_plan(SMALL_GPT, budget, parallel=layout, check=False, loop=loop).plan
+    assert plan.modules and plan.loop == loop
     plan_path = save_plan(plan, tmp_path / "plan.json")
     model = ("--model", str(SMALL_GPT))
     # One launch: each rank trains without the plan (laid out as the plan says), then with it.

@@ -21,7 +21,10 @@ or FSDP2 x TP (CPU: gloo; GPUs: NCCL, one per rank).
    optimizer over the sharded parameters. The plan must go on before sharding: a
    checkpointed block's recomputation then runs inside FSDP's hooks, with its parameters
    gathered, and TP's hooks stay outside the recomputed forward, as they were planned.
-3. Train with the loop the plan was made for (plain: ``zero_grad`` before the forward).
+3. Train with the loop the plan was made for (plain: ``zero_grad`` before the forward; with
+   ``--grad-accum N`` N micro-batches per optimizer step; with ``--no-sync`` too, the ones
+   before the last under DDP's ``no_sync()`` or FSDP2's ``set_requires_gradient_sync(False)``,
+   as Hugging Face's Trainer and accelerate run them: :func:`gradients_unsynced`).
    On GPUs, launch with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, as every CUDA
    plan assumes (``apply_plan`` warns once, saying so, where it is not set).
 
@@ -42,8 +45,10 @@ equal (it must be: a plan never changes training).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -51,7 +56,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from planner import ParallelLayout, apply_plan, load_plan
+from planner import LoopShape, ParallelLayout, apply_plan, load_plan
 from planner.measure.candidates import find_blocks
 from planner.measure.tensor_parallel import parallelize_hf_llama
 from planner.measure.workload import compute_loss, load_model_file
@@ -78,14 +83,35 @@ def parallelize(
     return model
 
 
+@contextlib.contextmanager
+def gradients_unsynced(model: torch.nn.Module) -> Iterator[None]:
+    """The micro-batches before the last of an accumulation cycle, as Hugging Face's Trainer
+    and accelerate run them: no gradient sync across ranks (a plan made with --no-sync)."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+        return
+    model.set_requires_gradient_sync(False)  # fully_shard's root: recurses into the blocks
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
 def train(
-    plan_path: Path | None, model_path: str | None, steps: int, layout: ParallelLayout
+    plan_path: Path | None,
+    model_path: str | None,
+    steps: int,
+    layout: ParallelLayout,
+    loop: LoopShape | None = None,
 ) -> list[float]:
-    """``steps`` training steps on this rank; ``plan_path`` None trains without a plan, laid
-    out as ``layout`` says (with a plan: as the plan says). ``model_path`` None: the model
-    the plan was made for (its model file, or its Hugging Face workload), else
-    examples/gpt.py."""
+    """``steps`` optimizer steps on this rank; ``plan_path`` None trains without a plan, laid
+    out as ``layout`` says (with a plan: as the plan says), in the loop ``loop`` (with a
+    plan: the plan's; else the plain loop). ``model_path`` None: the model the plan was made
+    for (its model file, or its Hugging Face workload), else examples/gpt.py. Returns the
+    loss of each step's last micro-batch."""
     plan = load_plan(plan_path) if plan_path is not None else None
+    loop = plan.loop if plan is not None else loop or LoopShape()
     if model_path is None:
         model_path = plan.model_file if plan and plan.model_file else str(EXAMPLES / "gpt.py")
     model_file = load_model_file(model_path)
@@ -109,9 +135,18 @@ def train(
     for step in range(steps):
         torch.manual_seed(1000 + step)
         batch = {key: value.to(device) for key, value in model_file.sample_batch().items()}
-        optimizer.zero_grad(set_to_none=True)
-        loss = compute_loss(model_file, model, batch)
-        loss.backward()
+        for micro_batch in range(loop.grad_accum):  # 1 without gradient accumulation
+            first, last = micro_batch == 0, micro_batch == loop.grad_accum - 1
+            unsynced = loop.no_sync and not last
+            with gradients_unsynced(model) if unsynced else contextlib.nullcontext():
+                if first and loop.zero_grad.value == "before-forward":
+                    optimizer.zero_grad(set_to_none=True)
+                loss = compute_loss(model_file, model, batch)
+                if loop.grad_accum > 1:
+                    loss = loss / loop.grad_accum  # the mean's gradient, as loops do
+                if first and loop.zero_grad.value == "after-forward":
+                    optimizer.zero_grad(set_to_none=True)
+                loss.backward()
         optimizer.step()
         losses.append(loss.item())
     return losses
@@ -146,7 +181,9 @@ def main() -> None:
         if arguments.compare:
             plan = load_plan(arguments.plan)
             model = arguments.model or plan.model_file or str(EXAMPLES / "gpt.py")
-            line["unplanned_losses"] = train(None, model, arguments.steps, plan.parallel or layout)
+            line["unplanned_losses"] = train(
+                None, model, arguments.steps, plan.parallel or layout, plan.loop
+            )
         line["losses"] = train(arguments.plan, arguments.model, arguments.steps, layout)
         if arguments.compare:
             line["equal"] = line["losses"] == line["unplanned_losses"]
