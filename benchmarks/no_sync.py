@@ -17,7 +17,9 @@ with ``gradient_as_bucket_view=True``), accumulating
    is checked on real gloo ranks (:func:`planner.check.ranks.check_plan_on_ranks`: each rank
    runs two warm-up cycles and measures the third, unplanned and planned, each the whole
    cycle of ``GRAD_ACCUM`` micro-batches, where the recording ran 3): its prediction
-   against each rank, within the budget, bit-identical.
+   against each rank, within the budget, bit-identical; and each rank's planned cycle
+   measured again by the CPU allocator's own accounting (``cross_check``: it sees what the
+   dispatcher does not, and FSDP2's resizes as frees).
 3. The plan made at the same budget for the loop that syncs every micro-batch (the plan
    ckpt-plan made for ``--grad-accum`` before ``--no-sync``) is run by the same ranks in
    the unsynced loop: where its prediction falls short, it goes over.
@@ -98,7 +100,7 @@ def measure(name: str) -> dict[str, object]:
     budget = (lowest + unsynced.measured_peak_bytes) // 2
     plan, _ = plan_for_budget(unsynced, budget, solver=solver)
     begin = time.perf_counter()
-    check = check_plan_on_ranks(str(path), plan)
+    check = check_plan_on_ranks(str(path), plan, cross_check=True)
     ranks_s = time.perf_counter() - begin
     measured = [rank.measured_peak_bytes for rank in check.ranks]
     unplanned = [rank.unplanned_peak_bytes for rank in check.ranks]
@@ -119,6 +121,10 @@ def measure(name: str) -> dict[str, object]:
         "plan: highest rank (MiB)": mib(max(measured)),
         "plan: worst error (B, absolute)": max(
             abs(m - plan.predicted_peak_bytes) for m in measured
+        ),
+        "plan: by the CPU allocator, each rank (MiB)": " / ".join(
+            mib(r.allocator_peak_bytes) if r.allocator_peak_bytes is not None else "-"
+            for r in check.ranks
         ),
         "plan: within budget": "yes" if all(r.within_budget for r in check.ranks) else "NO",
         "plan: bit-identical": ("yes" if all(r.training_unchanged for r in check.ranks) else "NO"),

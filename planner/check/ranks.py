@@ -277,14 +277,19 @@ def _allocator_peak(model_path: str, plan: Plan, *, device: str, seed: int) -> i
     """The planned step's peak by the CPU allocator's own accounting
     (:class:`~planner.measure.tracking.AllocatorPeakTracker`), beside the tracker's: the same
     step made again, measured from the other side (it sees what the dispatcher does not, and
-    FSDP2's resizes as the allocator's frees). Only on CPU in a plain loop (the tracker needs
-    the gradients released before the step); None elsewhere."""
-    from planner.core.loop import PLAIN_LOOP
+    FSDP2's resizes as the allocator's frees). Only on CPU in a loop whose step begins by
+    releasing the gradients (the tracker needs them released before the step: the plain
+    loop, and an accumulation cycle without syncing that zeroes before its first forward);
+    None elsewhere."""
+    from planner.core.loop import PLAIN_LOOP, ZeroGrad
     from planner.core.records import StorageKind
     from planner.measure.tracking import AllocatorPeakTracker, workload_tensors
     from planner.measure.workload import run_training_step
 
-    if not device.startswith("cpu") or plan.loop != PLAIN_LOOP:
+    releases_first = plan.loop == PLAIN_LOOP or (
+        plan.loop.no_sync and plan.loop.zero_grad is ZeroGrad.BEFORE_FORWARD
+    )
+    if not device.startswith("cpu") or not releases_first:
         return None
     workload, _, kept, unkept = _laid_out_workload(
         model_path, plan, planned=True, device=device, seed=seed
