@@ -682,6 +682,7 @@ def _compared(
         # Hugging Face's Trainer's accumulation: no sync before the last micro-batch
         ("fsdp2", LoopShape(grad_accum=3, no_sync=True)),
     ],
+    ids=["fsdp2", "ddp", "fsdp2-no-sync"],
 )
 def test_the_torchrun_recipe_trains_each_rank_as_without_the_plan(
     strategy: str, loop: LoopShape, tmp_path: Path
