@@ -32,7 +32,7 @@ from planner.core.parallel import (
     parallel_from_dict,
     parallel_to_dict,
 )
-from planner.core.records import NoteTopic
+from planner.core.records import NoteTopic, StorageKind
 from planner.measure.ddp import DdpOptions, ddp_bucket_bytes, ddp_options
 from planner.measure.distributed import device_mesh, record_rank_memory, simulated_ranks
 from planner.measure.fake import build_fake_workload
@@ -194,6 +194,21 @@ def test_gradients_as_bucket_views_leave_only_the_buckets(single_profile) -> Non
         ]
 
     assert made_in_step(default) and not made_in_step(views)
+
+
+def test_a_device_mesh_a_module_keeps_is_not_the_step_s_memory() -> None:
+    """DDP built with device_mesh= keeps the mesh, whose table of ranks is a tensor: the
+    process group's bookkeeping, which a simulated DDP rank (no DDP built) never sees. A real
+    rank counted it as a module attribute: 8 bytes above every prediction for the model file
+    that builds its DDP so (tests/data/ddp_gpt.py)."""
+    from planner.measure.tracking import workload_tensors
+
+    with simulated_ranks(ParallelLayout(2, "ddp")):  # type: ignore[arg-type]
+        model = torch.nn.Linear(2, 2)
+        model.mesh = device_mesh(ParallelLayout(2, "ddp"), "cpu")  # type: ignore[arg-type]
+        model.table = torch.zeros(3)  # any other tensor attribute still counts
+        other = workload_tensors(model, None, None)[StorageKind.OTHER]
+    assert [tensor.shape for tensor in other] == [torch.Size([3])]
 
 
 def test_ddp_bucket_bytes_leaves_out_frozen_parameters() -> None:

@@ -127,14 +127,18 @@ def returns_view(func: Any) -> bool:
 def workload_tensors(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, batch: Any
 ) -> dict[StorageKind, list[torch.Tensor]]:
-    """The tensors a training step starts with, by kind (parameters, gradients, ...)."""
+    """The tensors a training step starts with, by kind (parameters, gradients, ...). A
+    module's ``DeviceMesh`` (a ``DistributedDataParallel`` built with ``device_mesh=``
+    keeps it) is the process group's bookkeeping, its table of ranks made with the mesh
+    whatever the model, not the step's: its tensor is not counted (a simulated DDP rank,
+    which builds no DDP, would not see it)."""
     parameters: list[torch.Tensor] = list(model.parameters())
     state = [] if optimizer is None else list(iter_tensors(list(optimizer.state.values())))
     module_attributes = [
         tensor
         for module in model.modules()
         for value in vars(module).values()
-        if not isinstance(value, (dict, torch.nn.Module))
+        if not isinstance(value, (dict, torch.nn.Module)) and not _is_device_mesh(value)
         for tensor in iter_tensors(value)
     ]
     return {
@@ -145,6 +149,14 @@ def workload_tensors(
         StorageKind.BATCH: list(iter_tensors(batch)),
         StorageKind.OTHER: module_attributes,
     }
+
+
+def _is_device_mesh(value: Any) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return isinstance(value, DeviceMesh)
 
 
 def _has_inner_tensors(kind: type) -> bool:
