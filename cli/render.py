@@ -129,7 +129,8 @@ def print_plan_summary(result: Any, wrote: list[Path]) -> None:
         ("static (params+grads+optimizer)", format_bytes(plan.static_bytes)),
         ("training loop", plan.loop.describe()),
         (
-            "recompute + copies per step" if plan.offloads else "recompute per step",
+            ("recompute + copies per " if plan.offloads else "recompute per ")
+            + plan.loop.step_name,
             f"{plan.recompute_ms:.1f} ms = {plan.predicted_overhead:+.1%} "
             f"of a {plan.step_ms:.1f} ms {plan.loop.step_words()}",
         ),

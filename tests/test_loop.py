@@ -59,6 +59,7 @@ def test_a_loop_shape_is_validated_and_round_trips_through_its_json_object() -> 
         "step",
         "cycle of 3 micro-batches",
     )
+    assert (ACCUMULATION.step_name, unsynced.step_name) == ("step", "cycle")
     with pytest.raises(LoopShapeError, match="no_sync needs gradient accumulation"):
         LoopShape(no_sync=True)
     with pytest.raises(LoopShapeError, match="true or false"):

@@ -121,6 +121,12 @@ class LoopShape:
             return f"cycle of {self.micro_batches_run} micro-batches"
         return "step"
 
+    @property
+    def step_name(self) -> str:
+        """One word for a measured step, for "recompute per step" labels: "step", or
+        "cycle" with ``no_sync``."""
+        return "cycle" if self.no_sync else "step"
+
     def describe(self) -> str:
         """One line for summaries: the loop, and what it means for the measured step."""
         if self.no_sync:

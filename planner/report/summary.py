@@ -100,7 +100,7 @@ def summary_markdown(
         + " |",
         "| static (parameters, gradients, optimizer state, buffers) | "
         f"{format_bytes(profile.static_bytes)} |",
-        f"| recompute per step (predicted) | {_overhead_text(plan)} |",
+        f"| recompute per {plan.loop.step_name} (predicted) | {_overhead_text(plan)} |",
         f"| modules checkpointed | {len(plan.modules)} ({plan.strategy}) |",
         f"| memory figures | {memory_source_text(profile)} |",
         f"| times | {cost_source_text(profile)} |",
