@@ -202,3 +202,22 @@ def test_the_first_forward_compares_ddp_s_sync_where_gradient_views_make_it_matt
             if warned:
                 assert "gradient_as_bucket_view" in messages[0]
                 assert "--grad-accum N --no-sync" in messages[0]
+
+
+def test_the_sync_check_never_stops_a_step_when_fsdp2_s_state_is_not_as_read(
+    fsdp2_cycles, caplog, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The check reads FSDP2's private state (what set_requires_gradient_sync sets); where a
+    torch release lays it out otherwise, the forward runs as without the check."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    synced_plan, _ = plan_for_budget(fsdp2_cycles["synced"], 1 << 40)
+    model_file = load_model_file(SMALL_GPT)
+    caplog.set_level(logging.WARNING, logger="planner")
+    with simulated_ranks(FSDP2):
+        model = apply_plan(model_file.build_model(), synced_plan)
+        fully_shard(model)
+        model.set_requires_gradient_sync(False)
+        monkeypatch.setattr(FSDPModule, "_get_fsdp_state", lambda self: object())
+        model(**model_file.sample_batch())
+    assert not [r for r in caplog.records if "sync" in r.getMessage()]

@@ -282,12 +282,16 @@ def _syncs_gradients(model: torch.nn.Module) -> tuple[bool | None, bool]:
         return None, False
     from torch.distributed.fsdp import FSDPModule
 
-    groups = [
-        module._get_fsdp_state()._fsdp_param_group
-        for module in model.modules()
-        if isinstance(module, FSDPModule)
-    ]
-    flags = [group.reduce_grads for group in groups if group is not None]
+    try:  # FSDP2's own state (what set_requires_gradient_sync sets), read defensively: a
+        # check must never stop a training step that runs without it
+        groups = [
+            module._get_fsdp_state()._fsdp_param_group
+            for module in model.modules()
+            if isinstance(module, FSDPModule)
+        ]
+        flags = [bool(group.reduce_grads) for group in groups if group is not None]
+    except AttributeError:
+        return None, True
     if flags:
         return all(flags), True
     ddp = getattr(torch.nn.parallel.DistributedDataParallel, "_active_ddp_module", None)
