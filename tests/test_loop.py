@@ -60,6 +60,9 @@ def test_a_loop_shape_is_validated_and_round_trips_through_its_json_object() -> 
         "cycle of 3 micro-batches",
     )
     assert (ACCUMULATION.step_name, unsynced.step_name) == ("step", "cycle")
+    # The step zeroes the gradients where it is a cycle's first micro-batch.
+    starts = [loop.starts_a_cycle for loop in (PLAIN_LOOP, LIGHTNING, ACCUMULATION, unsynced)]
+    assert starts == [True, True, False, True]
     with pytest.raises(LoopShapeError, match="no_sync needs gradient accumulation"):
         LoopShape(no_sync=True)
     with pytest.raises(LoopShapeError, match="true or false"):

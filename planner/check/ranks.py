@@ -281,14 +281,12 @@ def _allocator_peak(model_path: str, plan: Plan, *, device: str, seed: int) -> i
     releasing the gradients (the tracker needs them released before the step: the plain
     loop, and an accumulation cycle without syncing that zeroes before its first forward);
     None elsewhere."""
-    from planner.core.loop import PLAIN_LOOP, ZeroGrad
+    from planner.core.loop import ZeroGrad
     from planner.core.records import StorageKind
     from planner.measure.tracking import AllocatorPeakTracker, workload_tensors
     from planner.measure.workload import run_training_step
 
-    releases_first = plan.loop == PLAIN_LOOP or (
-        plan.loop.no_sync and plan.loop.zero_grad is ZeroGrad.BEFORE_FORWARD
-    )
+    releases_first = plan.loop.starts_a_cycle and plan.loop.zero_grad is ZeroGrad.BEFORE_FORWARD
     if not device.startswith("cpu") or not releases_first:
         return None
     workload, _, kept, unkept = _laid_out_workload(

@@ -114,12 +114,20 @@ class LoopShape:
         that step needs a step before it to make them (a warm-up step does)."""
         return self.accumulates or self.zero_grad is ZeroGrad.AFTER_FORWARD
 
+    @property
+    def starts_a_cycle(self) -> bool:
+        """Whether the measured step is the first of an optimizer step's micro-batches, so
+        zeroes the gradients (before its forward or after it): a loop that does not
+        accumulate, or a ``no_sync`` cycle; the last micro-batch of one that accumulates is
+        no cycle's first."""
+        return self.no_sync or not self.accumulates
+
     def step_words(self) -> str:
         """What one measured step is, for "of a 5.0 ms step" lines: "step", or with
         ``no_sync`` "cycle of 3 micro-batches"."""
         if self.no_sync:
-            return f"cycle of {self.micro_batches_run} micro-batches"
-        return "step"
+            return f"{self.step_name} of {self.micro_batches_run} micro-batches"
+        return self.step_name
 
     @property
     def step_name(self) -> str:

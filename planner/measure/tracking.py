@@ -134,11 +134,12 @@ def workload_tensors(
     which builds no DDP, would not see it)."""
     parameters: list[torch.Tensor] = list(model.parameters())
     state = [] if optimizer is None else list(iter_tensors(list(optimizer.state.values())))
+    not_the_steps = (dict, torch.nn.Module, *_device_mesh_types())
     module_attributes = [
         tensor
         for module in model.modules()
         for value in vars(module).values()
-        if not isinstance(value, (dict, torch.nn.Module)) and not _is_device_mesh(value)
+        if not isinstance(value, not_the_steps)
         for tensor in iter_tensors(value)
     ]
     return {
@@ -151,12 +152,13 @@ def workload_tensors(
     }
 
 
-def _is_device_mesh(value: Any) -> bool:
+def _device_mesh_types() -> tuple[type, ...]:
+    """``DeviceMesh``, where torch has distributed support (else none)."""
     if not torch.distributed.is_available():
-        return False
+        return ()
     from torch.distributed.device_mesh import DeviceMesh
 
-    return isinstance(value, DeviceMesh)
+    return (DeviceMesh,)
 
 
 def _has_inner_tensors(kind: type) -> bool:

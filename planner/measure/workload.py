@@ -307,13 +307,13 @@ def gradients_unsynced(model: torch.nn.Module) -> Iterator[None]:
     (:func:`planner.measure.ddp.gradients_into_buckets`)."""
     from torch.distributed.fsdp import FSDPModule
 
-    sharded = [module for module in model.modules() if isinstance(module, FSDPModule)]
     _UNSYNCED.append(model)
     try:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             with model.no_sync():
                 yield
             return
+        sharded = [module for module in model.modules() if isinstance(module, FSDPModule)]
         for module in sharded:
             module.set_requires_gradient_sync(False, recurse=False)
         try:
@@ -340,10 +340,7 @@ def _micro_batches(workload: Workload, phase_ended: Callable[[Phase], None] | No
     or with ``no_sync`` the shortened cycle, its micro-batches before the last unsynced."""
     loop = workload.loop
     count = loop.grad_accum if loop.no_sync and workload.full_cycle else loop.micro_batches_run
-    # zero_grad comes once a cycle: the step runs a whole cycle (no_sync), or the one
-    # micro-batch of a loop that does not accumulate; the last micro-batch of one that does
-    # is no cycle's first.
-    zeroes = loop.no_sync or not loop.accumulates
+    zeroes = loop.starts_a_cycle  # zero_grad comes once a cycle
     if zeroes and loop.zero_grad is ZeroGrad.BEFORE_FORWARD:
         workload.optimizer.zero_grad(set_to_none=True)
     losses: list[torch.Tensor] = []  # no tensor made here: the step is the model's alone
