@@ -14,7 +14,8 @@ import sys
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from planner.dispatch import DispatchWatcher
 
 __all__ = [
     "OWN_CHECKPOINTING_FLAGS",
@@ -209,7 +210,7 @@ def routing_for_choice(
     return assumed_routing(tuple(scores.shape[:-1]), scores.shape[-1], k, expert_load)
 
 
-class RoutingAsPlanned(TorchDispatchMode):
+class RoutingAsPlanned(DispatchWatcher):
     """Inside it, every router's top-k pick (:func:`is_routing_choice`) routes as a plan
     assumed (:func:`assumed_routing`), on real tensors: its indices are overwritten with the
     assumed ones and its values with the scores at those indices (so autograd's backward of
@@ -290,7 +291,7 @@ class TopkRoutedAsPlanned:
         self._originals = None
 
 
-class RoutingWatcher(TorchDispatchMode):
+class RoutingWatcher(DispatchWatcher):
     """Records, while it is entered, the busiest expert's load (over the balanced share) in
     every router's top-k pick (:func:`is_routing_choice`): the real routing, against a
     plan's assumed ``expert_load``. Costs a ``bincount`` per pick; the first-forward guard

@@ -1,6 +1,6 @@
 """The import graph points one way: core -> plan -> solve -> report -> apply -> measure ->
 check -> pipeline -> cli. Each layer is one package of ``planner`` (one file for
-``pipeline``; ``model_switches`` beside ``apply``):
+``pipeline``; ``model_switches`` and ``dispatch`` beside ``apply``):
 
 * **core** (``planner.core``: errors, units, records, file writes): plain data and helpers.
 * **plan** (``planner.plan``: the memory model, plan and profile files, device targets):
@@ -9,7 +9,8 @@ check -> pipeline -> cli. Each layer is one package of ``planner`` (one file for
   the cheapest plan under a budget.
 * **report** (``planner.report``): tables, figures and summaries of a profile and its plans.
 * **apply** (``planner.apply``: wrapping, locating the planned model, the first-forward
-  guard, the recomputation observer; and ``planner.model_switches``): the lowest torch
+  guard, the recomputation observer; ``planner.model_switches``; and ``planner.dispatch``,
+  the base of every dispatch mode): the lowest torch
   layer, which every training script imports; it knows plans, not model files.
 * **measure** (``planner.measure``: model files, workloads, tracking, fake tensors, the
   profiler, timing, measured steps): runs torch.
@@ -39,7 +40,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "plan": ("plan",),
     "solve": ("solve",),
     "report": ("report",),
-    "apply": ("apply", "model_switches"),
+    "apply": ("apply", "model_switches", "dispatch"),
     "measure": ("measure",),
     "check": ("check",),
     "pipeline": ("pipeline", "pipeline_stages", "fit", "checked_plan"),

@@ -55,11 +55,11 @@ class RecomputeComparison:
     observer, which tells it which function (region) and which run is executing."""
 
     def __init__(self, model: Any) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
+        from planner.dispatch import DispatchWatcher
 
         comparison = self
 
-        class Mode(TorchDispatchMode):
+        class Mode(DispatchWatcher):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
                 out = func(*args, **(kwargs or {}))
                 if comparison._open:
@@ -100,10 +100,12 @@ class RecomputeComparison:
         from planner.apply.tensors import iter_tensors
         from planner.measure.tracking import returns_view
 
-        name = func._schema.name.removeprefix("aten::")
+        schema = getattr(func, "_schema", None)  # none for a higher-order operator
+        name = schema.name.removeprefix("aten::") if schema is not None else str(func)
+        tags = getattr(func, "tags", ())
         if (
             name in _UNINITIALIZED
-            or torch.Tag.nondeterministic_bitwise in func.tags
+            or torch.Tag.nondeterministic_bitwise in tags
             or returns_view(func)
         ):
             # Uninitialized memory (empty, empty_like) means nothing; a view (detach, which
@@ -115,7 +117,7 @@ class RecomputeComparison:
         # A seeded op's integer outputs (SDPA's philox seed and offset) are RNG bookkeeping,
         # left uninitialized by some kernels when no dropout is drawn; its floating outputs
         # show any difference in what it drew.
-        seeded = torch.Tag.nondeterministic_seeded in func.tags
+        seeded = torch.Tag.nondeterministic_seeded in tags
         if seeded:
             self._drawing_runs.add(id(self._open[-1]))
         digests = tuple(

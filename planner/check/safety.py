@@ -62,12 +62,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.apply.autocast import AutocastState
 from planner.apply.tensors import iter_tensors
 from planner.core.errors import ProfilingError
 from planner.core.records import Profile
+from planner.dispatch import DispatchWatcher
 from planner.measure.fake import FakeSession
 from planner.measure.rng import RngState
 from planner.measure.shadows import is_fake
@@ -174,12 +174,13 @@ def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
     return (str(tensor.device), pointer) if pointer else None
 
 
-class _ForeignWrites(TorchDispatchMode):
+class _ForeignWrites(DispatchWatcher):
     """Records the tensors a re-run changes in place that it did not make itself, with a
     copy of each from before its first change, so :meth:`undo` can put them back.
 
     A tensor is the re-run's own if an op made its storage during the re-run (not a view of
-    an input). Writes are read from the op's schema (``Tensor(a!)``).
+    an input). Writes are read from the op's schema (``Tensor(a!)``); a higher-order
+    operator (FlexAttention) has none and writes nothing.
     """
 
     def __init__(self) -> None:

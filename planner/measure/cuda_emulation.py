@@ -1,9 +1,10 @@
 """Run the planned device's kernels on fake tensors: the device fake tensors carry
 (:func:`fake_tensor_device`), a CUDA step emulated on fake CPU tensors where this torch
-cannot run CUDA (:class:`_CudaKernels`, :func:`_autocast_emulated`), and ``grouped_mm`` in
-every dtype its real kernels accept (:func:`_device_kernel_dtypes`). The fake session
-(:class:`planner.measure.fake.FakeSession`) enters them; each replacement made is added to
-the set it is given, which the session lists among its assumptions.
+cannot run CUDA (:class:`_CudaKernels`, :func:`_autocast_emulated`,
+:func:`_flex_attention_trains`), and ``grouped_mm`` in every dtype its real kernels accept
+(:func:`_device_kernel_dtypes`). The fake session (:class:`planner.measure.fake.FakeSession`)
+enters them; each replacement made is added to the set it is given, which the session lists
+among its assumptions.
 
 Design notes
 ------------
@@ -23,12 +24,13 @@ Design notes
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
 from planner.apply.wrap import RecomputedUnder
 from planner.measure.cuda_autocast import CudaAutocastLists
@@ -112,6 +114,41 @@ class _CudaKernels(RecomputedUnder):
                 self.used.add("dropout: CUDA's fused kernel (a 1-byte mask per element)")
                 return torch.native_dropout(tensor, p, True)[0]
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _flex_attention_trains(replaced: set[str]) -> Iterator[None]:
+    """FlexAttention trains on fake tensors standing for CUDA ones: torch refuses its
+    backward on CPU tensors (``_validate_device``, a check of the device the tensors are
+    on), which on an emulated step are CUDA's. Fake tensors only; a real tensor is checked
+    as before. Its operator's fake kernels allocate what CUDA's fused kernels do: the
+    output, the log-sum-exp and the row maxima (all three saved, with the query, key,
+    value and block mask, by its autograd function), and the gradients of query, key and
+    value. Scoped: outside it, torch's check is back."""
+    try:
+        flex = importlib.import_module("torch.nn.attention.flex_attention")
+    except ImportError:
+        yield
+        return
+    original = getattr(flex, "_validate_device", None)
+    if original is None:
+        yield
+        return
+
+    def validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        if is_fake(query):
+            replaced.add(
+                "flex_attention: trained as on CUDA (torch refuses its backward on CPU "
+                "tensors), its fused kernels' outputs and saved tensors"
+            )
+            return
+        original(query, key, value)
+
+    setattr(flex, "_validate_device", validate_device)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(flex, "_validate_device", original)  # noqa: B010
 
 
 # The dtypes grouped_mm's real kernels run: torch 2.13's fake (meta) kernel checks for bf16

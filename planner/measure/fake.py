@@ -54,6 +54,7 @@ from planner.measure.cuda_emulation import (
     _autocast_emulated,
     _CudaKernels,
     _device_kernel_dtypes,
+    _flex_attention_trains,
     fake_tensor_device,
 )
 from planner.measure.kernel_layouts import KernelLayouts
@@ -181,6 +182,7 @@ class FakeSession:
                 # blocks of a power of two.
                 stack.enter_context(charged_as(self.device_type))
                 stack.enter_context(_autocast_emulated(self.device_type, self._replaced))
+                stack.enter_context(_flex_attention_trains(self._replaced))
             try:
                 yield
             except FakeExecutionError:

@@ -43,8 +43,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from planner.dispatch import DispatchWatcher
 from planner.measure.host_link import DEFAULT_COPY_BYTES, cuda_device_here, measure_host_link
 from planner.plan.calibration import GpuMeasurements
 from planner.plan.targets import BUILT_IN_SPECS
@@ -144,7 +144,7 @@ class LaunchTimes:
     step_ops: int
 
 
-class _CountOps(TorchDispatchMode):
+class _CountOps(DispatchWatcher):
     def __init__(self) -> None:
         super().__init__()
         self.count = 0

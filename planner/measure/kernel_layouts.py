@@ -89,7 +89,9 @@ from typing import Any
 
 import torch
 from torch._prims_common import compute_elementwise_output_strides
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
+
+from planner.dispatch import DispatchWatcher
 
 __all__ = ["KernelLayouts", "aten_memory_format", "positional_arguments"]
 
@@ -420,7 +422,7 @@ def positional_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     return values
 
 
-class KernelLayouts(TorchDispatchMode):
+class KernelLayouts(DispatchWatcher):
     """Above the fake mode: runs each op's fake kernel, then, for the ops in :data:`_RULES`,
     gives back outputs laid out as the real kernel lays them out (a fresh fake tensor of
     the same shape and dtype, the fake kernel's dropped before anything records it). Each

@@ -195,6 +195,13 @@ def _user_code(what: str, path: Path) -> Iterator[None]:
         hint = ""
         if what == "build_model()" and _raised_in_torch_distributed(error):
             hint = f"; {_SHARDED_AT_BUILD.format(path=path)}"
+        elif "FlexAttention does not support backward on CPU" in str(error):
+            # torch 2.13 trains FlexAttention on CUDA only; the emulated CUDA step runs it
+            # (planner/measure/cuda_emulation.py), with times from the target's roofline.
+            hint = (
+                " Plan for the GPU you train on with --target (e.g. --target h100-80gb): "
+                "the step is then recorded as on CUDA, on fake tensors."
+            )
         elif "no padding token is defined" in str(error):
             # A decoder-only sequence classifier finds each sequence's last token by it;
             # --hf takes the eos id where the config names one (planner/measure/hf.py).

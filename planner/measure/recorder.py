@@ -395,7 +395,8 @@ def _op_cost(
     result: Any,
     recorder: TimelineRecorder,
 ) -> OpCost:
-    formula = flop_registry.get(getattr(func, "_overloadpacket", None))
+    # FlexAttention's formulas are registered under its higher-order operators themselves.
+    formula = flop_registry.get(getattr(func, "_overloadpacket", func))
     flops = 0
     if formula is not None:
         try:

@@ -51,9 +51,9 @@ from typing import Any
 
 import torch
 from torch._subclasses import fake_tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from planner.dispatch import DispatchWatcher, is_higher_order
 from planner.measure.tracking import returns_view, writes_in_place, written_arguments
 from planner.model_switches import is_routing_choice, routing_for_choice
 
@@ -160,7 +160,7 @@ _UNIT_DRAWS = frozenset({_aten.rand.default, _aten.rand_like.default})
 _BOUND_COMPARISONS = frozenset({_aten.lt.Scalar, _aten.le.Scalar, _aten.gt.Scalar, _aten.ge.Scalar})
 
 
-class _ValueShadows(TorchDispatchMode):
+class _ValueShadows(DispatchWatcher):
     """Real values (shadows) of small fake tensors, kept through the ops that make them
     (see the module's design notes). Sits above the fake mode: each op runs fake first;
     its shadows are computed, on CPU, when all its tensor inputs have one."""
@@ -394,6 +394,8 @@ class _ValueShadows(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if is_higher_order(func):
+            return func(*args, **kwargs)  # its outputs' values are not computed here
         if func in _UNIT_DRAWS and (kwargs.get("dtype") or torch.float32).is_floating_point:
             out = func(*args, **kwargs)
             key = id(out)

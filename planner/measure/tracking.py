@@ -24,13 +24,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.apply.offload import HOST_MEMORY, making_host_copies
 from planner.apply.tensors import iter_tensors
 from planner.core.errors import ProfilingError
 from planner.core.records import StorageKind
 from planner.core.units import format_bytes
+from planner.dispatch import DispatchWatcher, tracing_an_operator
 
 __all__ = [
     "CUDA_BLOCK_BYTES",
@@ -182,7 +182,7 @@ def local_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
     return [local for value in tensors for local in local_tensors(value)]
 
 
-class StorageWatcher(TorchDispatchMode):
+class StorageWatcher(DispatchWatcher):
     """Counts the bytes of live tensor storages on one device type.
 
     Subclasses override :meth:`on_alloc`, :meth:`on_free` and :meth:`on_op` to record more.
@@ -200,6 +200,9 @@ class StorageWatcher(TorchDispatchMode):
     after the step let go of them. :attr:`peak_held_by_other_threads` says whether the peak
     counted such a storage: then the peak depends on thread scheduling, and may be above
     the step's own.
+
+    A higher-order operator (FlexAttention) runs below the watcher as one op: what it
+    allocates is its outputs, as its fused kernel's are on the device.
     """
 
     def __init__(
@@ -439,7 +442,7 @@ class StorageWatcher(TorchDispatchMode):
             # come back through this mode: those are the storages that hold memory.
             return NotImplemented
         out = func(*args, **(kwargs or {}))
-        if self._metadata_depth or making_host_copies():
+        if self._metadata_depth or making_host_copies() or tracing_an_operator():
             # Host copies of offloaded saved tensors are not the device's memory (on CPU
             # too, where the host is the device): planner.apply.offload counts them.
             return out

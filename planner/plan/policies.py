@@ -108,7 +108,10 @@ def is_matmul_op(op: str) -> bool:
 
 def is_attention_op(op: str) -> bool:
     """A fused attention kernel's forward (any backend ``scaled_dot_product_attention``
-    picks: flash, efficient, cuDNN, math-for-CPU)."""
+    picks: flash, efficient, cuDNN, math-for-CPU), or FlexAttention's (its higher-order
+    operator, ``flex_attention``, which torchtitan's rule saves too)."""
+    if op == "flex_attention":
+        return True
     name = op.removeprefix("aten.")
     return (
         name.startswith(("_scaled_dot_product_", "_flash_attention_forward"))
