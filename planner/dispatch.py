@@ -21,9 +21,16 @@ for running the operator uncompiled (``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``) 
 the operator runs as the compiled call would, without the compile. Run so, its autograd
 function first traces its ``score_mod`` into forward and backward graphs
 (``create_fw_bw_graph``) on fake example tensors, which a compiled call does once, at
-compile time. What that tracing makes is the operator's bookkeeping, no memory of the
-step: the memory watcher leaves it out (:func:`tracing_an_operator`). Both go back as they
-were when the last mode exits.
+compile time. What that tracing runs is the operator's bookkeeping on fake example values,
+no op of the step: every mode here passes it through untouched
+(:func:`tracing_an_operator`; the memory watcher would count its tensors, the value
+shadows compute on its uninitialized example values). Both go back as they were when the
+last mode exits.
+
+Uncompiled, the operator takes a tensor its ``score_mod`` captures (a learned bias) as a
+constant: ``torch.compile`` lifts it into the operator's arguments, so its gradient flows.
+A captured tensor that requires grad is therefore refused, with its name: the step recorded
+would not be the one that trains.
 """
 
 from __future__ import annotations
@@ -53,11 +60,33 @@ def tracing_an_operator() -> bool:
     return _TRACING[0] > 0
 
 
+def _captured_trainable(function: Any) -> str | None:
+    """The name of a tensor requiring grad that ``function`` captures, or None."""
+    names = getattr(getattr(function, "__code__", None), "co_freevars", ())
+    for name, cell in zip(names, getattr(function, "__closure__", None) or (), strict=False):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # a free variable not bound yet
+            continue
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            return str(name)
+    return None
+
+
 def _out_of_sight(trace: Callable[..., Any]) -> Callable[..., Any]:
-    """``trace`` marked as an operator's graph tracing (:func:`tracing_an_operator`)."""
+    """``trace`` (``create_fw_bw_graph(score_mod, ...)``) marked as an operator's graph
+    tracing (:func:`tracing_an_operator`); a ``score_mod`` capturing a tensor that requires
+    grad refused (see the module's notes)."""
 
     @functools.wraps(trace)
     def traced(*args: Any, **kwargs: Any) -> Any:
+        captured = _captured_trainable(args[0]) if args else None
+        if captured is not None:
+            raise NotImplementedError(
+                f"FlexAttention's score_mod captures {captured!r}, a tensor that requires "
+                "grad: ckpt-plan records FlexAttention uncompiled, where such a tensor gets "
+                "no gradient, so it cannot plan this step yet"
+            )
         _TRACING[0] += 1
         try:
             return trace(*args, **kwargs)
@@ -113,6 +142,19 @@ class DispatchWatcher(TorchDispatchMode):
     """A dispatch mode that sees higher-order operators (see the module's notes)."""
 
     supports_higher_order_operators = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        own = cls.__dict__.get("__torch_dispatch__")
+        if own is not None and not isinstance(own, classmethod):
+
+            @functools.wraps(own)
+            def dispatch(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                if _TRACING[0]:  # an operator's graph tracing (see the module's notes)
+                    return func(*args, **(kwargs or {}))
+                return own(self, func, types, args, kwargs)
+
+            cls.__torch_dispatch__ = dispatch  # type: ignore[method-assign]
+        super().__init_subclass__(**kwargs)
 
     def __enter__(self) -> Any:
         _FLEX.enter()

@@ -210,3 +210,29 @@ def test_flex_attention_is_as_torch_left_it_once_the_last_mode_exits() -> None:
         assert operator.create_fw_bw_graph is not trace  # still inside the outer mode
     assert flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is False
     assert operator.create_fw_bw_graph is trace
+
+
+def test_a_score_mod_capturing_a_trainable_tensor_is_refused_with_its_name(
+    tmp_path: Path,
+) -> None:
+    """Recorded uncompiled, FlexAttention takes a tensor its score_mod captures as a
+    constant: one that trains (learned ALiBi slopes) would get no gradient, so the step is
+    refused rather than planned as another step (planner/dispatch.py)."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    source = MODEL.read_text()
+    buffer = 'self.register_buffer("slopes", 2.0 ** -torch.arange(1.0, HEADS + 1))'
+    assert buffer in source
+    learned = tmp_path / "learned_slopes.py"
+    learned.write_text(
+        source.replace(buffer, "self.slopes = nn.Parameter(2.0 ** -torch.arange(1.0, HEADS + 1))")
+    )
+    result = CliRunner().invoke(
+        app, ["profile", str(learned), "--budget", "80MiB", "--target", "h100-80gb"]
+    )
+    assert result.exit_code == 4, result.output
+    message = " ".join(result.output.split())
+    assert "score_mod captures 'slopes', a tensor that requires grad" in message
+    assert "Traceback" not in result.output

@@ -30,7 +30,7 @@ from planner.apply.tensors import iter_tensors
 from planner.core.errors import ProfilingError
 from planner.core.records import StorageKind
 from planner.core.units import format_bytes
-from planner.dispatch import DispatchWatcher, tracing_an_operator
+from planner.dispatch import DispatchWatcher
 
 __all__ = [
     "CUDA_BLOCK_BYTES",
@@ -442,7 +442,7 @@ class StorageWatcher(DispatchWatcher):
             # come back through this mode: those are the storages that hold memory.
             return NotImplemented
         out = func(*args, **(kwargs or {}))
-        if self._metadata_depth or making_host_copies() or tracing_an_operator():
+        if self._metadata_depth or making_host_copies():
             # Host copies of offloaded saved tensors are not the device's memory (on CPU
             # too, where the host is the device): planner.apply.offload counts them.
             return out

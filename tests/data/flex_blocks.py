@@ -2,6 +2,7 @@
 torchtitan writes it: a ``BlockMask`` made once per batch from the batch's document ids
 (``create_block_mask``), passed to every block, and ``flex_attention`` called eagerly (a
 training script compiles it; on fake tensors and under a plan's check it runs uncompiled).
+Its ``score_mod`` adds ALiBi's fixed per-head slopes, a buffer it captures.
 torch 2.13 refuses FlexAttention's backward on CPU tensors: the tests lift that refusal to
 run this step for real here."""
 
@@ -18,12 +19,22 @@ class Attention(nn.Module):
         super().__init__()
         self.qkv = nn.Linear(WIDTH, 3 * WIDTH, bias=False)
         self.proj = nn.Linear(WIDTH, WIDTH)
+        self.register_buffer("slopes", 2.0 ** -torch.arange(1.0, HEADS + 1))
 
     def forward(self, x: torch.Tensor, block_mask) -> torch.Tensor:  # type: ignore[no-untyped-def]
         batch, tokens, width = x.shape
         q, k, v = self.qkv(x).view(batch, tokens, 3, HEADS, width // HEADS).unbind(2)
+        slopes = self.slopes
+
+        def alibi(score, b, h, q_index, kv_index):  # type: ignore[no-untyped-def]
+            return score - slopes[h] * (q_index - kv_index)
+
         out = flex_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            score_mod=alibi,
+            block_mask=block_mask,
         )
         return self.proj(out.transpose(1, 2).reshape(batch, tokens, width))
 
