@@ -10,6 +10,9 @@
    unplanned one, with every option the solver has (whole modules, selective policies,
    nesting), and each plan is run against the unplanned step (:func:`run_check`, in this
    process): its prediction against the measured peak, bit-identical or not.
+   The same model with Gemma 2's soft cap added to its ``score_mod`` (a ``tanh``, which
+   saves tensors for its own backward): its unplanned peak and lowest feasible budget
+   (see docs/how-it-works.md, "FlexAttention": no plan checkpoints a module holding it).
 2. **Llama-3-8B for an H100, simulated.** ``--hf examples/configs/llama-3-8b.json`` at one
    sequence of 8192 tokens, bf16, ``--target h100-80gb``, with its default attention
    (SDPA: the emulation runs CUDA's flash kernel) and with ``attn_implementation:
@@ -52,6 +55,41 @@ def _lift_cpu_refusal() -> None:
     import torch.nn.attention.flex_attention as flex
 
     setattr(flex, "_validate_device", lambda query, key, value: None)  # noqa: B010
+
+
+SCORE = "return score - slopes[h] * (q_index - kv_index)"
+SOFT_CAPPED = "return 30.0 * torch.tanh(score / 30.0) - slopes[h] * (q_index - kv_index)"
+
+
+def _memory_profile(path: Path):  # type: ignore[no-untyped-def]
+    from planner.pipeline import record_step_memory
+
+    return record_step_memory(
+        load_model_file(path),
+        device="cpu",
+        seed=0,
+        memory=MemorySource.FAKE,
+        budget_bytes=None,
+        target=None,
+        loop=PLAIN_LOOP,
+        progress=None,
+    )
+
+
+def soft_capped(folder: Path) -> dict[str, object]:
+    """Step 1's soft-capped variant: unplanned and lowest feasible peaks, beside the
+    model's own."""
+    source = MODEL.read_text()
+    assert SCORE in source
+    path = folder / "flex_blocks_soft_capped.py"
+    path.write_text(source.replace(SCORE, SOFT_CAPPED))
+    row: dict[str, object] = {}
+    for name, model in (("as in the tests", MODEL), ("soft cap added", path)):
+        profile = _memory_profile(model)
+        row[f"{name}: unplanned (B)"] = f"{profile.measured_peak_bytes:,}"
+        row[f"{name}: lowest feasible (B)"] = f"{Solver(profile).lowest_peak()[1]:,}"
+    print(row, flush=True)
+    return row
 
 
 def on_this_cpu() -> list[dict[str, object]]:
@@ -146,7 +184,8 @@ def main() -> None:
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ckpt-plan-flex-") as folder:
         large = llama(Path(folder))
-    small = on_this_cpu()
+        small = on_this_cpu()
+        capped = soft_capped(Path(folder))
     import torch
 
     text = "\n\n".join(
@@ -158,6 +197,9 @@ def main() -> None:
             "Budgets from the lowest feasible peak to the unplanned one; each plan run "
             "against the unplanned step (peak of live tensor storages, in bytes).",
             markdown_table(pd.DataFrame(small)),
+            "With Gemma 2's soft cap added to its score_mod (no plan checkpoints a module "
+            'holding it; docs/how-it-works.md, "FlexAttention"):',
+            markdown_table(pd.DataFrame([capped])),
             "## Llama-3-8B, one sequence of 8192 tokens, bf16, --target h100-80gb (simulated)",
             "The same config with its default attention and with attn_implementation: "
             "flex_attention; the plan at 70 GB (65.19 GiB); overhead is the roofline's "
