@@ -20,6 +20,11 @@
    peak, lowest feasible budget, and the plan at 70 GB, each with offloading allowed (the
    default, within 256 GB of host memory) and recomputation only.
 
+3. **Hugging Face types with FlexAttention.** The causal-LM types of :data:`TYPES`, each
+   at the Hugging Face sweep's small sizes (``benchmarks/hf_sweep_models.py``) with
+   ``attn_implementation: flex_attention``, bf16, recorded as on CUDA on fake tensors: the
+   step's peak, and its FlexAttention forward and backward operators, or the error.
+
 Writes reports/benchmarks/flex_attention.md.
 """
 
@@ -178,6 +183,49 @@ def llama(folder: Path) -> list[dict[str, object]]:
     return rows
 
 
+TYPES = (
+    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2",
+    "granite", "cohere", "mixtral", "qwen3_moe", "gpt_oss",
+)  # fmt: skip
+
+
+def hugging_face_types(folder: Path) -> list[dict[str, object]]:
+    """Step 3 of the module docstring: one row per type."""
+    from benchmarks.hf_sweep_models import write_hf_config
+    from planner.measure.fake import build_fake_workload
+    from planner.measure.profiler import record_memory
+    from planner.measure.source import WorkloadSource
+
+    rows: list[dict[str, object]] = []
+    for model_type in TYPES:
+        source = write_hf_config("causal-lm", model_type, folder)
+        path = folder / model_type / "config.json"
+        config = json.loads(path.read_text())
+        config["attn_implementation"] = "flex_attention"
+        path.write_text(json.dumps(config))
+        parsed = WorkloadSource.parse(source.replace("dtype=float32", "dtype=bfloat16"))
+        try:
+            workload, session = build_fake_workload(load_model_file(parsed), "cuda")
+            profile = record_memory(workload, session=session)
+        except Exception as error:  # the row says what stopped it
+            message = str(error).replace(f"{folder}/", "")  # no temporary folder in the report
+            rows.append({"type": model_type, "recorded": f"no: {message}"})
+            continue
+        ops = [cost.op for cost in profile.timeline.op_costs]
+        rows.append(
+            {
+                "type": model_type,
+                "recorded": "yes",
+                "peak (B)": f"{profile.measured_peak_bytes:,}",
+                "flex_attention / _backward": (
+                    f"{ops.count('flex_attention')} / {ops.count('flex_attention_backward')}"
+                ),
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "benchmarks")
@@ -186,6 +234,7 @@ def main() -> None:
         large = llama(Path(folder))
         small = on_this_cpu()
         capped = soft_capped(Path(folder))
+        types = hugging_face_types(Path(folder) / "types")
     import torch
 
     text = "\n\n".join(
@@ -205,6 +254,10 @@ def main() -> None:
             "flex_attention; the plan at 70 GB (65.19 GiB); overhead is the roofline's "
             "recompute and copy time over the recorded step's.",
             markdown_table(pd.DataFrame(large)),
+            "## Hugging Face causal-LM types with attn_implementation: flex_attention",
+            "Each at the Hugging Face sweep's small sizes, bf16, recorded as on CUDA (emulated "
+            "on fake CPU tensors); the FlexAttention operators one step runs.",
+            markdown_table(pd.DataFrame(types)),
         ]
     )
     arguments.out.mkdir(parents=True, exist_ok=True)
