@@ -120,6 +120,12 @@ CASES = [
         ("{data}/raising_forward.py", "-b", "1GB", *OUT),
         4,
     ),
+    Case(
+        PROFILE,
+        "FlexAttention on a CPU (torch 2.13 trains it on CUDA only)",
+        ("{data}/flex_blocks.py", "-b", "1GB", *OUT),
+        4,
+    ),
     Case(PROFILE, "output that is not a loss", ("not_a_loss.py", "-b", "1GB", *OUT), 4),
     Case(
         PROFILE,
