@@ -149,7 +149,7 @@ class DispatchWatcher(TorchDispatchMode):
 
             @functools.wraps(own)
             def dispatch(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                if _TRACING[0]:  # an operator's graph tracing (see the module's notes)
+                if tracing_an_operator():  # see the module's notes
                     return func(*args, **(kwargs or {}))
                 return own(self, func, types, args, kwargs)
 
