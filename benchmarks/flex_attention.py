@@ -100,19 +100,9 @@ def soft_capped(folder: Path) -> dict[str, object]:
 def on_this_cpu() -> list[dict[str, object]]:
     """Step 1 of the module docstring: one row per budget."""
     from planner.check.compare import run_check
-    from planner.pipeline import record_step_memory
 
     _lift_cpu_refusal()
-    profile = record_step_memory(
-        load_model_file(MODEL),
-        device="cpu",
-        seed=0,
-        memory=MemorySource.FAKE,
-        budget_bytes=None,
-        target=None,
-        loop=PLAIN_LOOP,
-        progress=None,
-    )
+    profile = _memory_profile(MODEL)
     solver = Solver(profile)
     _, lowest = solver.lowest_peak()
     rows: list[dict[str, object]] = []

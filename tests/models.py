@@ -85,6 +85,27 @@ def units_of(names: tuple[str, ...]) -> list[Unit]:
     return units
 
 
+def memory_profile(source: Path | ModelFile, **options: Any):  # type: ignore[no-untyped-def]
+    """The memory half of a profile (fake tensors, on CPU, the plain loop), as `ckpt-plan
+    profile` records it; ``options`` go to ``record_step_memory`` (``expert_load``)."""
+    from planner.core.loop import PLAIN_LOOP
+    from planner.core.records import MemorySource
+    from planner.measure.workload import load_model_file
+    from planner.pipeline import record_step_memory
+
+    return record_step_memory(
+        load_model_file(source) if isinstance(source, Path) else source,
+        device="cpu",
+        seed=0,
+        memory=MemorySource.FAKE,
+        budget_bytes=None,
+        target=None,
+        loop=PLAIN_LOOP,
+        progress=None,
+        **options,
+    )
+
+
 def model_file(build: Any, batch: Any, **functions: Any) -> ModelFile:
     """A ModelFile made in memory (no file on disk)."""
     return ModelFile(

@@ -207,29 +207,14 @@ def test_fit_plans_eager_experts_for_the_expert_load_it_is_given(tmp_path: Path)
     needs a plan; each plan records its load and measured its prediction under it."""
     import json
 
-    from planner.core.loop import PLAIN_LOOP
-    from planner.core.records import MemorySource
     from planner.measure.hf import hf_workload
-    from planner.pipeline import record_step_memory
     from planner.solve import Solver
+    from tests.models import memory_profile
 
     config = tmp_path / "mixtral-eager.json"
     config.write_text(json.dumps(TINY_EAGER_MIXTRAL), encoding="utf-8")
     one = load_model_file(hf_workload(config, 1, 16, None))
-    balanced, busier = (
-        record_step_memory(
-            one,
-            device="cpu",
-            seed=0,
-            memory=MemorySource.FAKE,
-            budget_bytes=None,
-            target=None,
-            loop=PLAIN_LOOP,
-            progress=None,
-            expert_load=load,
-        )
-        for load in (1.0, 2.0)
-    )
+    balanced, busier = (memory_profile(one, expert_load=load) for load in (1.0, 2.0))
     budget = balanced.measured_peak_bytes
     assert Solver(busier).lowest_peak()[1] <= budget < busier.measured_peak_bytes
     plans = {}

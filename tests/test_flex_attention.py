@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.core.loop import PLAIN_LOOP
-from planner.core.records import MemorySource, Unit
+from planner.core.records import Unit
 from planner.measure.fake import build_fake_workload
 from planner.measure.profiler import profile_workload, record_memory
 from planner.measure.tracking import allocated_bytes
 from planner.measure.workload import build_workload, load_model_file
-from planner.pipeline import record_step_memory
+from tests.models import memory_profile
 
 DATA = Path(__file__).resolve().parent / "data"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -71,21 +70,9 @@ def test_the_fake_step_records_the_real_one_exactly(cpu_backward: None) -> None:
 def flex_profile():  # type: ignore[no-untyped-def]
     import torch.nn.attention.flex_attention as flex
 
-    original = flex._validate_device
-    flex._validate_device = lambda query, key, value: None
-    try:
-        return record_step_memory(
-            load_model_file(MODEL),
-            device="cpu",
-            seed=0,
-            memory=MemorySource.FAKE,
-            budget_bytes=None,
-            target=None,
-            loop=PLAIN_LOOP,
-            progress=None,
-        )
-    finally:
-        flex._validate_device = original
+    with pytest.MonkeyPatch.context() as patch:  # cpu_backward, for the module's fixture
+        patch.setattr(flex, "_validate_device", lambda query, key, value: None)
+        return memory_profile(MODEL)
 
 
 @pytest.mark.parametrize("option", [None, "save-attention", "torchtitan"])

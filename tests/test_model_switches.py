@@ -271,27 +271,18 @@ def test_eager_experts_are_timed_under_the_assumed_routing_within_the_budget(
     """The timing steps route as the profile assumed, as the check does: this model's own
     routing is busier than balanced, and under it the timing plan's warm-up passed a budget
     an eighth of the way up from the lowest (8.75 MiB reached of 8.69 MiB)."""
-    from planner.core.loop import PLAIN_LOOP
-    from planner.core.records import CostSource, MemorySource
+    from planner.core.records import CostSource
     from planner.measure.workload import load_model_file
-    from planner.pipeline import measure_profile_costs, record_step_memory
+    from planner.pipeline import measure_profile_costs
     from planner.solve import Solver
+    from tests.models import memory_profile
 
     model_file = load_model_file(_moe_file(tmp_path, "eager"))
     torch.manual_seed(0)
     with RoutingWatcher() as watcher:
         model_file.build_model()(**model_file.sample_batch())
     assert watcher.busiest_load > 1.0  # the weights' own routing: busier than planned
-    memory = record_step_memory(
-        model_file,
-        device="cpu",
-        seed=0,
-        memory=MemorySource.FAKE,
-        budget_bytes=None,
-        target=None,
-        loop=PLAIN_LOOP,
-        progress=None,
-    )
+    memory = memory_profile(model_file)
     assert memory.switches.expert_load == 1.0
     lowest = Solver(memory).lowest_peak()[1]
     budget = lowest + (memory.measured_peak_bytes - lowest) // 8

@@ -18,6 +18,7 @@ from planner.plan.policies import (
     kept_storages,
     policy_rules,
 )
+from tests.models import memory_profile
 
 DATA = Path(__file__).parent / "data"
 MM, ADDMM, BMM = "aten.mm.default", "aten.addmm.default", "aten.bmm.default"
@@ -87,25 +88,6 @@ def test_torchtitan_saves_every_other_matmul_counted_together() -> None:
 
 
 # -- on a real model (fake-tensor profile, real measured steps) -------------------------
-
-
-def memory_profile(path: Path):  # type: ignore[no-untyped-def]
-    """The memory half of a profile (fake tensors), as `ckpt-plan profile` records it."""
-    from planner.core.loop import PLAIN_LOOP
-    from planner.core.records import MemorySource
-    from planner.measure.workload import load_model_file
-    from planner.pipeline import record_step_memory
-
-    return record_step_memory(
-        load_model_file(path),
-        device="cpu",
-        seed=0,
-        memory=MemorySource.FAKE,
-        budget_bytes=None,
-        target=None,
-        loop=PLAIN_LOOP,
-        progress=None,
-    )
 
 
 @pytest.fixture(scope="module")

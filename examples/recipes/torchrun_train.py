@@ -57,6 +57,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from planner import LoopShape, ParallelLayout, apply_plan, load_plan
+from planner.core.loop import ZeroGrad
 from planner.measure.candidates import find_blocks
 from planner.measure.tensor_parallel import parallelize_hf_llama
 from planner.measure.workload import compute_loss, load_model_file
@@ -139,12 +140,12 @@ def train(
             first, last = micro_batch == 0, micro_batch == loop.grad_accum - 1
             unsynced = loop.no_sync and not last
             with gradients_unsynced(model) if unsynced else contextlib.nullcontext():
-                if first and loop.zero_grad.value == "before-forward":
+                if first and loop.zero_grad is ZeroGrad.BEFORE_FORWARD:
                     optimizer.zero_grad(set_to_none=True)
                 loss = compute_loss(model_file, model, batch)
                 if loop.grad_accum > 1:
                     loss = loss / loop.grad_accum  # the mean's gradient, as loops do
-                if first and loop.zero_grad.value == "after-forward":
+                if first and loop.zero_grad is ZeroGrad.AFTER_FORWARD:
                     optimizer.zero_grad(set_to_none=True)
                 loss.backward()
         optimizer.step()
