@@ -112,6 +112,11 @@ TASKS = {
     "image-text-to-text": Task(
         "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText", via_hf=True
     ),
+    "contrastive": Task(
+        "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+        "AutoModelForZeroShotImageClassification",
+        via_hf=True,
+    ),
     "audio-text-to-text": Task(
         "the speech language models of MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES and "
         "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
@@ -382,6 +387,12 @@ EXTRA: dict[str, dict[str, Any]] = {
 }
 """Per-type fields set last, each found by building the type (why, beside each)."""
 TASK_EXTRA: dict[tuple[str, str], dict[str, Any]] = {
+    # EfficientNet-B7's widths and depths (62M parameters at 32 pixels): a quarter and a
+    # third of them, its image embedding (a quarter of 320 channels) the projection's width
+    ("contrastive", "align"): {
+        "projection_dim": 80,
+        "vision_config": {"width_coefficient": 0.25, "depth_coefficient": 0.3},
+    },
     ("masked-lm", "reformer"): {"is_decoder": False},  # bidirectional: its masked-LM head asks
     ("masked-lm", "esmc"): {"num_key_value_heads": NUM_HEADS},  # "does not support GQA"
     # their segmentation head takes 4 layers' features ("out_indices ... a list of 4")
@@ -641,7 +652,11 @@ def make_config(task: str, model_type: str) -> Any:
     vision = getattr(config, "vision_config", None)
     patch = getattr(vision, "patch_size", None)
     patch = patch[0] if isinstance(patch, list | tuple) and patch else patch
-    if task == "image-text-to-text" and isinstance(patch, int) and patch > 0:
+    if task == "contrastive" and vision is not None and not isinstance(patch, int):
+        vision.image_size = IMAGE_SIZE  # a convolutional tower (ALIGN's EfficientNet)
+    if task == "contrastive" and isinstance(getattr(vision, "num_patches", None), int):
+        vision.num_patches = VISION_PATCHES**2  # NaFlex's patches an image (SigLIP 2)
+    if task in ("image-text-to-text", "contrastive") and isinstance(patch, int) and patch > 0:
         # a vision-language model's images: 4 x 4 patches (written in for a model of dynamic
         # resolution, whose config names no size), so their tokens fit the zoo's sequence
         side = VISION_PATCHES * patch

@@ -456,6 +456,7 @@ def fit(
             clip = {  # the length its batch needs beside the batch size
                 InputKind.AUDIO: " and give --seq-len, the clips' length,",
                 InputKind.IMAGE_TEXT: " and give --seq-len, the tokens of each image's text,",
+                InputKind.IMAGE_CAPTIONS: " and give --seq-len, the tokens of each caption,",
             }.get(kind, "")
             if kind is not InputKind.TOKENS and (dimension == "seq_len" or clip):
                 fail(

@@ -265,3 +265,26 @@ def amp_file() -> ModelFile:
         build_optimizer=lambda params: torch.optim.SGD(params, lr=0.01),
         name="amp-model",
     )
+
+
+def profile_halfway(source: WorkloadSource, profile: Any, folder: Path) -> Any:
+    """``ckpt-plan profile`` of ``source`` (run in ``folder``, the working directory) at the
+    budget halfway between checkpointing every block of ``profile`` and its unplanned peak:
+    the plan written, checked in its own process and predicted to the byte within the
+    budget."""
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+    from planner.plan.plan_file import load_plan
+    from planner.solve.planning import baseline_every_block
+
+    low = baseline_every_block(profile).predicted_peak_bytes
+    budget = (low + profile.measured_peak_bytes) // 2
+    result = CliRunner().invoke(
+        app, ["profile", *source.command_arguments(), "--budget", str(budget)]
+    )
+    assert result.exit_code == 0, result.output
+    plan = load_plan(folder / "profiles" / source.name / "plan.json")
+    assert plan.modules and plan.checked
+    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+    return plan

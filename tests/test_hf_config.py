@@ -149,6 +149,21 @@ def test_the_shipped_vision_language_config_trains_on_an_image_a_sequence() -> N
     assert "1 random 3 x 448 x 448 image a sequence (patches; 256 image tokens each" in said
 
 
+def test_the_shipped_clip_config_trains_on_image_caption_pairs() -> None:
+    """CLIP ViT-L/14's config as the Hub ships it: 224 x 224 images and 77-token captions,
+    each ending in its text config's eos token (2), its own contrastive loss."""
+    model_file = load_hf_model_file(hf_workload(CONFIGS / "clip-vit-large-patch14.json", 2, 77))
+    assert model_file.source.dtype == "float32"
+    said = model_file.assumptions[0]
+    assert said.startswith("Hugging Face CLIPModel from ")
+    assert "2 random 3 x 224 x 224 images (pixel_values) and their captions of 77 token ids" in (
+        said
+    )
+    assert "each ending in the eos token 2" in said and "return_loss=True" in said
+    with pytest.raises(ModelFileError, match="the 77 positions"):
+        load_hf_model_file(hf_workload(CONFIGS / "clip-vit-large-patch14.json", 2, 78))
+
+
 def test_the_shipped_whisper_config_trains_on_its_30_second_windows() -> None:
     model_file = load_hf_model_file(hf_workload(CONFIGS / "whisper-large-v3.json", 2, 3000))
     assert model_file.source.dtype == "float16"

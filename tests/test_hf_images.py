@@ -13,20 +13,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
 
 from benchmarks.hf_sweep_models import write_hf_config
-from planner.cli.main import app
 from planner.core.errors import ModelFileError
 from planner.measure.fake import build_fake_workload
 from planner.measure.hf import min_seq_len
 from planner.measure.profiler import record_memory
 from planner.measure.source import WorkloadSource
 from planner.measure.workload import build_workload, load_model_file, run_training_step
-from planner.plan.plan_file import load_plan
-from planner.solve.planning import baseline_every_block
+from tests.models import profile_halfway
 
 pytestmark = pytest.mark.hf
 
@@ -221,15 +218,7 @@ def test_profile_a_vision_language_config_its_plan_exact_and_checked(
     assert list(profile.block_names) == wrapped
     assert any(".visual." in n for n in wrapped) and any(".language_model." in n for n in wrapped)
     assert len(profile.block_stacks) == 2
-    low = baseline_every_block(profile).predicted_peak_bytes
-    budget = (low + profile.measured_peak_bytes) // 2
-    result = CliRunner().invoke(
-        app, ["profile", *source.command_arguments(), "--budget", str(budget)]
-    )
-    assert result.exit_code == 0, result.output
-    plan = load_plan(tmp_path / "profiles" / source.name / "plan.json")
-    assert plan.modules and plan.checked
-    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
+    plan = profile_halfway(source, profile, tmp_path)
     assert "pixel_values" in plan.batch
     real = record_memory(build_workload(load_model_file(source), seed=0))
     assert real.measured_peak_bytes == profile.measured_peak_bytes

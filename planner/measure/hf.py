@@ -37,8 +37,10 @@ What is built, and why:
   takes such images, of its encoder's ``image_size``, and ``seq_len`` tokens of text a
   sequence (``labels``, none of the ids its config names), which it shifts right itself
   behind ``decoder_start_token_id``; a captioner (BLIP, no image token among its ids) the
-  same images, and the caption as its ``input_ids`` and ``labels``. A speech recognizer's
-  (CTC head) or an audio
+  same images, and the caption as its ``input_ids`` and ``labels``. A dual encoder (CLIP,
+  SigLIP: a class taking ``input_ids``, ``pixel_values`` and ``return_loss``, no labels)
+  takes such images with a caption of ``seq_len`` tokens each, and ``return_loss=True``
+  (:mod:`planner.measure.hf_pairs`). A speech recognizer's (CTC head) or an audio
   classifier's batch is ``batch_size`` clips of ``seq_len`` steps of its main input
   (normal, as a feature extractor's normalized output): raw audio samples
   (``input_values``) or feature frames (``input_features``, of the width its config names,
@@ -103,6 +105,7 @@ from planner.measure.hf_images import (
     text_tokens,
 )
 from planner.measure.hf_lora import lora_adapters, lora_spec
+from planner.measure.hf_pairs import is_dual_encoder, pair_batch, pair_images
 from planner.measure.source import WorkloadSource
 
 if TYPE_CHECKING:
@@ -436,6 +439,8 @@ _TARGETS_SAID = {
     "audio-classification": "a label per clip",
     "ctc": "a transcript per clip",
     "speech-seq2seq": "a transcript per clip",
+    "contrastive": "return_loss=True (no labels: the model's own contrastive loss over the "
+    "batch's pairs)",
 }
 
 _IMAGE_SIZE = 224
@@ -534,6 +539,7 @@ class InputKind(enum.Enum):
     TOKENS = "token ids"  # --seq-len tokens per sequence
     IMAGES = "images"  # of the config's size: no --seq-len
     IMAGE_TEXT = "images and their text"  # an image each, --seq-len tokens of text (labels)
+    IMAGE_CAPTIONS = "images and their captions"  # a dual encoder's pairs (hf_pairs.py)
     AUDIO = "audio"  # clips of --seq-len samples or feature frames
 
 
@@ -569,6 +575,9 @@ def _classified(source: WorkloadSource) -> _Inputs:
     # Perceiver's image classifiers name their input "inputs" and take pixel_values too;
     # a semantic segmentation model takes images, and a class map per image.
     forward = _forward_parameters(model_class)
+    if is_dual_encoder(model_class):  # CLIP, SigLIP: image-caption pairs (hf_pairs.py)
+        pair_images(source.path, model_class, config, _image_shape(source.path, config))
+        return _Inputs(config, model_class, "contrastive", InputKind.IMAGE_CAPTIONS, main_input)
     on_images = head in ("image-classification", "semantic-segmentation")
     if kind is None and on_images and "pixel_values" in forward:
         kind, main_input = InputKind.IMAGES, "pixel_values"
@@ -590,7 +599,8 @@ def _classified(source: WorkloadSource) -> _Inputs:
             f"--hf {source.path}: {name} takes {main_input}, and --hf builds batches of "
             "token ids, images for an image classifier or semantic segmentation model, "
             "images and their text for an image-to-text model (VisionEncoderDecoderModel, "
-            "BLIP), or audio for a speech recognizer or audio classifier; write a model file "
+            "BLIP), images and their captions for a dual encoder (CLIP, SigLIP: return_loss), "
+            "or audio for a speech recognizer or audio classifier; write a model file "
             f"whose sample_batch() gives {main_input}"
         )
     # Kyutai's, Dia's audio: codes of their own, which --hf does not build (a speech
@@ -716,6 +726,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     window = whisper_frames(config) if main_input == "input_features" else None
     if kind is not InputKind.IMAGES and seq_len is None:
         said = f"its window, {window}" if window is not None else _SEQ_LEN_SAID[main_input]
+        if kind is InputKind.IMAGE_CAPTIONS:
+            said = "the tokens of each caption"
         raise ModelFileError(
             f"--hf {source.path}: {name} takes {kind.value}; pass --seq-len, {said}"
         )
@@ -723,6 +735,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     limited = "the config"
     if kind is InputKind.IMAGE_TEXT:  # its text decoder's positions
         positions, limited = _positions(config.get_text_config().to_dict()), "the decoder of"
+    if kind is InputKind.IMAGE_CAPTIONS:  # its text tower's (CLIP's 77)
+        positions, limited = _positions(config.get_text_config().to_dict()), "the text tower of"
     if window is not None and seq_len != window:
         raise ModelFileError(
             f"--seq-len {seq_len}: {name} takes windows of {window} feature frames "
@@ -774,7 +788,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         eos_last = classifier_eos
         batch_note += "; each sequence ends in the eos token (the classifier pools there)"
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
-    text_kinds = (InputKind.TOKENS, InputKind.IMAGE_TEXT)
+    text_kinds = (InputKind.TOKENS, InputKind.IMAGE_TEXT, InputKind.IMAGE_CAPTIONS)
     if (kind in text_kinds or head in ("ctc", "speech-seq2seq")) and (
         not isinstance(vocab_size, int) or vocab_size < 1
     ):
@@ -807,7 +821,18 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         return model
 
     targets_said = _TARGETS_SAID[head]
-    if kind in (InputKind.IMAGES, InputKind.IMAGE_TEXT):
+    pairs = caption_eos = None
+    if kind is InputKind.IMAGE_CAPTIONS:  # images and captions (planner/measure/hf_pairs.py)
+        pairs = pair_images(source.path, model_class, config, _image_shape(source.path, config))
+        caption_eos = _first(getattr(config.get_text_config(), "eos_token_id", None))
+        if not (isinstance(caption_eos, int) and 0 <= caption_eos < (vocab_size or 0)):
+            caption_eos = None
+        ending = f", each ending in the eos token {caption_eos}" if caption_eos is not None else ""
+        inputs_said = (
+            f"{pairs.said(batch_size)} and their captions of {seq_len} token ids{ending} "
+            "(attention_mask all ones)"
+        )
+    elif kind in (InputKind.IMAGES, InputKind.IMAGE_TEXT):
         image_shape = _image_shape(source.path, config)
         inputs_said = "{} random {} x {} x {} images (pixel_values)".format(
             batch_size, *image_shape
@@ -869,6 +894,10 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             pixel_values = torch.randn(batch_size, *image_shape).to(dtype)
             return {"pixel_values": pixel_values, **_targets(head, config, pixel_values, dtype)}
         assert seq_len is not None
+        if pairs is not None:  # a dual encoder's images and captions
+            assert isinstance(vocab_size, int)
+            reserved = named_ids(config)
+            return pair_batch(pairs, batch_size, seq_len, vocab_size, reserved, caption_eos, dtype)
         if kind is InputKind.IMAGE_TEXT:  # the images, and the text the decoder writes
             assert isinstance(vocab_size, int)
             pixel_values = torch.randn(batch_size, *image_shape).to(dtype)
