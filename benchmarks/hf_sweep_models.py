@@ -112,6 +112,11 @@ TASKS = {
     "image-text-to-text": Task(
         "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText", via_hf=True
     ),
+    "video-classification": Task(
+        "MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES",
+        "AutoModelForVideoClassification",
+        via_hf=True,
+    ),
     "contrastive": Task(
         "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
         "AutoModelForZeroShotImageClassification",
@@ -134,6 +139,9 @@ none of the other heads)."""
 
 VISION_PATCHES = 4
 """A vision-language model's image side in patches (:func:`make_config`)."""
+
+VIDEO_FRAMES = 8
+"""A video model's frames a video (four tubelets of two frames: VideoMAE's, ViViT's)."""
 
 AUDIO_SAMPLES, AUDIO_FRAMES = 16_000, 64
 """An audio batch's length (``--seq-len``): one second of 16 kHz audio per example (wav2vec
@@ -245,6 +253,9 @@ TOWER_SIZES = {
 }
 """The size fields of a vision or audio tower inside a composite config."""
 IMAGE_SIZES = {"image_size": IMAGE_SIZE}
+VIDEO_SIZES = {"image_size": 2 * IMAGE_SIZE, "crop_size": 2 * IMAGE_SIZE}
+"""A video's frames: 64 x 64 pixels (4 x 4 patches of 16; V-JEPA 2 names it crop_size), so
+that with :data:`VIDEO_FRAMES` its tokens (64) outweigh the head."""
 """For image classifiers only (the zoo's 32 x 32 pixels), in the model and its towers: a text
 model's vision tower is never run on a text batch, and its patch size may not divide 32."""
 
@@ -626,14 +637,18 @@ def make_config(task: str, model_type: str) -> Any:
     """``model_type``'s default config with the sizes above (module docstring)."""
     auto_config = importlib.import_module("transformers").AutoConfig
     default = auto_config.for_model(model_type)
-    image = task in ("image", "semantic-segmentation")
+    image = task in ("image", "semantic-segmentation", "video-classification")
     extra = {**EXTRA.get(model_type, {}), **TASK_EXTRA.get((task, model_type), {})}
-    overrides = _overrides(default, extra, IMAGE_SIZES if image else {})
+    sizes = VIDEO_SIZES if task == "video-classification" else IMAGE_SIZES if image else {}
+    overrides = _overrides(default, extra, sizes)
     for name, value in extra.items():  # a tower's fields (text sub-configs took theirs)
         if isinstance(value, dict) and name not in TEXT_SUBCONFIGS | _DICT_FIELDS:
             overrides[name] = _merged(overrides.get(name, {}), value)
     if image:
         overrides["num_labels"] = NUM_CLASSES
+    for field in ("num_frames", "frames_per_clip"):  # a video model's: 4 frames a video
+        if task == "video-classification" and isinstance(_own(default, field), int):
+            overrides[field] = VIDEO_FRAMES
     if task == "ctc" and default.vocab_size is None:
         overrides["vocab_size"] = VOCAB_SIZE  # its head's width: users set it from a tokenizer
     arguments = {}
@@ -741,9 +756,10 @@ def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     model_class = getattr(importlib.import_module("transformers"), class_name, None)
     main_input = getattr(model_class, "main_input_name", "input_ids")
     tokens = main_input == "input_ids"
-    if task in ("image", "semantic-segmentation") and not tokens:
+    if task in ("image", "semantic-segmentation", "video-classification") and not tokens:
         towers = (config, getattr(config, "vision_config", None))
-        if all(getattr(tower, "image_size", None) is None for tower in towers):
+        sized = ("image_size", "crop_size")
+        if all(getattr(tower, name, None) is None for tower in towers for name in sized):
             config.image_size = IMAGE_SIZE
     path = Path(folder) / model_type / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,10 @@ What is built, and why:
   same images, and the caption as its ``input_ids`` and ``labels``. A dual encoder (CLIP,
   SigLIP: a class taking ``input_ids``, ``pixel_values`` and ``return_loss``, no labels)
   takes such images with a caption of ``seq_len`` tokens each, and ``return_loss=True``
-  (:mod:`planner.measure.hf_pairs`). A speech recognizer's (CTC head) or an audio
+  (:mod:`planner.measure.hf_pairs`). A video classifier takes ``batch_size`` videos of its
+  ``num_frames`` such images, ``(B, frames, C, H, W)``, with a label per video; a masked
+  autoencoder pretraining on images (ViT-MAE) the images alone (its loss is its own, over
+  the mask it draws). A speech recognizer's (CTC head) or an audio
   classifier's batch is ``batch_size`` clips of ``seq_len`` steps of its main input
   (normal, as a feature extractor's normalized output): raw audio samples
   (``input_values``) or feature frames (``input_features``, of the width its config names,
@@ -359,9 +362,10 @@ def _build_config(source: WorkloadSource) -> Any:
     try:
         config = config_class.from_dict(data)
     except Exception as error:  # the config's own validation: a field out of range
+        said = " ".join(str(error).split())  # one line: its validators' messages have several
         raise ModelFileError(
             f"--hf {source.path}: transformers rejects the config "
-            f"({type(error).__name__}: {error}); fix that field"
+            f"({type(error).__name__}: {said}); fix that field"
         ) from error
     try:
         config.get_text_config()  # read later (the vocabulary, the special tokens)
@@ -425,6 +429,7 @@ _HEADS = {
     "MODEL_FOR_CTC_MAPPING_NAMES": "ctc",
     "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES": "speech-seq2seq",
     "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES": "audio-classification",
+    "MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES": "video-classification",
 }
 """The heads whose targets are not the tokens, by the ``transformers`` auto mapping that
 names their classes."""
@@ -439,6 +444,9 @@ _TARGETS_SAID = {
     "audio-classification": "a label per clip",
     "ctc": "a transcript per clip",
     "speech-seq2seq": "a transcript per clip",
+    "video-classification": "a label per video",
+    "image-pretraining": "no labels: its own loss, reconstructing the patches it masks "
+    "(its mask_ratio, drawn each step)",
     "contrastive": "return_loss=True (no labels: the model's own contrastive loss over the "
     "batch's pairs)",
 }
@@ -446,6 +454,24 @@ _TARGETS_SAID = {
 _IMAGE_SIZE = 224
 """The image size of an image classifier whose config names none (ResNet's, ConvNeXt's
 pretraining and fine-tuning size)."""
+
+
+def _pretrains(model_class: type) -> bool:
+    """Whether ``model_class`` is a pretraining class (its mapping's: ViT-MAE, VideoMAE)."""
+    from transformers.models.auto import modeling_auto
+
+    return model_class.__name__ in modeling_auto.MODEL_FOR_PRETRAINING_MAPPING_NAMES.values()
+
+
+def _video_frames(config: Any) -> int | None:
+    """The frames of the videos a video model's config takes (``num_frames``, V-JEPA 2's
+    ``frames_per_clip``), else None."""
+    for field in ("num_frames", "frames_per_clip"):
+        for owner in (config, getattr(config, "vision_config", None)):
+            frames = getattr(owner, field, None)
+            if isinstance(frames, int) and frames > 0:
+                return frames
+    return None
 
 
 def _head(model_class: type) -> str | None:
@@ -514,11 +540,14 @@ def _shape(source: WorkloadSource) -> tuple[int, int | None, str]:
 
 def _image_shape(path: Path, config: Any) -> tuple[int, int, int]:
     """(channels, height, width) of the images an image classifier's config takes: its
-    ``image_size`` (one size, or height and width), or its vision tower's, else
-    :data:`_IMAGE_SIZE`; its ``num_channels``, else 3."""
+    ``image_size`` (one size, or height and width), or its vision tower's, else its
+    ``crop_size`` (V-JEPA 2's), else :data:`_IMAGE_SIZE`; its ``num_channels``, else 3."""
     owners = (config, getattr(config, "vision_config", None), getattr(config, "encoder", None))
-    owner = next((o for o in owners if getattr(o, "image_size", None) is not None), config)
-    size = getattr(owner, "image_size", None) or _IMAGE_SIZE
+    owner = next((o for o in owners if getattr(o, "image_size", None) is not None), None)
+    size = getattr(owner, "image_size", None)
+    if owner is None:  # V-JEPA 2 names its frames' size crop_size
+        owner = next((o for o in owners if getattr(o, "crop_size", None) is not None), config)
+        size = getattr(owner, "crop_size", None) or _IMAGE_SIZE
     sizes = [size, size] if isinstance(size, int) else size
     if not (
         isinstance(sizes, list | tuple)
@@ -578,9 +607,20 @@ def _classified(source: WorkloadSource) -> _Inputs:
     if is_dual_encoder(model_class):  # CLIP, SigLIP: image-caption pairs (hf_pairs.py)
         pair_images(source.path, model_class, config, _image_shape(source.path, config))
         return _Inputs(config, model_class, "contrastive", InputKind.IMAGE_CAPTIONS, main_input)
-    on_images = head in ("image-classification", "semantic-segmentation")
+    on_images = head in ("image-classification", "semantic-segmentation", "video-classification")
     if kind is None and on_images and "pixel_values" in forward:
         kind, main_input = InputKind.IMAGES, "pixel_values"
+    if head == "video-classification" and kind is None and "pixel_values_videos" in forward:
+        kind, main_input = InputKind.IMAGES, "pixel_values_videos"  # V-JEPA 2's name
+    if head is None and main_input == "pixel_values" and _pretrains(model_class):
+        # Masked autoencoding (ViT-MAE): images alone, the mask drawn inside the model
+        if "bool_masked_pos" in forward:
+            raise ModelFileError(
+                f"--hf {source.path}: {name} pretrains on images with a mask of the patches "
+                "it reconstructs (bool_masked_pos), which --hf does not build; write a model "
+                "file whose sample_batch() gives pixel_values and bool_masked_pos"
+            )
+        kind, head = InputKind.IMAGES, "image-pretraining"
     # An image's encoder and a text decoder (TrOCR's, Donut's VisionEncoderDecoderModel):
     # images, and the text its decoder learns to write (labels, shifted right inside).
     decoded = {"labels", "decoder_input_ids"} <= forward and "input_ids" not in forward
@@ -833,10 +873,21 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             "(attention_mask all ones)"
         )
     elif kind in (InputKind.IMAGES, InputKind.IMAGE_TEXT):
-        image_shape = _image_shape(source.path, config)
-        inputs_said = "{} random {} x {} x {} images (pixel_values)".format(
-            batch_size, *image_shape
+        image_shape: tuple[int, ...] = _image_shape(source.path, config)
+        inputs_said = "{} random {} x {} x {} images ({})".format(
+            batch_size, *image_shape, main_input
         )
+        if head == "video-classification":  # (B, frames, C, H, W): videos of its frames
+            frames_per_video = _video_frames(config)
+            if frames_per_video is None:
+                raise ModelFileError(
+                    f"--hf {source.path}: {name} classifies videos, and its config names no "
+                    "num_frames; add the frames a video of its checkpoint has"
+                )
+            image_shape = (frames_per_video, *image_shape)
+            inputs_said = "{} random videos of {} frames of {} x {} x {} ({})".format(
+                batch_size, *image_shape, main_input
+            )
     elif main_input == "input_features":
         assert seq_len is not None
         frames = (seq_len, _feature_width(source, config))
@@ -891,8 +942,10 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
 
     def sample_batch() -> dict[str, torch.Tensor]:
         if kind is InputKind.IMAGES:  # (B, C, H, W), normalized pixels as a processor gives them
-            pixel_values = torch.randn(batch_size, *image_shape).to(dtype)
-            return {"pixel_values": pixel_values, **_targets(head, config, pixel_values, dtype)}
+            pixel_values = torch.randn(batch_size, *image_shape).to(dtype)  # videos: (B, T, ...)
+            if head == "image-pretraining":  # its own loss, of its own mask
+                return {main_input: pixel_values}
+            return {main_input: pixel_values, **_targets(head, config, pixel_values, dtype)}
         assert seq_len is not None
         if pairs is not None:  # a dual encoder's images and captions
             assert isinstance(vocab_size, int)
