@@ -117,6 +117,11 @@ TASKS = {
         "AutoModelForVideoClassification",
         via_hf=True,
     ),
+    "masked-image-modeling": Task(
+        "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES",
+        "AutoModelForMaskedImageModeling",
+        via_hf=True,
+    ),
     "contrastive": Task(
         "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
         "AutoModelForZeroShotImageClassification",
@@ -253,9 +258,12 @@ TOWER_SIZES = {
 }
 """The size fields of a vision or audio tower inside a composite config."""
 IMAGE_SIZES = {"image_size": IMAGE_SIZE}
+IMAGE_TASKS = ("image", "semantic-segmentation", "video-classification", "masked-image-modeling")
+"""The tasks whose models take images alone (videos: frames of images), of these sizes."""
 VIDEO_SIZES = {"image_size": 2 * IMAGE_SIZE, "crop_size": 2 * IMAGE_SIZE}
-"""A video's frames: 64 x 64 pixels (4 x 4 patches of 16; V-JEPA 2 names it crop_size), so
-that with :data:`VIDEO_FRAMES` its tokens (64) outweigh the head."""
+"""A video's frames, and a masked image model's images: 64 x 64 pixels (4 x 4 patches of 16;
+V-JEPA 2 names it crop_size), so that their tokens (64 a video of :data:`VIDEO_FRAMES`, 16
+an image, of which a mask hides some) outweigh the head."""
 """For image classifiers only (the zoo's 32 x 32 pixels), in the model and its towers: a text
 model's vision tower is never run on a text batch, and its patch size may not divide 32."""
 
@@ -637,9 +645,10 @@ def make_config(task: str, model_type: str) -> Any:
     """``model_type``'s default config with the sizes above (module docstring)."""
     auto_config = importlib.import_module("transformers").AutoConfig
     default = auto_config.for_model(model_type)
-    image = task in ("image", "semantic-segmentation", "video-classification")
+    image = task in IMAGE_TASKS
     extra = {**EXTRA.get(model_type, {}), **TASK_EXTRA.get((task, model_type), {})}
-    sizes = VIDEO_SIZES if task == "video-classification" else IMAGE_SIZES if image else {}
+    larger = task in ("video-classification", "masked-image-modeling")  # 16 patches, not 4
+    sizes = VIDEO_SIZES if larger else IMAGE_SIZES if image else {}
     overrides = _overrides(default, extra, sizes)
     for name, value in extra.items():  # a tower's fields (text sub-configs took theirs)
         if isinstance(value, dict) and name not in TEXT_SUBCONFIGS | _DICT_FIELDS:
@@ -756,7 +765,7 @@ def write_hf_config(task: str, model_type: str, folder: Path) -> str:
     model_class = getattr(importlib.import_module("transformers"), class_name, None)
     main_input = getattr(model_class, "main_input_name", "input_ids")
     tokens = main_input == "input_ids"
-    if task in ("image", "semantic-segmentation", "video-classification") and not tokens:
+    if task in IMAGE_TASKS and not tokens:
         towers = (config, getattr(config, "vision_config", None))
         sized = ("image_size", "crop_size")
         if all(getattr(tower, name, None) is None for tower in towers for name in sized):

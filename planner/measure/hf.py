@@ -43,7 +43,10 @@ What is built, and why:
   (:mod:`planner.measure.hf_pairs`). A video classifier takes ``batch_size`` videos of its
   ``num_frames`` such images, ``(B, frames, C, H, W)``, with a label per video; a masked
   autoencoder pretraining on images (ViT-MAE) the images alone (its loss is its own, over
-  the mask it draws). A speech recognizer's (CTC head) or an audio
+  the mask it draws); a masked image model taking its mask (SimMIM's heads, VideoMAE's
+  pretraining) the images and ``bool_masked_pos`` over their patches, as many masked in
+  each (its ``mask_ratio``, else :data:`_MASK_RATIO` or a video's
+  :data:`_VIDEO_MASK_RATIO`). A speech recognizer's (CTC head) or an audio
   classifier's batch is ``batch_size`` clips of ``seq_len`` steps of its main input
   (normal, as a feature extractor's normalized output): raw audio samples
   (``input_values``) or feature frames (``input_features``, of the width its config names,
@@ -430,6 +433,7 @@ _HEADS = {
     "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES": "speech-seq2seq",
     "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES": "audio-classification",
     "MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES": "video-classification",
+    "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES": "masked-image-modeling",
 }
 """The heads whose targets are not the tokens, by the ``transformers`` auto mapping that
 names their classes."""
@@ -447,6 +451,7 @@ _TARGETS_SAID = {
     "video-classification": "a label per video",
     "image-pretraining": "no labels: its own loss, reconstructing the patches it masks "
     "(its mask_ratio, drawn each step)",
+    "masked-image-modeling": "no labels: its own loss, reconstructing the masked patches",
     "contrastive": "return_loss=True (no labels: the model's own contrastive loss over the "
     "batch's pairs)",
 }
@@ -461,6 +466,34 @@ def _pretrains(model_class: type) -> bool:
     from transformers.models.auto import modeling_auto
 
     return model_class.__name__ in modeling_auto.MODEL_FOR_PRETRAINING_MAPPING_NAMES.values()
+
+
+_MASK_RATIO = 0.6
+"""The patches a masked-image-modeling batch masks, without a ``mask_ratio`` in its config:
+SimMIM's and transformers' ``run_mim.py``'s."""
+
+_VIDEO_MASK_RATIO = 0.9
+"""The same for a video (VideoMAE's tube masking: its paper's and model cards' ratio)."""
+
+
+def _masked_patches(path: Path, config: Any, image_shape: tuple[int, ...]) -> tuple[int, float]:
+    """How many patches a masked-image-modeling model's ``bool_masked_pos`` covers
+    (its patch grid; a video's tubelets times that) and the share of them masked."""
+    frames, (height, width) = image_shape[:-3], image_shape[-2:]
+    patch = getattr(config, "patch_size", None)
+    patch = patch[0] if isinstance(patch, list | tuple) else patch
+    if not isinstance(patch, int) or patch < 1:
+        raise ModelFileError(
+            f"--hf {path}: a masked image model's config names no patch_size, the grid its "
+            "mask covers; add it"
+        )
+    patches = (height // patch) * (width // patch)
+    if frames:  # VideoMAE: one mask over its tubelets (frames // tubelet_size of them)
+        patches *= frames[0] // int(getattr(config, "tubelet_size", 1) or 1)
+    ratio = getattr(config, "mask_ratio", None)
+    if not isinstance(ratio, float) or not 0 < ratio < 1:
+        ratio = _VIDEO_MASK_RATIO if frames else _MASK_RATIO
+    return patches, ratio
 
 
 def _video_frames(config: Any) -> int | None:
@@ -607,20 +640,21 @@ def _classified(source: WorkloadSource) -> _Inputs:
     if is_dual_encoder(model_class):  # CLIP, SigLIP: image-caption pairs (hf_pairs.py)
         pair_images(source.path, model_class, config, _image_shape(source.path, config))
         return _Inputs(config, model_class, "contrastive", InputKind.IMAGE_CAPTIONS, main_input)
-    on_images = head in ("image-classification", "semantic-segmentation", "video-classification")
+    on_images = head in (
+        "image-classification",
+        "semantic-segmentation",
+        "video-classification",
+        "masked-image-modeling",
+    )
     if kind is None and on_images and "pixel_values" in forward:
         kind, main_input = InputKind.IMAGES, "pixel_values"
     if head == "video-classification" and kind is None and "pixel_values_videos" in forward:
         kind, main_input = InputKind.IMAGES, "pixel_values_videos"  # V-JEPA 2's name
     if head is None and main_input == "pixel_values" and _pretrains(model_class):
-        # Masked autoencoding (ViT-MAE): images alone, the mask drawn inside the model
-        if "bool_masked_pos" in forward:
-            raise ModelFileError(
-                f"--hf {source.path}: {name} pretrains on images with a mask of the patches "
-                "it reconstructs (bool_masked_pos), which --hf does not build; write a model "
-                "file whose sample_batch() gives pixel_values and bool_masked_pos"
-            )
-        kind, head = InputKind.IMAGES, "image-pretraining"
+        # Masked autoencoding: images alone, the mask drawn inside the model (ViT-MAE) or
+        # given with them (VideoMAE), as SimMIM's is (the masked-image-modeling head)
+        masked = "bool_masked_pos" in forward
+        kind, head = InputKind.IMAGES, "masked-image-modeling" if masked else "image-pretraining"
     # An image's encoder and a text decoder (TrOCR's, Donut's VisionEncoderDecoderModel):
     # images, and the text its decoder learns to write (labels, shifted right inside).
     decoded = {"labels", "decoder_input_ids"} <= forward and "input_ids" not in forward
@@ -877,7 +911,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         inputs_said = "{} random {} x {} x {} images ({})".format(
             batch_size, *image_shape, main_input
         )
-        if head == "video-classification":  # (B, frames, C, H, W): videos of its frames
+        videos = head == "masked-image-modeling" and _video_frames(config) is not None
+        if head == "video-classification" or videos:  # (B, frames, C, H, W)
             frames_per_video = _video_frames(config)
             if frames_per_video is None:
                 raise ModelFileError(
@@ -887,6 +922,13 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             image_shape = (frames_per_video, *image_shape)
             inputs_said = "{} random videos of {} frames of {} x {} x {} ({})".format(
                 batch_size, *image_shape, main_input
+            )
+        if head == "masked-image-modeling":  # the mask it learns to fill in
+            mask_patches, mask_ratio = _masked_patches(source.path, config, image_shape)
+            masked_count = int(mask_ratio * mask_patches)
+            inputs_said += (
+                f", bool_masked_pos masking {masked_count} of their {mask_patches} patches "
+                f"({mask_ratio:.0%}, uniformly drawn)"
             )
     elif main_input == "input_features":
         assert seq_len is not None
@@ -945,6 +987,9 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             pixel_values = torch.randn(batch_size, *image_shape).to(dtype)  # videos: (B, T, ...)
             if head == "image-pretraining":  # its own loss, of its own mask
                 return {main_input: pixel_values}
+            if head == "masked-image-modeling":  # as many patches masked in each
+                order = torch.rand(batch_size, mask_patches).argsort(dim=1)
+                return {main_input: pixel_values, "bool_masked_pos": order < masked_count}
             return {main_input: pixel_values, **_targets(head, config, pixel_values, dtype)}
         assert seq_len is not None
         if pairs is not None:  # a dual encoder's images and captions
