@@ -103,6 +103,9 @@ TASKS = {
         "AutoModelForTokenClassification",
         via_hf=True,
     ),
+    "multiple-choice": Task(
+        "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES", "AutoModelForMultipleChoice", via_hf=True
+    ),
     "question-answering": Task(
         "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "AutoModelForQuestionAnswering", via_hf=True
     ),

@@ -297,6 +297,16 @@ ClipsOption = Annotated[
         show_default="1",
     ),
 ]
+ChoicesOption = Annotated[
+    int | None,
+    typer.Option(
+        "--choices",
+        min=2,
+        help="With --hf on a multiple-choice head (SWAG, RACE): choices per example, each "
+        "--seq-len tokens.",
+        show_default="4",
+    ),
+]
 LoraOption = Annotated[
     str | None,
     typer.Option(
@@ -341,13 +351,15 @@ def workload_source(
     clips: int | None = None,
     lora: str | None = None,
     autocast: AutocastDtype | None = None,
+    choices: int | None = None,
     model_option: str = "MODEL.py",
     recorded: str | None = None,
 ) -> WorkloadSource | None:
     """The workload a command runs, as the library carries it: the model file (its path
     may carry a batch size, ``PATH?batch_size=N``, as printed commands write it), or the
     Hugging Face workload the ``--hf`` options name (``--batch-size``, ``--seq-len``,
-    ``--dtype``, ``--images``, ``--clips``, ``--lora`` and ``--autocast`` default to those of
+    ``--dtype``, ``--images``, ``--clips``, ``--lora``, ``--autocast`` and ``--choices``
+    default to those of
     ``recorded``,
     the source a profile or plan holds, where that is a Hugging Face workload). None when
     neither is given. Raises ModelFileError for a config that cannot be used; a bad
@@ -358,9 +370,10 @@ def workload_source(
     if model is not None and hf is not None:
         fail(f"pass either {model_option} or --hf CONFIG, not both", 2)
     if hf is None:
-        if (seq_len, dtype, images, clips, lora, autocast) != (None,) * 6:
+        if (seq_len, dtype, images, clips, lora, autocast, choices) != (None,) * 7:
             fail(
-                "--seq-len, --dtype, --images, --clips, --lora and --autocast go with --hf CONFIG",
+                "--seq-len, --dtype, --images, --clips, --lora, --autocast and --choices go "
+                "with --hf CONFIG",
                 2,
             )
         if model is None:
@@ -381,10 +394,13 @@ def workload_source(
         clips = before.clips if clips is None else clips
         lora = before.lora if lora is None else lora
         autocast_name = before.autocast if autocast_name is None else autocast_name
+        choices = before.choices if choices is None else choices
     if batch_size is None:
         fail("--hf needs --batch-size (and --seq-len, for a model taking token ids)", 2)
     return hf_workload(
-        hf, batch_size, seq_len, dtype_name, images, clips, lora, autocast=autocast_name
+        *(hf, batch_size, seq_len, dtype_name, images, clips, lora),
+        autocast=autocast_name,
+        choices=choices,
     )
 
 

@@ -27,6 +27,7 @@ from planner.measure.workload import build_workload, load_model_file, run_traini
 from planner.plan.plan_file import Plan, load_plan, plan_to_dict
 from planner.plan.profile_file import load_profile
 from planner.solve.planning import baseline_every_block
+from tests.models import profile_halfway
 
 pytestmark = pytest.mark.hf
 
@@ -272,6 +273,44 @@ def test_a_heads_batch_holds_the_targets_its_loss_takes(
     if config["model_type"] == "llama":
         assert built.model.config.pad_token_id == TINY_LLAMA["eos_token_id"]
         assert "pad_token_id set to the eos_token_id 0" in built.notes[0].text
+
+
+@pytest.mark.parametrize(("choices", "expected"), [(None, 4), (2, 2)])
+def test_a_multiple_choice_batch_holds_its_choices(
+    tmp_path: Path, choices: int | None, expected: int
+) -> None:
+    """Each example is its choices, each a sequence of --seq-len tokens, and the index of the
+    right one (SWAG's 4 by default). Before, --hf refused the head."""
+    path = _write(
+        tmp_path / "config.json", {**TINY_BERT, "architectures": ["BertForMultipleChoice"]}
+    )
+    source = hf_workload(path, batch_size=3, seq_len=16, choices=choices)
+    assert WorkloadSource.parse(str(source)) == source
+    assert ("--choices" in source.command_arguments()) is (choices is not None)
+    model_file = load_hf_model_file(source)
+    built = build_workload(model_file, seed=0)
+    assert built.batch["input_ids"].shape == built.batch["attention_mask"].shape
+    assert tuple(built.batch["input_ids"].shape) == (3, expected, 16)
+    labels = built.batch["labels"]
+    assert labels.shape == (3,) and int(labels.min()) >= 0 and int(labels.max()) < expected
+    assert f"3 examples of {expected} choices of 16 random token ids" in model_file.assumptions[0]
+    assert run_training_step(built, seed=0).isfinite()
+
+
+@pytest.mark.slow
+def test_profile_a_multiple_choice_config_its_plan_exact_and_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--choices 5` travels with the workload: the plan checked in its own process (which
+    rebuilds the batch from the source) is predicted to the byte."""
+    monkeypatch.chdir(tmp_path)
+    config = {**TINY_BERT, "architectures": ["BertForMultipleChoice"]}
+    source = hf_workload(_write(tmp_path / "config.json", config), 4, 32, choices=5)
+    workload, session = build_fake_workload(load_hf_model_file(source))
+    profile = record_memory(workload, session=session)
+    plan = profile_halfway(source, profile, tmp_path)
+    assert plan.model_file is not None and plan.model_file.endswith("&choices=5")
+    assert tuple(plan.batch["input_ids"]["shape"]) == (4, 5, 32)
 
 
 # -- image classifiers -------------------------------------------------------------------------
@@ -695,8 +734,8 @@ SHAPE = ["--batch-size", "1", "--seq-len", "8"]
             ["GPT2LMHeadModel takes token ids; pass --seq-len"],
         ),
         (
-            ["--hf", "bert-choices.json", *SHAPE],
-            ["BertForMultipleChoice takes input_ids of (batch, choices, tokens)"],
+            ["--hf", "gpt2.json", *SHAPE, "--choices", "3"],
+            ["--choices 3: GPT2LMHeadModel is no multiple-choice head; leave out --choices"],
         ),
         (
             ["--hf", "wav2vec2.json", "--batch-size", "1"],
@@ -738,7 +777,6 @@ def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
     _write(workdir / "wav2vec2.json", speech)
     ast = {"model_type": "audio-spectrogram-transformer"}
     _write(workdir / "ast.json", {**ast, "architectures": ["ASTForAudioClassification"]})
-    _write(workdir / "bert-choices.json", {**TINY_BERT, "architectures": ["BertForMultipleChoice"]})
     _write(workdir / "musicgen.json", {"model_type": "musicgen"})
     (workdir / "diffusers-unet").mkdir()
     unet = {"_class_name": "UNet2DConditionModel", "_diffusers_version": "0.42.1"}

@@ -23,7 +23,9 @@ What is built, and why:
   shifts them itself); for a sequence classifier one label per sequence (below
   ``num_labels``; floats for regression and multi-label problems); for a token classifier
   one per token; for extractive question answering ``start_positions`` and
-  ``end_positions``. A sequence classifier whose config names no ``pad_token_id`` gets its
+  ``end_positions``; for a multiple-choice head ``choices`` sequences an example
+  (``batch_size`` x ``choices`` x ``seq_len``; ``--choices``, else :data:`_CHOICES`) and the
+  right one's index. A sequence classifier whose config names no ``pad_token_id`` gets its
   ``eos_token_id`` as one (what fine-tuning scripts set: decoder-only classifiers find each
   sequence's last token by it and refuse batches of more than one without it); an
   encoder-decoder's (BART, T5) has each sequence end in its one eos token, as its tokenizer
@@ -58,8 +60,8 @@ What is built, and why:
   Whisper takes one window of ``2 x max_source_positions`` frames (3000), laid out mel bins
   first, with no mask. The loss is the model's own ``output.loss``. Any other class
   whose main input is not token ids (a segmentation model's ``pixel_values``; AST's and
-  Whisper's audio classifiers, whose spectrograms have one fixed length and layout), a
-  multiple-choice head (a batch of choices per example), or a speech model whose audio is
+  Whisper's audio classifiers, whose spectrograms have one fixed length and layout), or a
+  speech model whose audio is
   codes of its own codec (Kyutai's, Dia: a plan for text alone would leave its audio out),
   is an error naming it: its batch needs a model file. A vision-language model's sequences
   hold images (:mod:`planner.measure.hf_images`); a speech language model's (token ids, and
@@ -308,6 +310,7 @@ def hf_workload(
     lora: str | Path | None = None,
     *,
     autocast: str | None = None,
+    choices: int | None = None,
 ) -> WorkloadSource:
     """Check a Hugging Face workload before anything is built: ``config`` is a local
     ``config.json`` or a folder holding one, with a ``model_type``; ``batch_size`` and
@@ -318,7 +321,8 @@ def hf_workload(
     images a sequence; None: its default) and ``clips`` (a speech language model's) are not
     negative; ``lora`` (LoRA adapters to train, :mod:`planner.measure.hf_lora`) a rank of 1
     or more or an adapter config on disk; ``autocast`` (the forward's autocast dtype) one of
-    :data:`AUTOCAST`. Raises :class:`ModelFileError` naming the fix."""
+    :data:`AUTOCAST`; ``choices`` (a multiple-choice head's, an example) 2 or more. Raises
+    :class:`ModelFileError` naming the fix."""
     path = _config_file(config)
     data = _read_config(path)
     if batch_size < 1 or (seq_len is not None and seq_len < 1):
@@ -332,10 +336,15 @@ def hf_workload(
     for option, count in (("--images", images), ("--clips", clips)):
         if count is not None and count < 0:
             raise ModelFileError(f"{option} {count}: give 0 (text alone) or more")
+    if choices is not None and choices < 2:
+        raise ModelFileError(f"--choices {choices}: an example has 2 choices or more")
     adapters = lora_spec(lora) if lora is not None else None
     dtype_name = dtype or _config_dtype(data, path)
     return WorkloadSource.hugging_face(
-        path, batch_size, seq_len, dtype_name, images, clips, adapters, autocast=autocast
+        path,
+        *(batch_size, seq_len, dtype_name, images, clips, adapters),
+        autocast=autocast,
+        choices=choices,
     )
 
 
@@ -443,6 +452,7 @@ _TARGETS_SAID = {
     "sequence-classification": "a label per sequence",
     "token-classification": "a label per token",
     "question-answering": "start_positions and end_positions",
+    "multiple-choice": "the right choice's index per example",
     "image-classification": "a label per image",
     "semantic-segmentation": "a label per pixel",
     "audio-classification": "a label per clip",
@@ -467,6 +477,10 @@ def _pretrains(model_class: type) -> bool:
 
     return model_class.__name__ in modeling_auto.MODEL_FOR_PRETRAINING_MAPPING_NAMES.values()
 
+
+_CHOICES = 4
+"""A multiple-choice example's choices without ``--choices``: SWAG's, RACE's and
+HellaSwag's 4, those of transformers' ``run_swag.py``."""
 
 _MASK_RATIO = 0.6
 """The patches a masked-image-modeling batch masks, without a ``mask_ratio`` in its config:
@@ -535,6 +549,8 @@ def _targets(
     if head is None:
         return {"labels": inputs.clone()}  # the model shifts them by one position itself
     batch_size = len(inputs)
+    if head == "multiple-choice":  # inputs: (B, choices, T)
+        return {"labels": torch.randint(0, inputs.shape[1], (batch_size,))}
     if head == "question-answering":
         seq_len = inputs.shape[1]
         return {
@@ -686,11 +702,9 @@ def _classified(source: WorkloadSource) -> _Inputs:
             "token ids, which --hf does not build (a plan for text alone would leave its "
             "audio encoder out); write a model file whose sample_batch() gives them"
         )
-    if head == "multiple-choice":
+    if source.choices is not None and head != "multiple-choice":
         raise ModelFileError(
-            f"--hf {source.path}: {name} takes input_ids of (batch, choices, tokens), and "
-            "--hf builds one sequence per example; write a model file whose sample_batch() "
-            "gives its choices"
+            f"--choices {source.choices}: {name} is no multiple-choice head; leave out --choices"
         )
     return _Inputs(config, model_class, head, kind, main_input)
 
@@ -762,6 +776,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         source.clips,
         source.lora,
         autocast=source.autocast,
+        choices=source.choices,
     )
     transformers = _transformers()
     config, model_class, head, kind, main_input = _classified(source)
@@ -895,6 +910,9 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         return model
 
     targets_said = _TARGETS_SAID[head]
+    choices = None
+    if head == "multiple-choice":  # SWAG's and RACE's 4 where --choices names none
+        choices = source.choices or _CHOICES
     pairs = caption_eos = None
     if kind is InputKind.IMAGE_CAPTIONS:  # images and captions (planner/measure/hf_pairs.py)
         pairs = pair_images(source.path, model_class, config, _image_shape(source.path, config))
@@ -950,6 +968,11 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
             inputs_said += " (no audio: --hf plans a model taking images and audio on images)"
     else:
         inputs_said = f"{batch_size} x {seq_len} random token ids with attention_mask"
+        if head == "multiple-choice":  # (B, choices, T): each choice a sequence of its own
+            inputs_said = (
+                f"{batch_size} examples of {choices} choices of {seq_len} random token ids "
+                f"(input_ids of {batch_size} x {choices} x {seq_len}) with attention_mask"
+            )
         if vision_language and _no_vision(config):
             inputs_said += " (no vision_config: text alone)"
         elif vision_language:
@@ -1035,7 +1058,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
                 del batch["labels"]
                 batch.update(_targets(head, config, batch["input_ids"], dtype))
             return batch
-        input_ids = torch.randint(0, vocab_size, (batch_size, seq_len))  # (B, T)
+        ids_shape = (batch_size, seq_len) if choices is None else (batch_size, choices, seq_len)
+        input_ids = torch.randint(0, vocab_size, ids_shape)  # (B, T); multiple choice (B, C, T)
         if eos_last is not None:  # one eos, last, as the tokenizer appends it
             input_ids[input_ids == eos_last] = (eos_last + 1) % vocab_size
             input_ids[:, -1] = eos_last

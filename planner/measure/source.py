@@ -54,7 +54,8 @@ class WorkloadSource:
     (None: its default, :mod:`planner.measure.hf_images`), and ``clips``, a speech language
     model's clips (:mod:`planner.measure.hf_audio`), ``lora``, LoRA adapters to train
     instead of the weights (a rank, or an adapter config's path: :mod:`planner.measure.hf_lora`),
-    and ``autocast``, the dtype the forward autocasts to (None: no autocast).
+    ``autocast``, the dtype the forward autocasts to (None: no autocast), and ``choices``, a
+    multiple-choice head's choices an example (None: its default).
     Build one with :meth:`model_file` or :meth:`hugging_face`; nothing here reads the file."""
 
     kind: SourceKind
@@ -66,15 +67,20 @@ class WorkloadSource:
     clips: int | None = None
     lora: str | None = None
     autocast: str | None = None
+    choices: int | None = None
 
     def __post_init__(self) -> None:
         shape = (self.batch_size, self.dtype)
         if self.kind is SourceKind.HUGGING_FACE and None in shape:
             raise ValueError(f"a Hugging Face workload needs a batch size and dtype: {self}")
-        hf_only = (self.seq_len, self.dtype, self.images, self.clips, self.lora, self.autocast)
+        hf_only = (
+            *(self.seq_len, self.dtype, self.images, self.clips),
+            *(self.lora, self.autocast, self.choices),
+        )
         if self.kind is SourceKind.MODEL_FILE and hf_only != (None,) * len(hf_only):
             raise ValueError(
-                "a model file's source takes no seq_len, dtype, images, clips, lora or autocast"
+                "a model file's source takes no seq_len, dtype, images, clips, lora, autocast "
+                "or choices"
             )
 
     @classmethod
@@ -95,9 +101,10 @@ class WorkloadSource:
         lora: str | None = None,
         *,
         autocast: str | None = None,
+        choices: int | None = None,
     ) -> WorkloadSource:
         path = Path(config_path)
-        shape = (batch_size, seq_len, dtype, images, clips, lora, autocast)
+        shape = (batch_size, seq_len, dtype, images, clips, lora, autocast, choices)
         return cls(SourceKind.HUGGING_FACE, path, *shape)
 
     @classmethod
@@ -116,14 +123,15 @@ class WorkloadSource:
                 clips = int(values["clips"]) if "clips" in values else None
                 lora = values.get("lora") or None
                 autocast = values.get("autocast") or None
+                choices = int(values["choices"]) if "choices" in values else None
             except (KeyError, ValueError):
                 raise ModelFileError(
                     f"{text!r} is not a Hugging Face workload source (expected "
                     f"{_HF_PREFIX}CONFIG?batch_size=B[&seq_len=S]&dtype=D[&images=N][&clips=N]"
-                    "[&lora=R][&autocast=D]); re-create the profile"
+                    "[&lora=R][&autocast=D][&choices=N]); re-create the profile"
                 ) from None
             shape = (batch_size, seq_len, dtype, images, clips, lora)
-            return cls.hugging_face(path, *shape, autocast=autocast)
+            return cls.hugging_face(path, *shape, autocast=autocast, choices=choices)
         base, query, count = text.rpartition(_BATCH_SIZE_QUERY)
         if not query or Path(text).expanduser().is_file():
             return cls.model_file(text)
@@ -148,6 +156,7 @@ class WorkloadSource:
                 "clips": self.clips,
                 "lora": self.lora,
                 "autocast": self.autocast,
+                "choices": self.choices,
             }
             query = urllib.parse.urlencode({k: v for k, v in shape.items() if v is not None})
             return f"{_HF_PREFIX}{self.path}?{query}"
@@ -181,7 +190,8 @@ class WorkloadSource:
     def command_arguments(self, model: str | None = None) -> list[str]:
         """The command-line options that name this workload: a Hugging Face workload's
         ``--hf CONFIG --batch-size B --seq-len S --dtype D`` (no ``--seq-len`` for images;
-        ``--images N``, ``--clips N``, ``--lora R``, ``--autocast D`` where it names them);
+        ``--images N``, ``--clips N``, ``--lora R``, ``--autocast D``, ``--choices N`` where it
+        names them);
         else the model file (``model``
         in its place where given, e.g. ``MODEL.py`` for a command to run on another machine)
         with ``--batch-size N`` where it has one."""
@@ -193,6 +203,7 @@ class WorkloadSource:
                 *(["--clips", str(self.clips)] if self.clips is not None else []),
                 *(["--lora", self.lora] if self.lora is not None else []),
                 *(["--autocast", self.autocast] if self.autocast is not None else []),
+                *(["--choices", str(self.choices)] if self.choices is not None else []),
             ]
             return ["--hf", str(self.path), *batch, "--dtype", str(self.dtype), *media]
         sized = ["--batch-size", str(self.batch_size)] if self.batch_size is not None else []
