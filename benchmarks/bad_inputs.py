@@ -55,6 +55,11 @@ MODEL_SOURCES = {
     # Hugging Face configs that cannot be planned (for --hf).
     "no_model_type.json": '{"hidden_size": 64, "num_hidden_layers": 2}\n',
     "unknown_model_type.json": '{"model_type": "no-such-architecture"}\n',
+    "clap.json": '{"model_type": "clap", "architectures": ["ClapModel"]}\n',
+    "videomae_no_frames.json": (
+        '{"model_type": "videomae", "architectures": ["VideoMAEForVideoClassification"], '
+        '"num_frames": null}\n'
+    ),
     "diffusers_unet.json": (
         '{"_class_name": "UNet2DConditionModel", "_diffusers_version": "0.42.1", '
         '"sample_size": 64}\n'
@@ -435,6 +440,24 @@ CASES = [
         "--hf --autocast in a dtype it does not take",
         ("--hf", "{examples}/configs/tiny-llama.json", *HF_SHAPE, "--autocast", "fp8", *OUT),
         2,
+    ),
+    Case(
+        PROFILE,
+        "--hf --choices on a head that is not multiple choice",
+        ("--hf", "{examples}/configs/tiny-llama.json", *HF_SHAPE, "--choices", "3", *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "--hf dual encoder of audio and text (CLAP)",
+        ("--hf", "clap.json", *HF_SHAPE, *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "--hf config transformers' validators reject (on several lines)",
+        ("--hf", "videomae_no_frames.json", "--batch-size", "1", "-b", "1GB", *OUT),
+        4,
     ),
     Case(
         PROFILE,
