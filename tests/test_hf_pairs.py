@@ -129,6 +129,13 @@ def test_a_dual_encoder_of_another_medium_is_one_line_naming_the_way_on(
     assert "write a model file" in message and "\n" not in message
 
 
+def test_choices_on_a_dual_encoder_is_an_error(tmp_path: Path) -> None:
+    written = WorkloadSource.parse(_source(tmp_path, "clip"))
+    source = WorkloadSource.hugging_face(written.path, 2, 16, "float32", choices=4)
+    with pytest.raises(ModelFileError, match="CLIPModel is no multiple-choice head"):
+        load_model_file(str(source))
+
+
 def test_a_caption_longer_than_the_text_towers_positions_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError, match="the 77 positions the text tower of"):
         load_model_file(_source(tmp_path, "clip", seq_len=78))

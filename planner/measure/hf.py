@@ -643,6 +643,10 @@ def _classified(source: WorkloadSource) -> _Inputs:
     name = model_class.__name__
     main_input = getattr(model_class, "main_input_name", "input_ids")
     head = _head(model_class)
+    if source.choices is not None and head != "multiple-choice":
+        raise ModelFileError(
+            f"--choices {source.choices}: {name} is no multiple-choice head; leave out --choices"
+        )
     if name in _FIXED_SPECTROGRAMS:
         raise ModelFileError(
             f"--hf {source.path}: {name} takes {main_input}, a spectrogram of one length and "
@@ -701,10 +705,6 @@ def _classified(source: WorkloadSource) -> _Inputs:
             f"--hf {source.path}: {name} is a speech model: it trains on audio codes besides "
             "token ids, which --hf does not build (a plan for text alone would leave its "
             "audio encoder out); write a model file whose sample_batch() gives them"
-        )
-    if source.choices is not None and head != "multiple-choice":
-        raise ModelFileError(
-            f"--choices {source.choices}: {name} is no multiple-choice head; leave out --choices"
         )
     return _Inputs(config, model_class, head, kind, main_input)
 
