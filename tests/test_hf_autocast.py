@@ -152,7 +152,7 @@ def test_a_bad_autocast_dtype_is_one_line(tmp_path: Path) -> None:
     ("arguments", "said"),
     [
         (["--autocast", "fp8"], "Invalid value for '--autocast'"),
-        (["model.py", "--autocast", "bfloat16"], "--autocast go with --hf CONFIG"),
+        (["model.py", "--autocast", "bfloat16"], "--autocast and --choices go with --hf CONFIG"),
     ],
 )
 def test_a_bad_autocast_exits_with_one_line_and_writes_nothing(

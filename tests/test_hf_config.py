@@ -795,6 +795,7 @@ def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
         ([], "pass a model file (MODEL.py) or --hf CONFIG"),
         (["--hf", "tiny.json", "--seq-len", "8"], "--hf needs --batch-size"),
         (["model.py", *SHAPE], "go with --hf CONFIG"),
+        (["model.py", "--choices", "3"], "--autocast and --choices go with --hf CONFIG"),
     ],
 )
 def test_model_file_and_hf_are_exclusive_and_one_is_required(

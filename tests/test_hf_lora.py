@@ -289,4 +289,4 @@ def test_lora_with_a_model_file_is_a_usage_error(tmp_path: Path) -> None:
     model.write_text("")
     result = CliRunner().invoke(app, ["profile", str(model), "--budget", "1GB", "--lora", "4"])
     assert result.exit_code == 2, result.output
-    assert "--autocast go with --hf CONFIG" in result.output  # --lora among them
+    assert "--autocast and --choices go with --hf CONFIG" in result.output  # --lora among them
