@@ -21,7 +21,9 @@ The batch, as a contrastive data collator gives it (transformers' ``run_clip.py`
   zero there).
 * **The captions**: ``input_ids`` uniform below the text tower's ``vocab_size`` and none of
   the ids the config names, each ending in the text config's ``eos_token_id`` where the
-  vocabulary holds it, as the tokenizer appends it (CLIP pools the text at its eos);
+  vocabulary holds it, as the tokenizer appends it (CLIP pools the text at its eos; with
+  the older configs' ``eos_token_id`` 2 at each caption's highest id, wherever the random
+  ids put it: a gather of the same size);
   ``attention_mask`` all ones.
 * **The loss**: ``return_loss=True``; the output's ``loss`` is the model's own contrastive
   loss over the batch (CLIP's symmetric cross-entropy, SigLIP's sigmoid loss).
