@@ -729,6 +729,10 @@ SHAPE = ["--batch-size", "1", "--seq-len", "8"]
             ["--hf", "depth.json", *SHAPE],
             ["DPTForDepthEstimation takes pixel_values", "write a model file"],
         ),
+        (  # before: "takes pixel_values, and --hf builds batches of token ids, images ..."
+            ["--hf", "detr.json", "--batch-size", "1"],
+            ["DetrForObjectDetection is an object detector", "write a model file"],
+        ),
         (
             ["--hf", "gpt2.json", "--batch-size", "1"],
             ["GPT2LMHeadModel takes token ids; pass --seq-len"],
@@ -772,6 +776,9 @@ def test_a_config_that_cannot_be_used_exits_4_and_writes_nothing(
     _write(workdir / "vit-classifier.json", {**vit, "architectures": ["ViTForImageClassification"]})
     _write(
         workdir / "depth.json", {"model_type": "dpt", "architectures": ["DPTForDepthEstimation"]}
+    )
+    _write(
+        workdir / "detr.json", {"model_type": "detr", "architectures": ["DetrForObjectDetection"]}
     )
     speech = {"model_type": "wav2vec2", "vocab_size": 32, "architectures": ["Wav2Vec2ForCTC"]}
     _write(workdir / "wav2vec2.json", speech)

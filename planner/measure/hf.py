@@ -60,7 +60,8 @@ What is built, and why:
   Whisper takes one window of ``2 x max_source_positions`` frames (3000), laid out mel bins
   first, with no mask. The loss is the model's own ``output.loss``. Any other class
   whose main input is not token ids (a segmentation model's ``pixel_values``; AST's and
-  Whisper's audio classifiers, whose spectrograms have one fixed length and layout), or a
+  Whisper's audio classifiers, whose spectrograms have one fixed length and layout), an
+  object detector (boxes per image, matched to its queries by their values), or a
   speech model whose audio is
   codes of its own codec (Kyutai's, Dia: a plan for text alone would leave its audio out),
   is an error naming it: its batch needs a model file. A vision-language model's sequences
@@ -443,6 +444,8 @@ _HEADS = {
     "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES": "audio-classification",
     "MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES": "video-classification",
     "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES": "masked-image-modeling",
+    "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES": "object-detection",
+    "MODEL_FOR_ZERO_SHOT_OBJECT_DETECTION_MAPPING_NAMES": "object-detection",
 }
 """The heads whose targets are not the tokens, by the ``transformers`` auto mapping that
 names their classes."""
@@ -646,6 +649,13 @@ def _classified(source: WorkloadSource) -> _Inputs:
     if source.choices is not None and head != "multiple-choice":
         raise ModelFileError(
             f"--choices {source.choices}: {name} is no multiple-choice head; leave out --choices"
+        )
+    if head == "object-detection":  # DETR's kin: boxes per image, matched to its queries
+        raise ModelFileError(
+            f"--hf {source.path}: {name} is an object detector, trained on boxes and their "
+            "classes per image, which --hf does not build; write a model file whose "
+            "sample_batch() gives them (its loss matches them to its queries on their "
+            "values, so profile records a real step, within the budget)"
         )
     if name in _FIXED_SPECTROGRAMS:
         raise ModelFileError(
