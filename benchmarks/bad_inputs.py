@@ -56,6 +56,7 @@ MODEL_SOURCES = {
     "no_model_type.json": '{"hidden_size": 64, "num_hidden_layers": 2}\n',
     "unknown_model_type.json": '{"model_type": "no-such-architecture"}\n',
     "clap.json": '{"model_type": "clap", "architectures": ["ClapModel"]}\n',
+    "detr.json": '{"model_type": "detr", "architectures": ["DetrForObjectDetection"]}\n',
     "videomae_no_frames.json": (
         '{"model_type": "videomae", "architectures": ["VideoMAEForVideoClassification"], '
         '"num_frames": null}\n'
@@ -451,6 +452,12 @@ CASES = [
         PROFILE,
         "--hf dual encoder of audio and text (CLAP)",
         ("--hf", "clap.json", *HF_SHAPE, *OUT),
+        4,
+    ),
+    Case(
+        PROFILE,
+        "--hf object detector (DETR)",
+        ("--hf", "detr.json", "--batch-size", "1", "-b", "1GB", *OUT),
         4,
     ),
     Case(
