@@ -43,9 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import markdown_table  # noqa: E402
+from benchmarks.selective import memory_profile  # noqa: E402
 from planner.core.fileio import atomic_write_text  # noqa: E402
-from planner.core.loop import PLAIN_LOOP  # noqa: E402
-from planner.core.records import MemorySource  # noqa: E402
 from planner.measure.workload import load_model_file  # noqa: E402
 from planner.solve import Solver  # noqa: E402
 from planner.solve.planning import plan_for_budget  # noqa: E402
@@ -66,21 +65,6 @@ SCORE = "return score - slopes[h] * (q_index - kv_index)"
 SOFT_CAPPED = "return 30.0 * torch.tanh(score / 30.0) - slopes[h] * (q_index - kv_index)"
 
 
-def _memory_profile(path: Path):  # type: ignore[no-untyped-def]
-    from planner.pipeline import record_step_memory
-
-    return record_step_memory(
-        load_model_file(path),
-        device="cpu",
-        seed=0,
-        memory=MemorySource.FAKE,
-        budget_bytes=None,
-        target=None,
-        loop=PLAIN_LOOP,
-        progress=None,
-    )
-
-
 def soft_capped(folder: Path) -> dict[str, object]:
     """Step 1's soft-capped variant: unplanned and lowest feasible peaks, beside the
     model's own."""
@@ -90,7 +74,7 @@ def soft_capped(folder: Path) -> dict[str, object]:
     path.write_text(source.replace(SCORE, SOFT_CAPPED))
     row: dict[str, object] = {}
     for name, model in (("as in the tests", MODEL), ("soft cap added", path)):
-        profile = _memory_profile(model)
+        profile = memory_profile(str(model))
         row[f"{name}: unplanned (B)"] = f"{profile.measured_peak_bytes:,}"
         row[f"{name}: lowest feasible (B)"] = f"{Solver(profile).lowest_peak()[1]:,}"
     print(row, flush=True)
@@ -102,7 +86,7 @@ def on_this_cpu() -> list[dict[str, object]]:
     from planner.check.compare import run_check
 
     _lift_cpu_refusal()
-    profile = _memory_profile(MODEL)
+    profile = memory_profile(str(MODEL))
     solver = Solver(profile)
     _, lowest = solver.lowest_peak()
     rows: list[dict[str, object]] = []
