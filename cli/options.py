@@ -398,7 +398,13 @@ def workload_source(
     if batch_size is None:
         fail("--hf needs --batch-size (and --seq-len, for a model taking token ids)", 2)
     return hf_workload(
-        *(hf, batch_size, seq_len, dtype_name, images, clips, lora),
+        hf,
+        batch_size,
+        seq_len,
+        dtype_name,
+        images,
+        clips,
+        lora,
         autocast=autocast_name,
         choices=choices,
     )

@@ -114,7 +114,7 @@ from planner.measure.hf_images import (
     text_tokens,
 )
 from planner.measure.hf_lora import lora_adapters, lora_spec
-from planner.measure.hf_pairs import is_dual_encoder, pair_batch, pair_images
+from planner.measure.hf_pairs import PairImages, is_dual_encoder, pair_batch, pair_images
 from planner.measure.source import WorkloadSource
 
 if TYPE_CHECKING:
@@ -235,7 +235,7 @@ def min_seq_len(source: WorkloadSource) -> int:
     """The shortest sequence the workload's batch can be: 1, or a vision-language model's
     images' tokens and one of text (:mod:`planner.measure.hf_images`), or a speech language
     model's clip's and one (:mod:`planner.measure.hf_audio`)."""
-    config, model_class, _, kind, _ = _classified(source)
+    config, model_class, _, kind, _, _ = _classified(source)
     clips = _clips(source, kind, model_class)
     if clips:
         return clips * _audio_spec(source, _shape(source)[2]).per_clip + 1
@@ -343,7 +343,12 @@ def hf_workload(
     dtype_name = dtype or _config_dtype(data, path)
     return WorkloadSource.hugging_face(
         path,
-        *(batch_size, seq_len, dtype_name, images, clips, adapters),
+        batch_size,
+        seq_len,
+        dtype_name,
+        images,
+        clips,
+        adapters,
         autocast=autocast,
         choices=choices,
     )
@@ -632,6 +637,7 @@ class _Inputs(NamedTuple):
     head: str | None  # :data:`_HEADS`, None for a language model
     kind: InputKind
     main_input: str  # input_ids, pixel_values, input_values or input_features
+    pairs: PairImages | None = None  # a dual encoder's images (hf_pairs.py)
 
 
 _FIXED_SPECTROGRAMS = frozenset({"ASTForAudioClassification", "WhisperForAudioClassification"})
@@ -668,8 +674,9 @@ def _classified(source: WorkloadSource) -> _Inputs:
     # a semantic segmentation model takes images, and a class map per image.
     forward = _forward_parameters(model_class)
     if is_dual_encoder(model_class):  # CLIP, SigLIP: image-caption pairs (hf_pairs.py)
-        pair_images(source.path, model_class, config, _image_shape(source.path, config))
-        return _Inputs(config, model_class, "contrastive", InputKind.IMAGE_CAPTIONS, main_input)
+        pairs = pair_images(source.path, model_class, config, _image_shape(source.path, config))
+        kind = InputKind.IMAGE_CAPTIONS
+        return _Inputs(config, model_class, "contrastive", kind, main_input, pairs)
     on_images = head in (
         "image-classification",
         "semantic-segmentation",
@@ -789,7 +796,7 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         choices=source.choices,
     )
     transformers = _transformers()
-    config, model_class, head, kind, main_input = _classified(source)
+    config, model_class, head, kind, main_input, pairs = _classified(source)
     name = model_class.__name__
     dtype = _torch_dtype(dtype_name)
     vision_language = kind is InputKind.TOKENS and takes_images(model_class)
@@ -923,9 +930,8 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
     choices = None
     if head == "multiple-choice":  # SWAG's and RACE's 4 where --choices names none
         choices = source.choices or _CHOICES
-    pairs = caption_eos = None
-    if kind is InputKind.IMAGE_CAPTIONS:  # images and captions (planner/measure/hf_pairs.py)
-        pairs = pair_images(source.path, model_class, config, _image_shape(source.path, config))
+    caption_eos = None
+    if pairs is not None:  # images and captions (planner/measure/hf_pairs.py)
         caption_eos = _first(getattr(config.get_text_config(), "eos_token_id", None))
         if not (isinstance(caption_eos, int) and 0 <= caption_eos < (vocab_size or 0)):
             caption_eos = None
@@ -939,9 +945,9 @@ def load_hf_model_file(source: WorkloadSource) -> ModelFile:
         inputs_said = "{} random {} x {} x {} images ({})".format(
             batch_size, *image_shape, main_input
         )
-        videos = head == "masked-image-modeling" and _video_frames(config) is not None
+        frames_per_video = _video_frames(config)
+        videos = head == "masked-image-modeling" and frames_per_video is not None
         if head == "video-classification" or videos:  # (B, frames, C, H, W)
-            frames_per_video = _video_frames(config)
             if frames_per_video is None:
                 raise ModelFileError(
                     f"--hf {source.path}: {name} classifies videos, and its config names no "

@@ -74,8 +74,13 @@ class WorkloadSource:
         if self.kind is SourceKind.HUGGING_FACE and None in shape:
             raise ValueError(f"a Hugging Face workload needs a batch size and dtype: {self}")
         hf_only = (
-            *(self.seq_len, self.dtype, self.images, self.clips),
-            *(self.lora, self.autocast, self.choices),
+            self.seq_len,
+            self.dtype,
+            self.images,
+            self.clips,
+            self.lora,
+            self.autocast,
+            self.choices,
         )
         if self.kind is SourceKind.MODEL_FILE and hf_only != (None,) * len(hf_only):
             raise ValueError(
