@@ -33,8 +33,8 @@ from planner.measure.profiler import record_memory
 from planner.measure.source import WorkloadSource
 from planner.measure.workload import build_workload, load_model_file, run_training_step
 from planner.pipeline import profile_model_file
-from planner.plan.plan_file import load_plan
 from planner.solve.planning import baseline_every_block, build_plan, plan_for_budget
+from tests.models import profile_halfway
 from tests.test_hf_config import _error_line
 
 pytestmark = pytest.mark.hf
@@ -243,23 +243,15 @@ def test_profile_with_lora_then_verify_from_the_plan_alone(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     written = WorkloadSource.parse(write_hf_config("causal-lm", "llama", tmp_path))
-    shape = ["--batch-size", "2", "--seq-len", str(written.seq_len), "--lora", "4"]
     source = hf_workload(written.path, 2, written.seq_len, "float32", lora="4")
     workload, session = build_fake_workload(load_model_file(source))
     profile = record_memory(workload, session=session)  # no times: the budget only
-    low = baseline_every_block(profile).predicted_peak_bytes
-    budget = (low + profile.measured_peak_bytes) // 2
-    runner = CliRunner()
-    arguments = ["profile", "--hf", str(written.path), *shape, "--dtype", "float32"]
-    result = runner.invoke(app, [*arguments, "--budget", str(budget)])
-    assert result.exit_code == 0, result.output
-    plan_path = tmp_path / "profiles" / "llama" / "plan.json"
-    plan = load_plan(plan_path)
+    assert source.command_arguments()[-2:] == ["--lora", "4"]
+    plan = profile_halfway(source, profile, tmp_path)
     assert plan.model_file == str(source) and plan.model_file.endswith("&lora=4")
-    assert plan.modules and plan.checked
-    assert plan.measured_peak_bytes == plan.predicted_peak_bytes <= budget
     assert any("rank 4 on every linear layer" in note.text for note in plan.assumptions)
-    verified = runner.invoke(app, ["verify", str(plan_path)])  # the adapters from the plan
+    plan_path = tmp_path / "profiles" / "llama" / "plan.json"
+    verified = CliRunner().invoke(app, ["verify", str(plan_path)])  # the adapters from the plan
     assert verified.exit_code == 0, verified.output
     assert "verified" in verified.stdout
 
